@@ -1,0 +1,419 @@
+/*
+ * kvattn.h - the one public header of kvattn, an attention engine for LLM serving.
+ *
+ * C11, compiles as C and as C++, includes no CUDA header. Every public symbol starts with kva_ / KVA_.
+ *
+ * Model of use (see docs/design.md):
+ *   once per process:   kva_context_create (backend: CPU threads or a CUDA device)
+ *   once per layer shape: kva_attention_desc (heads, head dims, dtypes, mask, variant)
+ *   once per step:      kva_plan(...) on host arrays of lengths -> a kva_plan (POD) + a work list written
+ *                       at fixed offsets into caller-owned workspace
+ *   once per layer:     kva_run_*(plan, tensors) -> o and optionally lse
+ *
+ * Numerical contract:
+ *   - logits x = sm_scale * dot(q', k') where q', k' are q, k after fused RoPE (if enabled);
+ *     then ALiBi adds slope[h] * (kv_pos - q_pos); then a soft cap gives cap * tanh(x / cap).
+ *   - softmax mode: o = sum_j softmax(x)_j v_j over the visible keys; lse = log2(sum_j exp(x_j)), i.e.
+ *     the log-sum-exp in BASE 2 (the FlashInfer convention). Rows with no visible key: o = 0, lse = -inf.
+ *   - sigmoid mode (no softmax): o = sum_j sigmoid(x_j + sigmoid_bias) v_j; no lse is defined.
+ *   - query row i of a request with qo_len rows and kv_len keys sits at position q_pos = kv_len - qo_len + i;
+ *     key j sits at position j. Causal (bottom-right aligned): key j visible iff j <= q_pos.
+ *     Sliding window (window_left >= 0): key j visible iff j >= q_pos - window_left.
+ *     Custom mask: bit (i * kv_len + j) of the request's segment, little bit order, 1 = visible; each
+ *     request's segment starts at a byte boundary (segments in request order).
+ *   - fp8 KV: the key value is k_scale * k_fp8 and the value is v_scale * v_fp8 (per-tensor scales).
+ *
+ * Errors: every fallible call returns a kva_status; kva_last_error_message() (thread-local) says which
+ * argument or index was wrong and why. The library never aborts, exits or prints; diagnostics go to the
+ * context's log callback. A call that returns an error detected on the host leaves every output untouched.
+ */
+#ifndef KVATTN_H
+#define KVATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define KVA_API
+#elif defined(__GNUC__) || defined(__clang__)
+#define KVA_API __attribute__((visibility("default")))
+#else
+#define KVA_API
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Version                                                                                         */
+
+#define KVA_VERSION_MAJOR 0
+#define KVA_VERSION_MINOR 1
+#define KVA_VERSION_PATCH 0
+#define KVA_VERSION_STRING "0.1.0"
+/* KVA_VERSION = major * 10000 + minor * 100 + patch */
+#define KVA_VERSION (KVA_VERSION_MAJOR * 10000 + KVA_VERSION_MINOR * 100 + KVA_VERSION_PATCH)
+
+KVA_API int kva_version(void);                /* the runtime library's KVA_VERSION */
+KVA_API const char* kva_version_string(void); /* the runtime library's KVA_VERSION_STRING */
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Status and errors. Values are stable; the enum only grows.                                      */
+
+typedef enum kva_status {
+    KVA_OK = 0,
+    KVA_ERR_INVALID_ARGUMENT = 1,      /* a NULL pointer, a bad shape, stride, count or value */
+    KVA_ERR_UNSUPPORTED = 2,           /* a valid configuration this backend does not implement */
+    KVA_ERR_WORKSPACE_TOO_SMALL = 3,   /* from plan (never from run); the message gives the bytes needed */
+    KVA_ERR_PAGETABLE_MALFORMED = 4,   /* indptr not monotonic, last_page_len out of range, ... */
+    KVA_ERR_PAGE_INDEX_OUT_OF_RANGE = 5, /* a page index outside [0, num_pages) */
+    KVA_ERR_PLAN_MISMATCH = 6,         /* run-time tensors or workspace disagree with the plan */
+    KVA_ERR_ALIGNMENT = 7,             /* a pointer or stride misaligned for the backend */
+    KVA_ERR_OUT_OF_MEMORY = 8,         /* a host allocation (context creation only) failed */
+    KVA_ERR_BACKEND = 9,               /* the device runtime reported an error (message has its code) */
+    KVA_ERR_JIT = 10,                  /* run-time compilation failed (message has the compiler log) */
+    KVA_ERR_CAPTURE_ACTIVE = 11,       /* plan/compile attempted while the stream is being captured */
+    KVA_ERR_NO_DEVICE = 12,            /* the requested backend/device is not available */
+    KVA_ERR_INTERNAL = 13              /* a bug in kvattn: please report the message */
+} kva_status;
+
+/* Static string naming a status ("KVA_ERR_INVALID_ARGUMENT"). Never NULL. */
+KVA_API const char* kva_status_string(kva_status status);
+/* Detailed message of the last failing call on this thread ("" if none). Valid until the next call. */
+KVA_API const char* kva_last_error_message(void);
+/* Status of the last failing call on this thread (KVA_OK if none). */
+KVA_API kva_status kva_last_error_status(void);
+KVA_API void kva_clear_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Data types and enums                                                                            */
+
+typedef enum kva_dtype {
+    KVA_DTYPE_F32 = 0,
+    KVA_DTYPE_F16 = 1,
+    KVA_DTYPE_BF16 = 2,
+    KVA_DTYPE_E4M3 = 3, /* fp8 e4m3 (OCP "fn": no inf, one NaN pattern), KV only */
+    KVA_DTYPE_E5M2 = 4, /* fp8 e5m2, KV only */
+    KVA_DTYPE_I32 = 5,  /* index arrays only */
+    KVA_DTYPE_U8 = 6    /* packed masks only */
+} kva_dtype;
+
+KVA_API size_t kva_dtype_size(kva_dtype dtype); /* 0 for an unknown dtype */
+KVA_API const char* kva_dtype_name(kva_dtype dtype);
+
+typedef enum kva_backend {
+    KVA_BACKEND_AUTO = 0, /* CUDA when a device is usable, else CPU */
+    KVA_BACKEND_CPU = 1,
+    KVA_BACKEND_CUDA = 2
+} kva_backend;
+
+typedef enum kva_layout {
+    KVA_LAYOUT_NHD = 0, /* page [page_size, heads, dim] */
+    KVA_LAYOUT_HND = 1  /* page [heads, page_size, dim] */
+} kva_layout;
+
+typedef enum kva_mask_mode {
+    KVA_MASK_NONE = 0,
+    KVA_MASK_CAUSAL = 1, /* bottom-right aligned */
+    KVA_MASK_CUSTOM = 2  /* packed bitmask given at run time */
+} kva_mask_mode;
+
+typedef enum kva_pos_encoding {
+    KVA_POS_NONE = 0,
+    KVA_POS_ROPE_LLAMA = 1, /* fused rotate-half RoPE on q and k (not v) */
+    KVA_POS_ALIBI = 2
+} kva_pos_encoding;
+
+typedef enum kva_score_mode {
+    KVA_SCORE_SOFTMAX = 0,
+    KVA_SCORE_SIGMOID = 1 /* no softmax: o = sum_j sigmoid(x_j + sigmoid_bias) v_j */
+} kva_score_mode;
+
+typedef enum kva_log_level { KVA_LOG_ERROR = 0, KVA_LOG_WARN = 1, KVA_LOG_INFO = 2, KVA_LOG_DEBUG = 3 } kva_log_level;
+
+typedef void (*kva_log_fn)(void* user, kva_log_level level, const char* message);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Context                                                                                         */
+
+typedef struct kva_context kva_context;
+
+typedef struct kva_context_options {
+    kva_backend backend;     /* default KVA_BACKEND_AUTO */
+    int32_t device;          /* CUDA device ordinal (default 0) */
+    int32_t num_threads;     /* CPU backend worker threads; 0 = number of online CPUs */
+    kva_log_fn log_fn;       /* NULL = diagnostics are dropped */
+    void* log_user;
+    kva_log_level log_level; /* messages above this level are dropped (default KVA_LOG_WARN) */
+    const char* jit_cache_dir; /* CUDA: on-disk kernel cache; NULL = $KVATTN_CACHE_DIR, $XDG_CACHE_HOME/kvattn, ~/.cache/kvattn */
+} kva_context_options;
+
+KVA_API void kva_context_options_init(kva_context_options* options);
+KVA_API kva_status kva_context_create(const kva_context_options* options, kva_context** out_context);
+KVA_API kva_status kva_context_destroy(kva_context* context); /* NULL is allowed */
+KVA_API kva_backend kva_context_backend(const kva_context* context);
+/* Number of workers W the planner balances over (CPU threads, or persistent CTAs on a GPU). */
+KVA_API int32_t kva_context_num_workers(const kva_context* context);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tensors: descriptors over caller memory (host memory for the CPU backend, device memory for CUDA). */
+
+#define KVA_MAX_DIMS 4
+
+typedef struct kva_tensor {
+    void* data;                   /* NULL = absent (only where a tensor is optional) */
+    kva_dtype dtype;
+    int32_t ndim;
+    int64_t shape[KVA_MAX_DIMS];
+    int64_t stride[KVA_MAX_DIMS]; /* in elements; the last dimension must have stride 1 */
+} kva_tensor;
+
+/* A contiguous row-major tensor of 1 to 4 dims (pass 0 for unused trailing dims). */
+KVA_API kva_tensor kva_tensor_make(void* data, kva_dtype dtype, int32_t ndim, int64_t d0, int64_t d1, int64_t d2,
+                                   int64_t d3);
+
+/* Paged KV cache: K and V pools of num_pages pages each, addressed through a CSR page table.
+ * Request b owns pages indices[indptr[b] .. indptr[b+1]); its length is
+ * (indptr[b+1] - indptr[b] - 1) * page_size + last_page_len[b], or 0 when it owns no page.
+ * Element (page p, token t, head h, dim d) of K is at k_data + p*k_stride_page + t*k_stride_token
+ * + h*k_stride_head + d (elements of kv_dtype). NHD: stride_token = heads*dim, stride_head = dim;
+ * HND: stride_head = page_size*dim, stride_token = dim. Any strides are accepted (e.g. the halves of a
+ * [num_pages, 2, page_size, heads, dim] pool). */
+typedef struct kva_paged_kv {
+    void* k_data;
+    void* v_data;
+    kva_dtype dtype;
+    int64_t num_pages;   /* pool size: every page index must lie in [0, num_pages) */
+    int32_t page_size;   /* >= 1 */
+    int32_t num_heads;   /* KV heads */
+    int32_t head_dim_qk; /* K row length */
+    int32_t head_dim_vo; /* V row length */
+    int64_t k_stride_page, k_stride_token, k_stride_head;
+    int64_t v_stride_page, v_stride_token, v_stride_head;
+    const int32_t* indices;       /* page table (backend memory) */
+    const int32_t* indptr;        /* [B+1] (backend memory): needed by append only; attention uses the plan's copy */
+    const int32_t* last_page_len; /* [B] (backend memory): needed by append only */
+} kva_paged_kv;
+
+/* Fill a kva_paged_kv for separately allocated contiguous K and V pools in the given layout. */
+KVA_API kva_status kva_paged_kv_init(kva_paged_kv* paged, void* k_data, void* v_data, kva_dtype dtype,
+                                     kva_layout layout, int64_t num_pages, int32_t page_size, int32_t num_heads,
+                                     int32_t head_dim_qk, int32_t head_dim_vo);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Attention descriptor: static per layer shape.                                                   */
+
+typedef struct kva_attention_desc {
+    int32_t num_qo_heads;
+    int32_t num_kv_heads;  /* num_qo_heads % num_kv_heads == 0; group size g = num_qo_heads / num_kv_heads */
+    int32_t head_dim_qk;
+    int32_t head_dim_vo;
+    kva_dtype q_dtype;     /* f32, f16, bf16 (CUDA: f16, bf16) */
+    kva_dtype kv_dtype;    /* f32, f16, bf16, e4m3, e5m2 */
+    kva_dtype o_dtype;     /* f32, f16, bf16 */
+    kva_mask_mode mask_mode;
+    int32_t window_left;   /* -1 = no sliding window */
+    float logits_soft_cap; /* 0 = off */
+    float sm_scale;        /* 0 = 1/sqrt(head_dim_qk) */
+    kva_pos_encoding pos_encoding;
+    float rope_scale;      /* default 1 */
+    float rope_theta;      /* default 1e4 */
+    kva_score_mode score_mode;
+    float sigmoid_bias;    /* sigmoid mode only */
+} kva_attention_desc;
+
+/* Defaults: q/kv/o dtype = dtype, no mask, no window, no cap, default scale, no pos-enc, softmax. */
+KVA_API void kva_attention_desc_init(kva_attention_desc* desc, int32_t num_qo_heads, int32_t num_kv_heads,
+                                     int32_t head_dim, kva_dtype dtype);
+/* Validates the descriptor and answers whether the context's backend supports it. */
+KVA_API kva_status kva_attention_desc_check(const kva_context* context, const kva_attention_desc* desc);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Plans                                                                                           */
+
+typedef enum kva_op {
+    KVA_OP_BATCH_DECODE = 0,         /* paged KV, one query row per request */
+    KVA_OP_BATCH_PREFILL_PAGED = 1,  /* paged KV, qo_indptr rows per request (prefill, append, multi-token) */
+    KVA_OP_BATCH_PREFILL_RAGGED = 2  /* ragged K/V addressed by a token indptr */
+} kva_op;
+
+/* Host arrays describing one step. All arrays are read during the call only. */
+typedef struct kva_plan_params {
+    int32_t batch_size;
+    const int32_t* qo_indptr;        /* host [B+1] query rows; NULL for KVA_OP_BATCH_DECODE (one row each) */
+    const int32_t* kv_indptr;        /* host [B+1]: page indptr (paged ops) or token indptr (ragged) */
+    const int32_t* kv_last_page_len; /* host [B] (paged ops) */
+    int32_t page_size;               /* paged ops: >= 1; ragged: ignored */
+    int64_t num_pages;               /* paged ops: pool size (run checks the pool against it) */
+    const int32_t* kv_indices;       /* optional host copy of the page table, checked against num_pages */
+    int32_t fixed_split_size;        /* > 0: KV chunks of this many tokens regardless of the batch
+                                        (results then do not depend on other requests) */
+    int32_t disable_split_kv;        /* nonzero: never split KV */
+    int32_t graph_mode;              /* nonzero: worker count, kernels and workspace offsets depend only on
+                                        the bounds below, so a captured run replays with new plans */
+    int32_t max_batch_size;          /* graph mode: bound on batch_size */
+    int64_t max_total_qo_rows;       /* graph mode: bound on qo_indptr[B] (decode: = max_batch_size) */
+} kva_plan_params;
+
+KVA_API void kva_plan_params_init(kva_plan_params* params);
+
+/* Caller-owned workspace. `device` is backend memory (device memory for CUDA, host memory for CPU);
+ * it holds the work list, merge map and split-KV partial outputs. `host` is a page-locked staging
+ * buffer the CUDA backend copies the work list from (unused by the CPU backend, may be NULL there).
+ * Both must be 256-byte aligned. The plan refers to offsets in them: do not change either between plan
+ * and run, and do not plan again into a workspace whose previous plan is still running on the device
+ * unless the stream orders it (the CUDA backend records an event and waits on it before reuse). */
+typedef struct kva_workspace {
+    void* device;
+    size_t device_bytes;
+    void* host;
+    size_t host_bytes;
+} kva_workspace;
+
+/* A plan: plain data, caller-owned, may be copied. Filled by kva_plan. */
+typedef struct kva_plan {
+    uint64_t opaque[160];
+} kva_plan;
+
+/* Exact workspace sizes for these inputs (same arguments as kva_plan). */
+KVA_API kva_status kva_plan_workspace_size(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                                           const kva_plan_params* params, size_t* device_bytes,
+                                           size_t* host_bytes);
+/* Worst-case workspace sizes over every batch with batch_size <= max_batch_size,
+ * total query rows <= max_total_qo_rows and any KV lengths (also the graph-mode sizes). */
+KVA_API kva_status kva_workspace_bound(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                                       int32_t max_batch_size, int64_t max_total_qo_rows, size_t* device_bytes,
+                                       size_t* host_bytes);
+/* Plan one step: validates the host arrays, balances work over the context's workers, writes the work list
+ * into the workspace (CUDA: one async copy on `stream`) and fills *plan. Never synchronises the device. */
+KVA_API kva_status kva_plan(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                            const kva_plan_params* params, const kva_workspace* workspace, kva_plan* plan,
+                            void* stream);
+
+/* Facts about a plan (for tests, tools and benchmarks). */
+typedef struct kva_plan_info {
+    kva_op op;
+    int32_t batch_size;
+    int64_t total_qo_rows;
+    int32_t num_workers;
+    int32_t tile_q;          /* packed query rows per tile (GQA heads packed into rows) */
+    int32_t kv_chunk_size;   /* tokens per KV chunk; 0 = no split */
+    int32_t num_work_items;
+    int32_t num_merge_tasks;
+    int32_t num_partials;
+    int32_t graph_mode;
+    int64_t max_worker_cost; /* planner cost of the most loaded worker */
+    int64_t total_cost;
+    size_t device_bytes;     /* workspace bytes this plan uses */
+    size_t host_bytes;
+} kva_plan_info;
+
+KVA_API kva_status kva_plan_get_info(const kva_plan* plan, kva_plan_info* info);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Running a plan                                                                                  */
+
+typedef struct kva_run_args {
+    kva_tensor q;   /* [total_qo_rows, num_qo_heads, head_dim_qk], q_dtype */
+    kva_tensor o;   /* [total_qo_rows, num_qo_heads, head_dim_vo], o_dtype */
+    kva_tensor lse; /* optional (data NULL = not wanted): [total_qo_rows, num_qo_heads] f32, base 2 */
+    kva_paged_kv paged; /* paged ops */
+    kva_tensor k;   /* ragged op: [total_kv_tokens, num_kv_heads, head_dim_qk] (kv_dtype) */
+    kva_tensor v;   /* ragged op: [total_kv_tokens, num_kv_heads, head_dim_vo] (kv_dtype) */
+    const uint8_t* custom_mask;  /* KVA_MASK_CUSTOM: packed bits, per-request byte-aligned segments */
+    int64_t custom_mask_bytes;   /* size of custom_mask (checked against the plan) */
+    const float* alibi_slopes;   /* optional [num_qo_heads] (backend memory); NULL = standard ALiBi slopes */
+    float k_scale;               /* fp8 dequantisation scales (default 1) */
+    float v_scale;
+    void* stream;                /* CUDA stream (cudaStream_t); NULL = the legacy default stream */
+} kva_run_args;
+
+KVA_API void kva_run_args_init(kva_run_args* args);
+
+/* Run a plan (any op). Never allocates or synchronises. */
+KVA_API kva_status kva_run(kva_context* context, const kva_plan* plan, const kva_workspace* workspace,
+                           const kva_run_args* args);
+
+/* The named operations (thin wrappers over kva_plan/kva_run that also check the op). */
+KVA_API kva_status kva_batch_decode_plan(kva_context* context, const kva_attention_desc* desc,
+                                         const kva_plan_params* params, const kva_workspace* workspace,
+                                         kva_plan* plan, void* stream);
+KVA_API kva_status kva_batch_decode_run(kva_context* context, const kva_plan* plan, const kva_workspace* workspace,
+                                        const kva_run_args* args);
+KVA_API kva_status kva_batch_prefill_paged_plan(kva_context* context, const kva_attention_desc* desc,
+                                                const kva_plan_params* params, const kva_workspace* workspace,
+                                                kva_plan* plan, void* stream);
+KVA_API kva_status kva_batch_prefill_paged_run(kva_context* context, const kva_plan* plan,
+                                               const kva_workspace* workspace, const kva_run_args* args);
+KVA_API kva_status kva_batch_prefill_ragged_plan(kva_context* context, const kva_attention_desc* desc,
+                                                 const kva_plan_params* params, const kva_workspace* workspace,
+                                                 kva_plan* plan, void* stream);
+KVA_API kva_status kva_batch_prefill_ragged_run(kva_context* context, const kva_plan* plan,
+                                                const kva_workspace* workspace, const kva_run_args* args);
+
+/* Single request on contiguous K/V (args->k, args->v: [kv_len, num_kv_heads, head_dim], any strides;
+ * decode: args->q is [1, num_qo_heads, head_dim_qk] or [num_qo_heads, head_dim_qk]).
+ * The workspace may be NULL or too small: the call then runs without splitting KV. */
+KVA_API kva_status kva_single_workspace_size(kva_context* context, const kva_attention_desc* desc, int64_t qo_len,
+                                             int64_t kv_len, size_t* device_bytes, size_t* host_bytes);
+KVA_API kva_status kva_single_decode(kva_context* context, const kva_attention_desc* desc, const kva_run_args* args,
+                                     const kva_workspace* workspace);
+KVA_API kva_status kva_single_prefill(kva_context* context, const kva_attention_desc* desc, const kva_run_args* args,
+                                      const kva_workspace* workspace);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Attention states: (v [rows, heads, dim], s [rows, heads] f32 base-2 lse).                       */
+
+/* v_out/s_out = (v_a, s_a) merged with (v_b, s_b). Outputs may alias either input. s_out optional. */
+KVA_API kva_status kva_merge_state(kva_context* context, const kva_tensor* v_a, const kva_tensor* s_a,
+                                   const kva_tensor* v_b, const kva_tensor* s_b, const kva_tensor* v_out,
+                                   const kva_tensor* s_out, void* stream);
+/* In place: (v, s) <- (v, s) merge (v_other, s_other), only for rows whose mask byte is nonzero (mask
+ * optional, backend memory, [rows]). */
+KVA_API kva_status kva_merge_state_in_place(kva_context* context, const kva_tensor* v, const kva_tensor* s,
+                                            const kva_tensor* v_other, const kva_tensor* s_other,
+                                            const uint8_t* mask, void* stream);
+/* n-ary, variable count per row: row r merges states indptr[r] .. indptr[r+1] of v [total, heads, dim] and
+ * s [total, heads] into v_out [rows, heads, dim], s_out [rows, heads] (optional). indptr is a host array
+ * [rows+1]. A row with no states gets v = 0, s = -inf. */
+KVA_API kva_status kva_merge_states(kva_context* context, const kva_tensor* v, const kva_tensor* s,
+                                    const int32_t* indptr, int64_t rows, const kva_tensor* v_out,
+                                    const kva_tensor* s_out, void* stream);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* KV cache maintenance                                                                            */
+
+/* Scatter new K/V rows into the paged cache (FlashInfer semantics: the page table already includes the new
+ * tokens). append_k [nnz, num_heads, head_dim_qk], append_v [nnz, num_heads, head_dim_vo] in the pool dtype;
+ * token i goes to request batch_indices[i] at position positions[i]. paged->indices, indptr and
+ * last_page_len are required; batch_size is the number of requests in the page table. A token whose
+ * position or page lies outside its request or the pool is not written and the call reports
+ * KVA_ERR_PAGE_INDEX_OUT_OF_RANGE (CPU: detected before anything is written). */
+KVA_API kva_status kva_append_paged_kv_cache(kva_context* context, const kva_tensor* append_k,
+                                             const kva_tensor* append_v, const int32_t* batch_indices,
+                                             const int32_t* positions, int64_t nnz, const kva_paged_kv* paged,
+                                             int32_t batch_size, void* stream);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Device-side faults (CUDA backend): kernels bounds-check every page index where they load it; a request
+ * with an out-of-range index gets o = 0, lse = -inf and is recorded in a status word inside the workspace.
+ * This reads and clears that word (it synchronises with `stream`). The CPU backend validates before running,
+ * so it reports no device faults. */
+typedef struct kva_fault_report {
+    int32_t faulted;       /* nonzero if any request faulted since the last read */
+    int32_t request;       /* first faulting request seen (-1 if unknown) */
+    int64_t page_index;    /* the offending page index */
+} kva_fault_report;
+
+KVA_API kva_status kva_read_faults(kva_context* context, const kva_workspace* workspace, kva_fault_report* report,
+                                   void* stream);
+
+/* Standard ALiBi slopes for num_heads heads (host array of num_heads floats). */
+KVA_API kva_status kva_alibi_slopes(int32_t num_heads, float* slopes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVATTN_H */

@@ -1,0 +1,275 @@
+/*
+ * internal.h - kvattn's internal contract between the core (status, context, planner, validation) and the
+ * backends (CPU, CUDA). Not installed. Internal non-static symbols are prefixed kva__.
+ */
+#ifndef KVATTN_INTERNAL_H
+#define KVATTN_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define KVA_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define KVA_LIKELY(x) __builtin_expect(!!(x), 1)
+#define KVA_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define KVA_PRINTF(a, b)
+#define KVA_LIKELY(x) (x)
+#define KVA_UNLIKELY(x) (x)
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Errors: record (thread-local) and return. Pattern after zstd's RETURN_ERROR_IF / FORWARD_IF_ERROR. */
+
+kva_status kva__set_error(kva_status status, const char* fmt, ...) KVA_PRINTF(2, 3);
+
+/* if (cond) record the message and return status */
+#define KVA_RETURN_IF(cond, status, ...)                    \
+    do {                                                    \
+        if (KVA_UNLIKELY(cond)) return kva__set_error((status), __VA_ARGS__); \
+    } while (0)
+
+/* forward a non-OK status (the callee already recorded its message) */
+#define KVA_FORWARD(expr)                 \
+    do {                                  \
+        kva_status kva__st_ = (expr);     \
+        if (kva__st_ != KVA_OK) return kva__st_; \
+    } while (0)
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Context and logging                                                                             */
+
+struct kva__backend_ops;
+
+struct kva_context {
+    kva_backend backend;
+    int32_t device;
+    int32_t num_workers;      /* W for the planner */
+    int32_t num_threads;      /* CPU backend threads */
+    kva_log_fn log_fn;
+    void* log_user;
+    kva_log_level log_level;
+    char jit_cache_dir[1024];
+    const struct kva__backend_ops* ops;
+    void* backend_state;      /* owned by the backend */
+    uint64_t id;              /* unique per context in the process; plans record it */
+};
+
+void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...) KVA_PRINTF(3, 4);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Plan data: the public kva_plan's opaque bytes. Everything a backend needs at run time.           */
+
+#define KVA__PLAN_MAGIC 0x6b76617474706c6eull /* "kvattpln" */
+#define KVA__PLAN_VERSION 1
+#define KVA__WS_ALIGN 256          /* alignment of every region in the workspace */
+#define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
+#define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
+#define KVA__MAX_TILE_Q 128
+
+/* Per-request table in the workspace (written by plan). */
+typedef struct kva__request {
+    int32_t qo_start;   /* first query row of the request in q/o */
+    int32_t qo_len;     /* query rows */
+    int32_t kv_start;   /* paged: first entry of the request in the page table; ragged: first K/V token row */
+    int32_t kv_len;     /* tokens */
+    int64_t mask_offset; /* custom mask: byte offset of the request's segment */
+} kva__request;
+
+/* One unit of work: packed query rows [row_start, row_start + rows) of one (request, KV head) against KV
+ * positions [kv_start, kv_end). Packed row p is query row p / g, query head kv_head * g + p % g.
+ * partial < 0: write o/lse directly; else write partial slot `partial` (rows in the slot are indexed
+ * p - row_start). kv_start == kv_end is legal (the rows see no keys: o = 0, lse = -inf). */
+typedef struct kva__work_item {
+    int32_t req;
+    int32_t kv_head;
+    int32_t row_start;
+    int32_t rows;
+    int32_t kv_start;
+    int32_t kv_end;
+    int32_t partial;
+    int32_t pad_;
+} kva__work_item;
+
+/* Merge of num_partials consecutive partial slots (in KV order) into o/lse for the tile's rows. */
+typedef struct kva__merge_task {
+    int32_t req;
+    int32_t kv_head;
+    int32_t row_start;
+    int32_t rows;
+    int32_t partial_first;
+    int32_t num_partials;
+} kva__merge_task;
+
+/* Counts, at the start of the int region (graph-mode kernels read these from device memory). */
+typedef struct kva__counts {
+    int32_t batch_size;
+    int32_t num_items;
+    int32_t num_merge;
+    int32_t num_partials;
+    int64_t total_qo_rows;
+    int64_t pad_[5];
+} kva__counts;
+
+/*
+ * Workspace layout (byte offsets, every region KVA__WS_ALIGN aligned):
+ *   device: [0, KVA__STATUS_BYTES) fault status (zeroed by each plan)
+ *           [off_counts ...)       int region: counts, worker_indptr[W+1], requests[B], items[], merge[]
+ *           [off_partial_o ...)    float partials: o [num_partial_slots][tile_q][head_dim_vo] f32
+ *           [off_partial_lse ...)  lse [num_partial_slots][tile_q] f32
+ *   host (CUDA staging): a mirror of device bytes [0, int_region_end) copied with one async copy.
+ * The CPU backend plans straight into the device workspace (host memory).
+ */
+typedef struct kva__plan_data {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t op;             /* kva_op */
+    uint64_t context_id;
+    int32_t backend;         /* kva_backend */
+    int32_t graph_mode;
+    kva_attention_desc desc; /* normalised: sm_scale, rope_scale, rope_theta filled in */
+
+    int32_t batch_size;
+    int32_t group_size;      /* g */
+    int64_t total_qo_rows;
+    int64_t total_kv_tokens; /* ragged: kv_indptr[B]; paged: sum of kv lengths */
+    int64_t num_page_entries; /* paged: kv_indptr[B] (length of the page table) */
+    int32_t page_size;
+    int32_t max_qo_len;
+    int64_t num_pages;
+    int32_t max_kv_len;
+    int32_t num_workers;
+    int32_t tile_q;
+    int32_t kv_chunk_size;   /* 0 = no split */
+    int32_t num_items;
+    int32_t num_merge;
+    int32_t num_partials;
+    int32_t cap_items;       /* capacity of the items region */
+    int32_t cap_merge;
+    int32_t cap_partials;
+    int32_t max_batch_size;  /* capacity of the request table */
+    int32_t fixed_split_size;
+    int64_t max_total_qo_rows;
+    int64_t custom_mask_bytes; /* total bytes of the packed custom mask the plan expects */
+    int64_t max_worker_cost;
+    int64_t total_cost;
+
+    size_t off_counts;
+    size_t off_worker_indptr;
+    size_t off_requests;
+    size_t off_items;
+    size_t off_merge;
+    size_t int_region_end;   /* bytes copied host -> device */
+    size_t off_partial_o;
+    size_t off_partial_lse;
+    size_t device_bytes;     /* total device bytes used */
+    size_t host_bytes;
+
+    uint64_t backend_data[16]; /* backend-specific plan facts (e.g. chosen kernel ids) */
+} kva__plan_data;
+
+_Static_assert(sizeof(kva__plan_data) <= sizeof(kva_plan), "kva__plan_data must fit in kva_plan");
+
+static inline kva__plan_data* kva__plan_data_of(kva_plan* plan) { return (kva__plan_data*)(void*)plan->opaque; }
+static inline const kva__plan_data* kva__plan_data_ofc(const kva_plan* plan) {
+    return (const kva__plan_data*)(const void*)plan->opaque;
+}
+
+static inline const kva__counts* kva__ws_counts(const kva__plan_data* p, const void* base) {
+    return (const kva__counts*)((const char*)base + p->off_counts);
+}
+static inline const int32_t* kva__ws_worker_indptr(const kva__plan_data* p, const void* base) {
+    return (const int32_t*)((const char*)base + p->off_worker_indptr);
+}
+static inline const kva__request* kva__ws_requests(const kva__plan_data* p, const void* base) {
+    return (const kva__request*)((const char*)base + p->off_requests);
+}
+static inline const kva__work_item* kva__ws_items(const kva__plan_data* p, const void* base) {
+    return (const kva__work_item*)((const char*)base + p->off_items);
+}
+static inline const kva__merge_task* kva__ws_merge(const kva__plan_data* p, const void* base) {
+    return (const kva__merge_task*)((const char*)base + p->off_merge);
+}
+static inline float* kva__ws_partial_o(const kva__plan_data* p, void* base) {
+    return (float*)((char*)base + p->off_partial_o);
+}
+static inline float* kva__ws_partial_lse(const kva__plan_data* p, void* base) {
+    return (float*)((char*)base + p->off_partial_lse);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Backends                                                                                        */
+
+typedef struct kva__backend_ops {
+    const char* name;
+    bool plans_on_host_memory; /* true: plan writes straight into workspace->device (CPU) */
+    /* Does this backend support the descriptor for this op? (One function answers "supported?" and
+       "which kernel?": backends that pick kernels store their choice in plan->backend_data during
+       prepare_plan.) Message explains what is unsupported. */
+    kva_status (*check_desc)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op);
+    /* Packed query rows per tile for this op and average packed query length (a small pure heuristic). */
+    int32_t (*choose_tile_q)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
+                             double avg_packed_qo_len, int32_t max_packed_qo_len);
+    /* Called after the planner filled the plan data and the int region (host side): pick kernels, then (CUDA)
+       copy the int region to the device on `stream`. */
+    kva_status (*finish_plan)(kva_context* ctx, kva__plan_data* plan, const kva_workspace* ws, void* stream);
+    /* Run a validated plan: args were checked against the plan by the core. */
+    kva_status (*run)(kva_context* ctx, const kva__plan_data* plan, const kva_workspace* ws,
+                      const kva_run_args* args);
+    kva_status (*merge_state)(kva_context* ctx, const kva_tensor* v_a, const kva_tensor* s_a, const kva_tensor* v_b,
+                              const kva_tensor* s_b, const kva_tensor* v_out, const kva_tensor* s_out,
+                              const uint8_t* mask, void* stream);
+    kva_status (*merge_states)(kva_context* ctx, const kva_tensor* v, const kva_tensor* s, const int32_t* indptr,
+                               int64_t rows, const kva_tensor* v_out, const kva_tensor* s_out, void* stream);
+    kva_status (*append_paged_kv)(kva_context* ctx, const kva_tensor* append_k, const kva_tensor* append_v,
+                                  const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
+                                  const kva_paged_kv* paged, int32_t batch_size, void* stream);
+    kva_status (*read_faults)(kva_context* ctx, const kva_workspace* ws, kva_fault_report* report, void* stream);
+    void (*destroy)(kva_context* ctx);
+} kva__backend_ops;
+
+/* CPU backend (src/cpu). init sets ctx->ops, ctx->backend_state, ctx->num_workers. */
+kva_status kva__cpu_init(kva_context* ctx);
+/* CUDA backend (src/cuda); returns KVA_ERR_NO_DEVICE when no usable device (then AUTO falls back to CPU). */
+kva_status kva__cuda_init(kva_context* ctx);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Shared helpers                                                                                  */
+
+/* Normalise defaults (sm_scale, rope) into *out and validate generic constraints. */
+kva_status kva__desc_normalize(const kva_attention_desc* in, kva_attention_desc* out);
+/* ALiBi slope for head h of n (standard geometric series, extra odd powers for non powers of two). */
+float kva__alibi_slope(int32_t head, int32_t num_heads);
+/* Does query row i of a request see key j? (the mask semantics of kvattn.h, custom bits excluded) */
+static inline bool kva__visible(const kva_attention_desc* d, int64_t q_pos, int64_t kv_pos) {
+    if (d->mask_mode == KVA_MASK_CAUSAL && kv_pos > q_pos) return false;
+    if (d->window_left >= 0 && kv_pos < q_pos - d->window_left) return false;
+    return true;
+}
+
+/* Tensor checks used by the core and the backends. */
+kva_status kva__check_tensor(const char* name, const kva_tensor* t, kva_dtype dtype, int32_t ndim, const int64_t* shape);
+
+/* Size helpers */
+static inline size_t kva__align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static inline int64_t kva__ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Planner (src/plan/planner.c): pure C. */
+typedef struct kva__plan_request_in {
+    int32_t qo_len;
+    int32_t kv_len;
+} kva__plan_request_in;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVATTN_INTERNAL_H */
