@@ -6,7 +6,7 @@
  * Model of use (see docs/design.md):
  *   once per process:   kva_context_create (backend: CPU threads or a CUDA device)
  *   once per layer shape: kva_attention_desc (heads, head dims, dtypes, mask, variant)
- *   once per step:      kva_plan(...) on host arrays of lengths -> a kva_plan (POD) + a work list written
+ *   once per step:      kva_plan_make(...) on host arrays of lengths -> a kva_plan (POD) + a work list written
  *                       at fixed offsets into caller-owned workspace
  *   once per layer:     kva_run_*(plan, tensors) -> o and optionally lse
  *
@@ -271,12 +271,12 @@ typedef struct kva_workspace {
     size_t host_bytes;
 } kva_workspace;
 
-/* A plan: plain data, caller-owned, may be copied. Filled by kva_plan. */
+/* A plan: plain data, caller-owned, may be copied. Filled by kva_plan_make. */
 typedef struct kva_plan {
     uint64_t opaque[160];
 } kva_plan;
 
-/* Exact workspace sizes for these inputs (same arguments as kva_plan). */
+/* Exact workspace sizes for these inputs (same arguments as kva_plan_make). */
 KVA_API kva_status kva_plan_workspace_size(kva_context* context, const kva_attention_desc* desc, kva_op op,
                                            const kva_plan_params* params, size_t* device_bytes,
                                            size_t* host_bytes);
@@ -287,7 +287,7 @@ KVA_API kva_status kva_workspace_bound(kva_context* context, const kva_attention
                                        size_t* host_bytes);
 /* Plan one step: validates the host arrays, balances work over the context's workers, writes the work list
  * into the workspace (CUDA: one async copy on `stream`) and fills *plan. Never synchronises the device. */
-KVA_API kva_status kva_plan(kva_context* context, const kva_attention_desc* desc, kva_op op,
+KVA_API kva_status kva_plan_make(kva_context* context, const kva_attention_desc* desc, kva_op op,
                             const kva_plan_params* params, const kva_workspace* workspace, kva_plan* plan,
                             void* stream);
 
@@ -335,7 +335,7 @@ KVA_API void kva_run_args_init(kva_run_args* args);
 KVA_API kva_status kva_run(kva_context* context, const kva_plan* plan, const kva_workspace* workspace,
                            const kva_run_args* args);
 
-/* The named operations (thin wrappers over kva_plan/kva_run that also check the op). */
+/* The named operations (thin wrappers over kva_plan_make/kva_run that also check the op). */
 KVA_API kva_status kva_batch_decode_plan(kva_context* context, const kva_attention_desc* desc,
                                          const kva_plan_params* params, const kva_workspace* workspace,
                                          kva_plan* plan, void* stream);

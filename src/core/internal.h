@@ -172,6 +172,8 @@ typedef struct kva__plan_data {
     size_t off_partial_lse;
     size_t device_bytes;     /* total device bytes used */
     size_t host_bytes;
+    uint64_t ws_device_addr; /* the workspace the plan was written into (run must use the same) */
+    uint64_t ws_host_addr;
 
     uint64_t backend_data[16]; /* backend-specific plan facts (e.g. chosen kernel ids) */
 } kva__plan_data;

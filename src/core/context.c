@@ -1,0 +1,97 @@
+/* context.c - context creation: backend choice, worker count, log sink. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static atomic_uint_fast64_t kva__next_context_id = 1;
+
+KVA_API void kva_context_options_init(kva_context_options* options) {
+    if (!options) return;
+    memset(options, 0, sizeof *options);
+    options->backend = KVA_BACKEND_AUTO;
+    options->device = 0;
+    options->num_threads = 0;
+    options->log_level = KVA_LOG_WARN;
+}
+
+static int32_t kva__online_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) n = 1;
+    if (n > 1024) n = 1024;
+    return (int32_t)n;
+}
+
+KVA_API kva_status kva_context_create(const kva_context_options* options, kva_context** out_context) {
+    KVA_RETURN_IF(!out_context, KVA_ERR_INVALID_ARGUMENT, "kva_context_create: out_context is NULL");
+    kva_context_options opt;
+    if (options) opt = *options;
+    else kva_context_options_init(&opt);
+    KVA_RETURN_IF(opt.backend != KVA_BACKEND_AUTO && opt.backend != KVA_BACKEND_CPU && opt.backend != KVA_BACKEND_CUDA,
+                  KVA_ERR_INVALID_ARGUMENT, "kva_context_create: options->backend = %d is not a kva_backend",
+                  (int)opt.backend);
+    KVA_RETURN_IF(opt.num_threads < 0 || opt.num_threads > 4096, KVA_ERR_INVALID_ARGUMENT,
+                  "kva_context_create: options->num_threads = %d must be in [0, 4096] (0 = all online CPUs)",
+                  (int)opt.num_threads);
+    KVA_RETURN_IF(opt.device < 0, KVA_ERR_INVALID_ARGUMENT, "kva_context_create: options->device = %d is negative",
+                  (int)opt.device);
+    KVA_RETURN_IF(opt.jit_cache_dir && strlen(opt.jit_cache_dir) >= 1024, KVA_ERR_INVALID_ARGUMENT,
+                  "kva_context_create: options->jit_cache_dir is longer than 1023 bytes");
+
+    kva_context* ctx = (kva_context*)calloc(1, sizeof *ctx);
+    KVA_RETURN_IF(!ctx, KVA_ERR_OUT_OF_MEMORY, "kva_context_create: out of host memory");
+    ctx->device = opt.device;
+    ctx->num_threads = opt.num_threads > 0 ? opt.num_threads : kva__online_cpus();
+    ctx->log_fn = opt.log_fn;
+    ctx->log_user = opt.log_user;
+    ctx->log_level = opt.log_level;
+    if (opt.jit_cache_dir) strcpy(ctx->jit_cache_dir, opt.jit_cache_dir);
+    ctx->id = atomic_fetch_add(&kva__next_context_id, 1);
+
+    kva_status st = KVA_ERR_NO_DEVICE;
+    if (opt.backend == KVA_BACKEND_CUDA || opt.backend == KVA_BACKEND_AUTO) {
+#ifdef KVA_HAVE_CUDA
+        ctx->backend = KVA_BACKEND_CUDA;
+        st = kva__cuda_init(ctx);
+#else
+        st = kva__set_error(KVA_ERR_NO_DEVICE, "kva_context_create: this build of kvattn has no CUDA backend");
+#endif
+        if (st != KVA_OK && opt.backend == KVA_BACKEND_CUDA) {
+            free(ctx);
+            return st;
+        }
+        if (st != KVA_OK)
+            kva__log(ctx, KVA_LOG_INFO, "kvattn: CUDA backend unavailable (%s); using the CPU backend",
+                     kva_last_error_message());
+    }
+    if (st != KVA_OK) {
+        memset((void*)&ctx->ops, 0, sizeof ctx->ops);
+        ctx->backend_state = NULL;
+        ctx->backend = KVA_BACKEND_CPU;
+        st = kva__cpu_init(ctx);
+        if (st != KVA_OK) {
+            free(ctx);
+            return st;
+        }
+    }
+    kva_clear_last_error();
+    kva__log(ctx, KVA_LOG_INFO, "kvattn %s: %s backend, %d workers", KVA_VERSION_STRING, ctx->ops->name,
+             (int)ctx->num_workers);
+    *out_context = ctx;
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_context_destroy(kva_context* context) {
+    if (!context) return KVA_OK;
+    if (context->ops && context->ops->destroy) context->ops->destroy(context);
+    free(context);
+    return KVA_OK;
+}
+
+KVA_API kva_backend kva_context_backend(const kva_context* context) {
+    return context ? context->backend : KVA_BACKEND_AUTO;
+}
+
+KVA_API int32_t kva_context_num_workers(const kva_context* context) { return context ? context->num_workers : 0; }

@@ -1,0 +1,80 @@
+/* tensor.c - tensor and paged-KV descriptors and their validation. */
+#include <string.h>
+
+#include "internal.h"
+
+KVA_API kva_tensor kva_tensor_make(void* data, kva_dtype dtype, int32_t ndim, int64_t d0, int64_t d1, int64_t d2,
+                                   int64_t d3) {
+    kva_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    if (ndim < 1) ndim = 1;
+    if (ndim > KVA_MAX_DIMS) ndim = KVA_MAX_DIMS;
+    t.ndim = ndim;
+    int64_t dims[4] = {d0, d1, d2, d3};
+    for (int i = 0; i < ndim; ++i) t.shape[i] = dims[i];
+    int64_t s = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+        t.stride[i] = s;
+        s *= t.shape[i] > 0 ? t.shape[i] : 1;
+    }
+    return t;
+}
+
+kva_status kva__check_tensor(const char* name, const kva_tensor* t, kva_dtype dtype, int32_t ndim,
+                             const int64_t* shape) {
+    KVA_RETURN_IF(!t, KVA_ERR_INVALID_ARGUMENT, "%s: tensor descriptor is NULL", name);
+    KVA_RETURN_IF(!t->data, KVA_ERR_INVALID_ARGUMENT, "%s: data pointer is NULL", name);
+    KVA_RETURN_IF(t->dtype != dtype, KVA_ERR_PLAN_MISMATCH, "%s: dtype %s, expected %s", name,
+                  kva_dtype_name(t->dtype), kva_dtype_name(dtype));
+    /* Accept a tensor with the expected number of dims, or leading dims of size 1 folded in. */
+    KVA_RETURN_IF(t->ndim != ndim, KVA_ERR_PLAN_MISMATCH, "%s: %d dims, expected %d", name, (int)t->ndim, (int)ndim);
+    for (int i = 0; i < ndim; ++i) {
+        KVA_RETURN_IF(t->shape[i] != shape[i], KVA_ERR_PLAN_MISMATCH, "%s: shape[%d] = %lld, expected %lld", name, i,
+                      (long long)t->shape[i], (long long)shape[i]);
+        KVA_RETURN_IF(t->stride[i] < 0, KVA_ERR_INVALID_ARGUMENT, "%s: stride[%d] = %lld is negative", name, i,
+                      (long long)t->stride[i]);
+    }
+    KVA_RETURN_IF(t->stride[ndim - 1] != 1 && shape[ndim - 1] > 1, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: the last dimension must be contiguous (stride[%d] = %lld, expected 1)", name, ndim - 1,
+                  (long long)t->stride[ndim - 1]);
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_paged_kv_init(kva_paged_kv* paged, void* k_data, void* v_data, kva_dtype dtype,
+                                     kva_layout layout, int64_t num_pages, int32_t page_size, int32_t num_heads,
+                                     int32_t head_dim_qk, int32_t head_dim_vo) {
+    KVA_RETURN_IF(!paged, KVA_ERR_INVALID_ARGUMENT, "kva_paged_kv_init: paged is NULL");
+    KVA_RETURN_IF(num_pages < 0 || page_size < 1 || num_heads < 1 || head_dim_qk < 1 || head_dim_vo < 1,
+                  KVA_ERR_INVALID_ARGUMENT,
+                  "kva_paged_kv_init: num_pages = %lld (>= 0), page_size = %d, num_heads = %d, head_dim_qk = %d, "
+                  "head_dim_vo = %d (all >= 1)",
+                  (long long)num_pages, (int)page_size, (int)num_heads, (int)head_dim_qk, (int)head_dim_vo);
+    KVA_RETURN_IF(layout != KVA_LAYOUT_NHD && layout != KVA_LAYOUT_HND, KVA_ERR_INVALID_ARGUMENT,
+                  "kva_paged_kv_init: layout = %d is not a kva_layout", (int)layout);
+    memset(paged, 0, sizeof *paged);
+    paged->k_data = k_data;
+    paged->v_data = v_data;
+    paged->dtype = dtype;
+    paged->num_pages = num_pages;
+    paged->page_size = page_size;
+    paged->num_heads = num_heads;
+    paged->head_dim_qk = head_dim_qk;
+    paged->head_dim_vo = head_dim_vo;
+    int64_t ps = page_size, h = num_heads;
+    paged->k_stride_page = ps * h * head_dim_qk;
+    paged->v_stride_page = ps * h * head_dim_vo;
+    if (layout == KVA_LAYOUT_NHD) {
+        paged->k_stride_token = h * head_dim_qk;
+        paged->k_stride_head = head_dim_qk;
+        paged->v_stride_token = h * head_dim_vo;
+        paged->v_stride_head = head_dim_vo;
+    } else {
+        paged->k_stride_head = ps * head_dim_qk;
+        paged->k_stride_token = head_dim_qk;
+        paged->v_stride_head = ps * head_dim_vo;
+        paged->v_stride_token = head_dim_vo;
+    }
+    return KVA_OK;
+}

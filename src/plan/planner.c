@@ -1,0 +1,680 @@
+/*
+ * planner.c - the load-balanced planner (paper Algorithm 1, docs/design.md section 3). Pure C, no CUDA.
+ *
+ * From host arrays of query and KV lengths it builds:
+ *   tiles:  per (request, KV head, query tile of tile_q packed rows) the visible KV range [lo, hi)
+ *           (causal and sliding window clip it; GQA heads of a group are packed into rows);
+ *   chunks: each tile's range split into chunks of at most L tokens, L = max(128, ceil(sum / W)) rounded to 16
+ *           (or a fixed size, or no split);
+ *   assignment: chunks sorted longest first (cost = len + 2 * rows), each given to the least-loaded worker
+ *           (min-heap, ties to the lowest worker id): deterministic for the same lengths;
+ *   merge map: the chunks of a split tile write consecutive partial slots; one merge task per split tile.
+ * Everything is written at fixed offsets into the caller's workspace (see internal.h).
+ */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define KVA__CHUNK_ALIGN 16
+
+typedef struct kva__tile {
+    int32_t req;
+    int32_t row_start;
+    int32_t rows;
+    int32_t lo, hi;
+    int32_t nchunks;
+    int32_t chunk_len; /* chunk size used for this tile (tokens) */
+} kva__tile;
+
+/* Scratch for one planning call. */
+typedef struct kva__plan_scratch {
+    int32_t* qo_len;
+    int32_t* kv_len;
+    int64_t* mask_off;
+    kva__tile* tiles;
+    int64_t ntiles;
+} kva__plan_scratch;
+
+static void kva__scratch_free(kva__plan_scratch* s) {
+    free(s->qo_len);
+    free(s->kv_len);
+    free(s->mask_off);
+    free(s->tiles);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Validation of the host arrays                                                                   */
+
+static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, const kva_plan_params* p,
+                                       kva__plan_scratch* s, int64_t* total_rows_out, int64_t* total_kv_out,
+                                       int64_t* page_entries_out, int64_t* mask_bytes_out, int32_t* max_qo_out,
+                                       int32_t* max_kv_out) {
+    const int32_t B = p->batch_size;
+    KVA_RETURN_IF(B < 0, KVA_ERR_INVALID_ARGUMENT, "params->batch_size = %d is negative", (int)B);
+    const bool paged = op != KVA_OP_BATCH_PREFILL_RAGGED;
+    if (op == KVA_OP_BATCH_DECODE) {
+        if (p->qo_indptr) {
+            for (int32_t b = 0; b <= B; ++b)
+                KVA_RETURN_IF(p->qo_indptr[b] != b, KVA_ERR_INVALID_ARGUMENT,
+                              "params->qo_indptr[%d] = %d: batch decode has exactly one query row per request "
+                              "(use KVA_OP_BATCH_PREFILL_PAGED for several rows)",
+                              (int)b, (int)p->qo_indptr[b]);
+        }
+    } else {
+        KVA_RETURN_IF(!p->qo_indptr, KVA_ERR_INVALID_ARGUMENT, "params->qo_indptr is NULL (required for prefill ops)");
+    }
+    KVA_RETURN_IF(!p->kv_indptr, KVA_ERR_INVALID_ARGUMENT, "params->kv_indptr is NULL");
+    if (paged) {
+        KVA_RETURN_IF(p->page_size < 1, KVA_ERR_INVALID_ARGUMENT, "params->page_size = %d must be >= 1",
+                      (int)p->page_size);
+        KVA_RETURN_IF(B > 0 && !p->kv_last_page_len, KVA_ERR_INVALID_ARGUMENT,
+                      "params->kv_last_page_len is NULL (required for paged ops)");
+        KVA_RETURN_IF(p->num_pages < 0, KVA_ERR_INVALID_ARGUMENT, "params->num_pages = %lld is negative",
+                      (long long)p->num_pages);
+    }
+    KVA_RETURN_IF(p->fixed_split_size < 0, KVA_ERR_INVALID_ARGUMENT, "params->fixed_split_size = %d is negative",
+                  (int)p->fixed_split_size);
+
+    size_t n = (size_t)(B > 0 ? B : 1);
+    s->qo_len = (int32_t*)malloc(n * sizeof(int32_t));
+    s->kv_len = (int32_t*)malloc(n * sizeof(int32_t));
+    s->mask_off = (int64_t*)malloc(n * sizeof(int64_t));
+    KVA_RETURN_IF(!s->qo_len || !s->kv_len || !s->mask_off, KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory");
+
+    KVA_RETURN_IF(p->qo_indptr && p->qo_indptr[0] != 0, KVA_ERR_PAGETABLE_MALFORMED,
+                  "params->qo_indptr[0] = %d, expected 0", (int)p->qo_indptr[0]);
+    KVA_RETURN_IF(p->kv_indptr[0] != 0, KVA_ERR_PAGETABLE_MALFORMED, "params->kv_indptr[0] = %d, expected 0",
+                  (int)p->kv_indptr[0]);
+    int64_t total_rows = 0, total_kv = 0, mask_bytes = 0;
+    int32_t max_qo = 0, max_kv = 0;
+    for (int32_t b = 0; b < B; ++b) {
+        int32_t qo = 1;
+        if (p->qo_indptr) {
+            int64_t q = (int64_t)p->qo_indptr[b + 1] - p->qo_indptr[b];
+            KVA_RETURN_IF(q < 0, KVA_ERR_PAGETABLE_MALFORMED,
+                          "params->qo_indptr decreases at %d: qo_indptr[%d] = %d > qo_indptr[%d] = %d", (int)b + 1,
+                          (int)b, (int)p->qo_indptr[b], (int)b + 1, (int)p->qo_indptr[b + 1]);
+            qo = (int32_t)q;
+        }
+        int64_t e = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
+        KVA_RETURN_IF(e < 0, KVA_ERR_PAGETABLE_MALFORMED,
+                      "params->kv_indptr decreases at %d: kv_indptr[%d] = %d > kv_indptr[%d] = %d", (int)b + 1, (int)b,
+                      (int)p->kv_indptr[b], (int)b + 1, (int)p->kv_indptr[b + 1]);
+        int64_t kv;
+        if (paged) {
+            if (e == 0) {
+                kv = 0;
+            } else {
+                int32_t lpl = p->kv_last_page_len[b];
+                KVA_RETURN_IF(lpl < 1 || lpl > p->page_size, KVA_ERR_PAGETABLE_MALFORMED,
+                              "params->kv_last_page_len[%d] = %d must be in [1, page_size = %d] for a request "
+                              "with %lld pages",
+                              (int)b, (int)lpl, (int)p->page_size, (long long)e);
+                kv = (e - 1) * (int64_t)p->page_size + lpl;
+            }
+        } else {
+            kv = e;
+        }
+        KVA_RETURN_IF(kv > INT32_MAX / 2, KVA_ERR_UNSUPPORTED, "request %d has %lld KV tokens (more than 2^30)",
+                      (int)b, (long long)kv);
+        s->qo_len[b] = qo;
+        s->kv_len[b] = (int32_t)kv;
+        s->mask_off[b] = mask_bytes;
+        if (d->mask_mode == KVA_MASK_CUSTOM) mask_bytes += ((int64_t)qo * kv + 7) / 8;
+        total_rows += qo;
+        total_kv += kv;
+        if (qo > max_qo) max_qo = qo;
+        if (kv > max_kv) max_kv = (int32_t)kv;
+    }
+    KVA_RETURN_IF(total_rows > INT32_MAX / 2 || total_rows * (int64_t)d->num_qo_heads > INT32_MAX,
+                  KVA_ERR_UNSUPPORTED, "the batch has %lld query rows x %d heads (more than 2^31 packed rows)",
+                  (long long)total_rows, (int)d->num_qo_heads);
+    if (paged) {
+        int64_t entries = p->kv_indptr[B];
+        KVA_RETURN_IF(entries > 0 && p->num_pages < 1, KVA_ERR_INVALID_ARGUMENT,
+                      "params->num_pages = %lld: paged ops need the pool size (page indices are checked against it)",
+                      (long long)p->num_pages);
+        if (p->kv_indices) {
+            for (int64_t i = 0; i < entries; ++i) {
+                int32_t pg = p->kv_indices[i];
+                if (KVA_UNLIKELY(pg < 0 || pg >= p->num_pages)) {
+                    int32_t req = 0;
+                    while (req + 1 <= B && p->kv_indptr[req + 1] <= i) ++req;
+                    return kva__set_error(KVA_ERR_PAGE_INDEX_OUT_OF_RANGE,
+                                          "params->kv_indices[%lld] = %d (request %d) is outside the pool [0, %lld)",
+                                          (long long)i, (int)pg, (int)req, (long long)p->num_pages);
+                }
+            }
+        }
+        *page_entries_out = entries;
+    } else {
+        *page_entries_out = 0;
+    }
+    *total_rows_out = total_rows;
+    *total_kv_out = total_kv;
+    *mask_bytes_out = mask_bytes;
+    *max_qo_out = max_qo;
+    *max_kv_out = max_kv;
+    return KVA_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Layout                                                                                          */
+
+typedef struct kva__caps {
+    int32_t batch;
+    int32_t items;
+    int32_t merge;
+    int32_t partials;
+} kva__caps;
+
+static void kva__layout(kva__plan_data* pd, const kva__caps* c, bool host_staging) {
+    size_t off = KVA__STATUS_BYTES;
+    pd->off_counts = off;
+    off = kva__align_up(off + sizeof(kva__counts), KVA__WS_ALIGN);
+    pd->off_worker_indptr = off;
+    off = kva__align_up(off + sizeof(int32_t) * (size_t)(pd->num_workers + 1), KVA__WS_ALIGN);
+    pd->off_requests = off;
+    off = kva__align_up(off + sizeof(kva__request) * (size_t)c->batch, KVA__WS_ALIGN);
+    pd->off_items = off;
+    off = kva__align_up(off + sizeof(kva__work_item) * (size_t)c->items, KVA__WS_ALIGN);
+    pd->off_merge = off;
+    off = kva__align_up(off + sizeof(kva__merge_task) * (size_t)c->merge, KVA__WS_ALIGN);
+    pd->int_region_end = off;
+    pd->off_partial_o = off;
+    off = kva__align_up(off + sizeof(float) * (size_t)c->partials * (size_t)pd->tile_q * (size_t)pd->desc.head_dim_vo,
+                        KVA__WS_ALIGN);
+    pd->off_partial_lse = off;
+    off = kva__align_up(off + sizeof(float) * (size_t)c->partials * (size_t)pd->tile_q, KVA__WS_ALIGN);
+    pd->device_bytes = off;
+    pd->host_bytes = host_staging ? pd->int_region_end : 0;
+    pd->cap_items = c->items;
+    pd->cap_merge = c->merge;
+    pd->cap_partials = c->partials;
+    pd->max_batch_size = c->batch;
+}
+
+/* Capacities that hold for every batch under the bounds (graph mode and kva_workspace_bound):
+ *   tiles  <= Hkv * (ceil(max_rows * g / T) + max_batch)        (each request adds at most one partial tile)
+ *   split chunks <= 2W: every split tile has > L tokens and sum of tokens <= W * L, so there are at most W split
+ *   tiles and at most W + (#split tiles) chunks among them; merge tasks <= W. */
+static kva__caps kva__bound_caps(const kva__plan_data* pd, int32_t max_batch, int64_t max_rows) {
+    kva__caps c;
+    int64_t W = pd->num_workers, T = pd->tile_q, g = pd->group_size, H = pd->desc.num_kv_heads;
+    int64_t tiles = H * (kva__ceil_div64(max_rows * g, T) + max_batch);
+    c.batch = max_batch;
+    int64_t items = tiles + 2 * W;
+    c.items = items > INT32_MAX ? INT32_MAX : (int32_t)items;
+    c.merge = (int32_t)W;
+    c.partials = (int32_t)(2 * W);
+    return c;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Tiles and chunks                                                                                */
+
+static kva_status kva__make_tiles(const kva__plan_data* pd, int32_t B, kva__plan_scratch* s) {
+    const int32_t g = pd->group_size, T = pd->tile_q;
+    int64_t n = 0;
+    for (int32_t b = 0; b < B; ++b) n += kva__ceil_div64((int64_t)s->qo_len[b] * g, T);
+    s->ntiles = n;
+    s->tiles = (kva__tile*)malloc(sizeof(kva__tile) * (size_t)(n > 0 ? n : 1));
+    KVA_RETURN_IF(!s->tiles, KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory (%lld tiles)", (long long)n);
+    const kva_attention_desc* d = &pd->desc;
+    int64_t k = 0;
+    for (int32_t b = 0; b < B; ++b) {
+        const int32_t qo = s->qo_len[b], kv = s->kv_len[b];
+        const int64_t packed = (int64_t)qo * g;
+        for (int64_t r0 = 0; r0 < packed; r0 += T) {
+            kva__tile* t = &s->tiles[k++];
+            int32_t rows = (int32_t)(packed - r0 < T ? packed - r0 : T);
+            int64_t i_first = r0 / g, i_last = (r0 + rows - 1) / g;
+            int64_t qpos_first = (int64_t)kv - qo + i_first, qpos_last = (int64_t)kv - qo + i_last;
+            int64_t lo = 0, hi = kv;
+            if (d->mask_mode == KVA_MASK_CAUSAL && qpos_last + 1 < hi) hi = qpos_last + 1;
+            if (d->window_left >= 0 && qpos_first - d->window_left > lo) lo = qpos_first - d->window_left;
+            if (hi < 0) hi = 0;
+            if (lo > hi) lo = hi;
+            t->req = b;
+            t->row_start = (int32_t)r0;
+            t->rows = rows;
+            t->lo = (int32_t)lo;
+            t->hi = (int32_t)hi;
+            t->nchunks = 1;
+            t->chunk_len = 0;
+        }
+    }
+    return KVA_OK;
+}
+
+/* Chunk size L for this batch (0 = no split). */
+static int32_t kva__choose_chunk(const kva__plan_data* pd, const kva_plan_params* p, const kva__plan_scratch* s) {
+    if (p->disable_split_kv) return 0;
+    if (p->fixed_split_size > 0) return p->fixed_split_size;
+    int64_t total = 0;
+    for (int64_t i = 0; i < s->ntiles; ++i) total += s->tiles[i].hi - s->tiles[i].lo;
+    total *= pd->desc.num_kv_heads;
+    int64_t L = kva__ceil_div64(total, pd->num_workers);
+    if (L < KVA__MIN_KV_CHUNK) L = KVA__MIN_KV_CHUNK;
+    L = kva__ceil_div64(L, KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
+    if (L > INT32_MAX / 2) L = INT32_MAX / 2;
+    return (int32_t)L;
+}
+
+/* Split every tile: n = ceil(len / L) chunks. Fixed-split mode uses boundaries lo + k*L (they depend only on
+ * the request); otherwise chunks are balanced: ceil(len / n) rounded up to KVA__CHUNK_ALIGN. */
+static void kva__split_tiles(kva__plan_scratch* s, int32_t L, bool fixed, int64_t* nsplit_tiles,
+                             int64_t* nsplit_chunks, int64_t* nchunks_total) {
+    int64_t st = 0, sc = 0, all = 0;
+    for (int64_t i = 0; i < s->ntiles; ++i) {
+        kva__tile* t = &s->tiles[i];
+        int64_t len = t->hi - t->lo;
+        if (L > 0 && len > L) {
+            int64_t n = kva__ceil_div64(len, L);
+            int64_t cl = L;
+            if (!fixed) {
+                cl = kva__ceil_div64(len, n);
+                cl = kva__ceil_div64(cl, KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
+                n = kva__ceil_div64(len, cl);
+            }
+            t->nchunks = (int32_t)n;
+            t->chunk_len = (int32_t)cl;
+            if (n > 1) {
+                st++;
+                sc += n;
+            }
+        } else {
+            t->nchunks = 1;
+            t->chunk_len = (int32_t)len;
+        }
+        all += t->nchunks;
+    }
+    *nsplit_tiles = st;
+    *nsplit_chunks = sc;
+    *nchunks_total = all;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Assignment: LPT greedy with a min-heap of workers.                                               */
+
+typedef struct kva__heap_ent {
+    int64_t load;
+    int32_t worker;
+} kva__heap_ent;
+
+static inline bool kva__heap_less(kva__heap_ent a, kva__heap_ent b) {
+    return a.load < b.load || (a.load == b.load && a.worker < b.worker);
+}
+
+static void kva__heap_sift_down(kva__heap_ent* h, int32_t n, int32_t i) {
+    kva__heap_ent x = h[i];
+    for (;;) {
+        int32_t l = 2 * i + 1;
+        if (l >= n) break;
+        int32_t m = l;
+        if (l + 1 < n && kva__heap_less(h[l + 1], h[l])) m = l + 1;
+        if (!kva__heap_less(h[m], x)) break;
+        h[i] = h[m];
+        i = m;
+    }
+    h[i] = x;
+}
+
+/* Stable sort of chunk ids by cost, descending (LSD radix over 8-bit digits, only as many passes as needed). */
+static void kva__sort_desc(const uint32_t* cost, uint32_t* ids, uint32_t* tmp, int64_t n) {
+    uint32_t maxc = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        ids[i] = (uint32_t)i;
+        if (cost[i] > maxc) maxc = cost[i];
+    }
+    uint32_t* src = ids;
+    uint32_t* dst = tmp;
+    for (int shift = 0; shift < 32 && (maxc >> shift) != 0; shift += 8) {
+        int64_t cnt[257];
+        memset(cnt, 0, sizeof cnt);
+        for (int64_t i = 0; i < n; ++i) cnt[255 - ((cost[src[i]] >> shift) & 255) + 1]++;
+        for (int j = 0; j < 256; ++j) cnt[j + 1] += cnt[j];
+        for (int64_t i = 0; i < n; ++i) dst[cnt[255 - ((cost[src[i]] >> shift) & 255)]++] = src[i];
+        uint32_t* x = src;
+        src = dst;
+        dst = x;
+    }
+    if (src != ids) memcpy(ids, src, sizeof(uint32_t) * (size_t)n);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Entry points                                                                                    */
+
+static kva_status kva__check_common(kva_context* ctx, const kva_attention_desc* desc, kva_op op,
+                                    const kva_plan_params* params, kva_attention_desc* nd) {
+    KVA_RETURN_IF(!ctx, KVA_ERR_INVALID_ARGUMENT, "plan: context is NULL");
+    KVA_RETURN_IF(!params, KVA_ERR_INVALID_ARGUMENT, "plan: params is NULL");
+    KVA_RETURN_IF(op != KVA_OP_BATCH_DECODE && op != KVA_OP_BATCH_PREFILL_PAGED && op != KVA_OP_BATCH_PREFILL_RAGGED,
+                  KVA_ERR_INVALID_ARGUMENT, "plan: op = %d is not a kva_op", (int)op);
+    KVA_FORWARD(kva__desc_normalize(desc, nd));
+    KVA_RETURN_IF(op == KVA_OP_BATCH_DECODE && nd->mask_mode == KVA_MASK_CUSTOM, KVA_ERR_UNSUPPORTED,
+                  "batch decode takes no custom mask (use KVA_OP_BATCH_PREFILL_PAGED with one row per request)");
+    KVA_FORWARD(ctx->ops->check_desc(ctx, nd, op));
+    return KVA_OK;
+}
+
+static void kva__init_plan_data(kva__plan_data* pd, kva_context* ctx, const kva_attention_desc* nd, kva_op op) {
+    memset(pd, 0, sizeof *pd);
+    pd->magic = KVA__PLAN_MAGIC;
+    pd->version = KVA__PLAN_VERSION;
+    pd->op = (uint32_t)op;
+    pd->context_id = ctx->id;
+    pd->backend = (int32_t)ctx->backend;
+    pd->desc = *nd;
+    pd->group_size = nd->num_qo_heads / nd->num_kv_heads;
+    pd->num_workers = ctx->num_workers > 0 ? ctx->num_workers : 1;
+}
+
+static int32_t kva__tile_q(kva_context* ctx, const kva__plan_data* pd, kva_op op, double avg_packed, int32_t max_packed) {
+    int32_t t = ctx->ops->choose_tile_q(ctx, &pd->desc, op, avg_packed, max_packed);
+    if (t < 1) t = 1;
+    if (t > KVA__MAX_TILE_Q) t = KVA__MAX_TILE_Q;
+    return t;
+}
+
+/* Builds the plan. ws == NULL: sizes only (pd gets the layout; nothing is written). */
+static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* desc, kva_op op,
+                                  const kva_plan_params* params, const kva_workspace* ws, kva__plan_data* pd,
+                                  void* stream) {
+    kva_attention_desc nd;
+    KVA_FORWARD(kva__check_common(ctx, desc, op, params, &nd));
+    kva__init_plan_data(pd, ctx, &nd, op);
+    const bool graph = params->graph_mode != 0;
+    const bool host_staging = !ctx->ops->plans_on_host_memory;
+
+    kva__plan_scratch s;
+    memset(&s, 0, sizeof s);
+    int64_t total_rows = 0, total_kv = 0, entries = 0, mask_bytes = 0;
+    int32_t max_qo = 0, max_kv = 0;
+    kva_status st = kva__validate_params(&nd, op, params, &s, &total_rows, &total_kv, &entries, &mask_bytes, &max_qo,
+                                         &max_kv);
+    if (st != KVA_OK) goto done;
+    const int32_t B = params->batch_size;
+    const int32_t g = pd->group_size;
+
+    int64_t max_rows_bound = 0;
+    if (graph) {
+        int64_t mr = params->max_total_qo_rows;
+        if (op == KVA_OP_BATCH_DECODE && mr == 0) mr = params->max_batch_size;
+        if (params->max_batch_size < 1 || params->max_batch_size < B || mr < total_rows || mr < 0) {
+            st = kva__set_error(KVA_ERR_INVALID_ARGUMENT,
+                                "graph mode: batch_size = %d and %lld query rows must fit the bounds max_batch_size = "
+                                "%d, max_total_qo_rows = %lld",
+                                (int)B, (long long)total_rows, (int)params->max_batch_size, (long long)mr);
+            goto done;
+        }
+        if (params->fixed_split_size > 0) {
+            st = kva__set_error(KVA_ERR_UNSUPPORTED,
+                                "graph mode with fixed_split_size: the partial-output buffer would depend on KV "
+                                "lengths; use graph mode with the default split or disable_split_kv");
+            goto done;
+        }
+        max_rows_bound = mr;
+        /* Tile size from the bounds, so the chosen kernels never change between plans. */
+        double avg = (double)mr * g / (double)params->max_batch_size;
+        int32_t maxp = (int32_t)(mr * g > INT32_MAX ? INT32_MAX : mr * g);
+        pd->tile_q = kva__tile_q(ctx, pd, op, avg, maxp);
+    } else {
+        double avg = B > 0 ? (double)total_rows * g / (double)B : 0.0;
+        pd->tile_q = kva__tile_q(ctx, pd, op, avg, max_qo * g);
+    }
+    pd->graph_mode = graph;
+    pd->batch_size = B;
+    pd->total_qo_rows = total_rows;
+    pd->total_kv_tokens = op == KVA_OP_BATCH_PREFILL_RAGGED ? (B > 0 ? params->kv_indptr[B] : 0) : total_kv;
+    pd->num_page_entries = entries;
+    pd->page_size = op == KVA_OP_BATCH_PREFILL_RAGGED ? 0 : params->page_size;
+    pd->num_pages = op == KVA_OP_BATCH_PREFILL_RAGGED ? 0 : params->num_pages;
+    pd->max_qo_len = max_qo;
+    pd->max_kv_len = max_kv;
+    pd->custom_mask_bytes = mask_bytes;
+    pd->fixed_split_size = params->fixed_split_size;
+    pd->max_total_qo_rows = graph ? max_rows_bound : total_rows;
+
+    st = kva__make_tiles(pd, B, &s);
+    if (st != KVA_OK) goto done;
+    const int32_t L = kva__choose_chunk(pd, params, &s);
+    int64_t nsplit_tiles = 0, nsplit_chunks = 0, nchunks_tile = 0;
+    kva__split_tiles(&s, L, params->fixed_split_size > 0, &nsplit_tiles, &nsplit_chunks, &nchunks_tile);
+    const int64_t H = nd.num_kv_heads;
+    const int64_t n_items = nchunks_tile * H, n_merge = nsplit_tiles * H, n_partials = nsplit_chunks * H;
+    pd->kv_chunk_size = nsplit_tiles > 0 ? L : 0;
+    if (n_items > INT32_MAX / 2 || n_partials > INT32_MAX / 2) {
+        st = kva__set_error(KVA_ERR_UNSUPPORTED, "plan: %lld work items exceed the supported maximum",
+                            (long long)n_items);
+        goto done;
+    }
+    pd->num_items = (int32_t)n_items;
+    pd->num_merge = (int32_t)n_merge;
+    pd->num_partials = (int32_t)n_partials;
+
+    kva__caps caps;
+    if (graph) {
+        caps = kva__bound_caps(pd, params->max_batch_size, max_rows_bound);
+        if (n_items > caps.items || n_merge > caps.merge || n_partials > caps.partials) {
+            st = kva__set_error(KVA_ERR_INTERNAL,
+                                "plan: graph-mode capacities exceeded (items %lld/%d, merge %lld/%d, partials %lld/%d)",
+                                (long long)n_items, caps.items, (long long)n_merge, caps.merge, (long long)n_partials,
+                                caps.partials);
+            goto done;
+        }
+    } else {
+        caps.batch = B;
+        caps.items = (int32_t)n_items;
+        caps.merge = (int32_t)n_merge;
+        caps.partials = (int32_t)n_partials;
+    }
+    kva__layout(pd, &caps, host_staging);
+
+    if (!ws) goto done; /* size query */
+
+    /* Workspace checks. */
+    if (ws->device_bytes < pd->device_bytes || (pd->device_bytes > 0 && !ws->device)) {
+        st = kva__set_error(KVA_ERR_WORKSPACE_TOO_SMALL,
+                            "plan: the device workspace has %zu bytes at %p; this plan needs %zu bytes",
+                            ws->device_bytes, ws->device, pd->device_bytes);
+        goto done;
+    }
+    if (host_staging && (ws->host_bytes < pd->host_bytes || !ws->host)) {
+        st = kva__set_error(KVA_ERR_WORKSPACE_TOO_SMALL,
+                            "plan: the host staging workspace has %zu bytes at %p; this plan needs %zu bytes",
+                            ws->host_bytes, ws->host, pd->host_bytes);
+        goto done;
+    }
+    if (((uintptr_t)ws->device % KVA__WS_ALIGN) != 0 || (host_staging && ((uintptr_t)ws->host % KVA__WS_ALIGN) != 0)) {
+        st = kva__set_error(KVA_ERR_ALIGNMENT, "plan: workspace pointers must be %d-byte aligned (device %p, host %p)",
+                            KVA__WS_ALIGN, ws->device, ws->host);
+        goto done;
+    }
+    pd->ws_device_addr = (uint64_t)(uintptr_t)ws->device;
+    pd->ws_host_addr = (uint64_t)(uintptr_t)ws->host;
+
+    {
+        /* Generate items in tile-major order; partial slots consecutive per split tile. */
+        const int64_t N = n_items;
+        kva__work_item* items = (kva__work_item*)malloc(sizeof(kva__work_item) * (size_t)(N > 0 ? N : 1));
+        uint32_t* cost = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)(N > 0 ? N : 1));
+        uint32_t* order = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)(N > 0 ? N : 1) * 2);
+        int32_t* owner = (int32_t*)malloc(sizeof(int32_t) * (size_t)(N > 0 ? N : 1));
+        kva__heap_ent* heap = (kva__heap_ent*)malloc(sizeof(kva__heap_ent) * (size_t)pd->num_workers);
+        int32_t* wcount = (int32_t*)calloc((size_t)pd->num_workers + 1, sizeof(int32_t));
+        if (!items || !cost || !order || !owner || !heap || !wcount) {
+            free(items), free(cost), free(order), free(owner), free(heap), free(wcount);
+            st = kva__set_error(KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory (%lld work items)", (long long)N);
+            goto done;
+        }
+        char* base = (char*)(host_staging ? ws->host : ws->device);
+        kva__merge_task* merge = (kva__merge_task*)(base + pd->off_merge);
+        int64_t it = 0, slot = 0, mt = 0;
+        for (int64_t ti = 0; ti < s.ntiles; ++ti) {
+            const kva__tile* t = &s.tiles[ti];
+            for (int32_t h = 0; h < (int32_t)H; ++h) {
+                const bool split = t->nchunks > 1;
+                if (split) {
+                    merge[mt].req = t->req;
+                    merge[mt].kv_head = h;
+                    merge[mt].row_start = t->row_start;
+                    merge[mt].rows = t->rows;
+                    merge[mt].partial_first = (int32_t)slot;
+                    merge[mt].num_partials = t->nchunks;
+                    ++mt;
+                }
+                for (int32_t c = 0; c < t->nchunks; ++c) {
+                    kva__work_item* w = &items[it];
+                    int64_t ks = t->lo + (int64_t)c * t->chunk_len;
+                    int64_t ke = ks + t->chunk_len;
+                    if (ke > t->hi || !split) ke = t->hi;
+                    w->req = t->req;
+                    w->kv_head = h;
+                    w->row_start = t->row_start;
+                    w->rows = t->rows;
+                    w->kv_start = (int32_t)ks;
+                    w->kv_end = (int32_t)ke;
+                    w->partial = split ? (int32_t)(slot + c) : -1;
+                    w->pad_ = 0;
+                    cost[it] = (uint32_t)(ke - ks) + 2u * (uint32_t)t->rows;
+                    ++it;
+                }
+                if (split) slot += t->nchunks;
+            }
+        }
+        /* Longest first to the least-loaded worker. */
+        kva__sort_desc(cost, order, order + N, N);
+        const int32_t W = pd->num_workers;
+        for (int32_t w = 0; w < W; ++w) {
+            heap[w].load = 0;
+            heap[w].worker = w;
+        }
+        int64_t total_cost = 0;
+        for (int64_t k = 0; k < N; ++k) {
+            uint32_t id = order[k];
+            int32_t w = heap[0].worker;
+            owner[id] = w;
+            wcount[w + 1]++;
+            heap[0].load += cost[id];
+            total_cost += cost[id];
+            kva__heap_sift_down(heap, W, 0);
+        }
+        int64_t maxload = 0;
+        for (int32_t w = 0; w < W; ++w)
+            if (heap[w].load > maxload) maxload = heap[w].load;
+        pd->max_worker_cost = maxload;
+        pd->total_cost = total_cost;
+        int32_t* windptr = (int32_t*)(base + pd->off_worker_indptr);
+        windptr[0] = 0;
+        for (int32_t w = 0; w < W; ++w) windptr[w + 1] = windptr[w] + wcount[w + 1];
+        /* Scatter in assignment order (each worker's list is longest first). */
+        kva__work_item* dst = (kva__work_item*)(base + pd->off_items);
+        for (int32_t w = 0; w < W; ++w) wcount[w] = windptr[w];
+        for (int64_t k = 0; k < N; ++k) {
+            uint32_t id = order[k];
+            dst[wcount[owner[id]]++] = items[id];
+        }
+        free(items), free(cost), free(order), free(owner), free(heap), free(wcount);
+
+        kva__request* req = (kva__request*)(base + pd->off_requests);
+        for (int32_t b = 0; b < B; ++b) {
+            req[b].qo_start = params->qo_indptr ? params->qo_indptr[b] : b;
+            req[b].qo_len = s.qo_len[b];
+            req[b].kv_start = params->kv_indptr[b];
+            req[b].kv_len = s.kv_len[b];
+            req[b].mask_offset = s.mask_off[b];
+        }
+        kva__counts* counts = (kva__counts*)(base + pd->off_counts);
+        memset(counts, 0, sizeof *counts);
+        counts->batch_size = B;
+        counts->num_items = pd->num_items;
+        counts->num_merge = pd->num_merge;
+        counts->num_partials = pd->num_partials;
+        counts->total_qo_rows = total_rows;
+        memset(base, 0, KVA__STATUS_BYTES);
+    }
+    st = ctx->ops->finish_plan(ctx, pd, ws, stream);
+
+done:
+    kva__scratch_free(&s);
+    return st;
+}
+
+KVA_API void kva_plan_params_init(kva_plan_params* params) {
+    if (params) memset(params, 0, sizeof *params);
+}
+
+KVA_API kva_status kva_plan_workspace_size(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                                           const kva_plan_params* params, size_t* device_bytes,
+                                           size_t* host_bytes) {
+    kva__plan_data pd;
+    KVA_FORWARD(kva__plan_build(context, desc, op, params, NULL, &pd, NULL));
+    if (device_bytes) *device_bytes = pd.device_bytes;
+    if (host_bytes) *host_bytes = pd.host_bytes;
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_workspace_bound(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                                       int32_t max_batch_size, int64_t max_total_qo_rows, size_t* device_bytes,
+                                       size_t* host_bytes) {
+    kva_plan_params p;
+    kva_plan_params_init(&p);
+    kva_attention_desc nd;
+    KVA_FORWARD(kva__check_common(context, desc, op, &p, &nd));
+    if (op == KVA_OP_BATCH_DECODE && max_total_qo_rows == 0) max_total_qo_rows = max_batch_size;
+    KVA_RETURN_IF(max_batch_size < 1 || max_total_qo_rows < 0, KVA_ERR_INVALID_ARGUMENT,
+                  "kva_workspace_bound: max_batch_size = %d must be >= 1 and max_total_qo_rows = %lld >= 0",
+                  (int)max_batch_size, (long long)max_total_qo_rows);
+    kva__plan_data pd;
+    kva__init_plan_data(&pd, context, &nd, op);
+    /* Valid for every tile size the backend may choose (1..128 packed rows): the item count is largest for
+       one-row tiles, the partial buffer (2W slots of tile_q rows) for 128-row tiles. */
+    pd.tile_q = 1;
+    kva__caps c = kva__bound_caps(&pd, max_batch_size, max_total_qo_rows);
+    pd.tile_q = KVA__MAX_TILE_Q;
+    kva__layout(&pd, &c, !context->ops->plans_on_host_memory);
+    size_t best_dev = pd.device_bytes, best_host = pd.host_bytes;
+    if (device_bytes) *device_bytes = best_dev;
+    if (host_bytes) *host_bytes = best_host;
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_plan_make(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                            const kva_plan_params* params, const kva_workspace* workspace, kva_plan* plan,
+                            void* stream) {
+    KVA_RETURN_IF(!workspace, KVA_ERR_INVALID_ARGUMENT, "kva_plan_make: workspace is NULL");
+    KVA_RETURN_IF(!plan, KVA_ERR_INVALID_ARGUMENT, "kva_plan_make: plan is NULL");
+    kva__plan_data pd;
+    kva_status st = kva__plan_build(context, desc, op, params, workspace, &pd, stream);
+    if (st != KVA_OK) return st;
+    memset(plan, 0, sizeof *plan);
+    memcpy(plan->opaque, &pd, sizeof pd);
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_plan_get_info(const kva_plan* plan, kva_plan_info* info) {
+    KVA_RETURN_IF(!plan || !info, KVA_ERR_INVALID_ARGUMENT, "kva_plan_get_info: plan or info is NULL");
+    const kva__plan_data* pd = kva__plan_data_ofc(plan);
+    KVA_RETURN_IF(pd->magic != KVA__PLAN_MAGIC || pd->version != KVA__PLAN_VERSION, KVA_ERR_INVALID_ARGUMENT,
+                  "kva_plan_get_info: not a plan made by kva_plan_make (bad magic or version)");
+    memset(info, 0, sizeof *info);
+    info->op = (kva_op)pd->op;
+    info->batch_size = pd->batch_size;
+    info->total_qo_rows = pd->total_qo_rows;
+    info->num_workers = pd->num_workers;
+    info->tile_q = pd->tile_q;
+    info->kv_chunk_size = pd->kv_chunk_size;
+    info->num_work_items = pd->num_items;
+    info->num_merge_tasks = pd->num_merge;
+    info->num_partials = pd->num_partials;
+    info->graph_mode = pd->graph_mode;
+    info->max_worker_cost = pd->max_worker_cost;
+    info->total_cost = pd->total_cost;
+    info->device_bytes = pd->device_bytes;
+    info->host_bytes = pd->host_bytes;
+    return KVA_OK;
+}
