@@ -86,6 +86,7 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
 KVA_API kva_status kva_context_destroy(kva_context* context) {
     if (!context) return KVA_OK;
     if (context->ops && context->ops->destroy) context->ops->destroy(context);
+    for (int i = 0; i < 8; ++i) free(context->plan_scratch[i]);
     free(context);
     return KVA_OK;
 }

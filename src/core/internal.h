@@ -61,6 +61,10 @@ struct kva_context {
     const struct kva__backend_ops* ops;
     void* backend_state;      /* owned by the backend */
     uint64_t id;              /* unique per context in the process; plans record it */
+    /* Planner scratch buffers, reused across plans (a plan that finds them busy uses its own). */
+    int plan_scratch_busy;    /* taken with __atomic_exchange_n */
+    void* plan_scratch[8];
+    size_t plan_scratch_cap[8];
 };
 
 void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...) KVA_PRINTF(3, 4);

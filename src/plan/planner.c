@@ -26,10 +26,19 @@ typedef struct kva__tile {
     int32_t lo, hi;
     int32_t nchunks;
     int32_t chunk_len; /* chunk size used for this tile (tokens) */
+    int32_t slot_base; /* first partial slot of the tile's head 0 (split tiles), -1 otherwise */
 } kva__tile;
 
-/* Scratch for one planning call. */
+/* Scratch for one planning call: growable buffers, borrowed from the context when free (no allocation and no
+ * page faults in the steady state), else owned by the call. */
+enum { KVA__S_LEN, KVA__S_TILES, KVA__S_ITEMS, KVA__S_COST, KVA__S_ORDER, KVA__S_OWNER, KVA__S_WORKERS, KVA__S_NUM };
+
 typedef struct kva__plan_scratch {
+    void** buf;
+    size_t* cap;
+    void* own_buf[KVA__S_NUM];
+    size_t own_cap[KVA__S_NUM];
+    kva_context* borrowed_from;
     int32_t* qo_len;
     int32_t* kv_len;
     int64_t* mask_off;
@@ -37,11 +46,36 @@ typedef struct kva__plan_scratch {
     int64_t ntiles;
 } kva__plan_scratch;
 
+static void kva__scratch_open(kva__plan_scratch* s, kva_context* ctx) {
+    memset(s, 0, sizeof *s);
+    if (__atomic_exchange_n(&ctx->plan_scratch_busy, 1, __ATOMIC_ACQUIRE) == 0) {
+        s->borrowed_from = ctx;
+        s->buf = ctx->plan_scratch;
+        s->cap = ctx->plan_scratch_cap;
+    } else {
+        s->buf = s->own_buf;
+        s->cap = s->own_cap;
+    }
+}
+
+static void* kva__scratch_get(kva__plan_scratch* s, int slot, size_t bytes) {
+    if (bytes == 0) bytes = 64;
+    if (s->cap[slot] < bytes) {
+        size_t want = bytes + bytes / 2;
+        void* p = realloc(s->buf[slot], want);
+        if (!p) return NULL;
+        s->buf[slot] = p;
+        s->cap[slot] = want;
+    }
+    return s->buf[slot];
+}
+
 static void kva__scratch_free(kva__plan_scratch* s) {
-    free(s->qo_len);
-    free(s->kv_len);
-    free(s->mask_off);
-    free(s->tiles);
+    if (s->borrowed_from) {
+        __atomic_store_n(&s->borrowed_from->plan_scratch_busy, 0, __ATOMIC_RELEASE);
+    } else {
+        for (int i = 0; i < KVA__S_NUM; ++i) free(s->own_buf[i]);
+    }
     memset(s, 0, sizeof *s);
 }
 
@@ -79,10 +113,11 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
                   (int)p->fixed_split_size);
 
     size_t n = (size_t)(B > 0 ? B : 1);
-    s->qo_len = (int32_t*)malloc(n * sizeof(int32_t));
-    s->kv_len = (int32_t*)malloc(n * sizeof(int32_t));
-    s->mask_off = (int64_t*)malloc(n * sizeof(int64_t));
-    KVA_RETURN_IF(!s->qo_len || !s->kv_len || !s->mask_off, KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory");
+    char* lens = (char*)kva__scratch_get(s, KVA__S_LEN, n * (sizeof(int32_t) * 2 + sizeof(int64_t)));
+    KVA_RETURN_IF(!lens, KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory");
+    s->mask_off = (int64_t*)(void*)lens;
+    s->qo_len = (int32_t*)(void*)(lens + n * sizeof(int64_t));
+    s->kv_len = s->qo_len + n;
 
     KVA_RETURN_IF(p->qo_indptr && p->qo_indptr[0] != 0, KVA_ERR_PAGETABLE_MALFORMED,
                   "params->qo_indptr[0] = %d, expected 0", (int)p->qo_indptr[0]);
@@ -221,7 +256,7 @@ static kva_status kva__make_tiles(const kva__plan_data* pd, int32_t B, kva__plan
     int64_t n = 0;
     for (int32_t b = 0; b < B; ++b) n += kva__ceil_div64((int64_t)s->qo_len[b] * g, T);
     s->ntiles = n;
-    s->tiles = (kva__tile*)malloc(sizeof(kva__tile) * (size_t)(n > 0 ? n : 1));
+    s->tiles = (kva__tile*)kva__scratch_get(s, KVA__S_TILES, sizeof(kva__tile) * (size_t)(n > 0 ? n : 1));
     KVA_RETURN_IF(!s->tiles, KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory (%lld tiles)", (long long)n);
     const kva_attention_desc* d = &pd->desc;
     int64_t k = 0;
@@ -300,29 +335,6 @@ static void kva__split_tiles(kva__plan_scratch* s, int32_t L, bool fixed, int64_
 /* ---------------------------------------------------------------------------------------------- */
 /* Assignment: LPT greedy with a min-heap of workers.                                               */
 
-typedef struct kva__heap_ent {
-    int64_t load;
-    int32_t worker;
-} kva__heap_ent;
-
-static inline bool kva__heap_less(kva__heap_ent a, kva__heap_ent b) {
-    return a.load < b.load || (a.load == b.load && a.worker < b.worker);
-}
-
-static void kva__heap_sift_down(kva__heap_ent* h, int32_t n, int32_t i) {
-    kva__heap_ent x = h[i];
-    for (;;) {
-        int32_t l = 2 * i + 1;
-        if (l >= n) break;
-        int32_t m = l;
-        if (l + 1 < n && kva__heap_less(h[l + 1], h[l])) m = l + 1;
-        if (!kva__heap_less(h[m], x)) break;
-        h[i] = h[m];
-        i = m;
-    }
-    h[i] = x;
-}
-
 /* Stable sort of chunk ids by cost, descending (LSD radix over 8-bit digits, only as many passes as needed). */
 static void kva__sort_desc(const uint32_t* cost, uint32_t* ids, uint32_t* tmp, int64_t n) {
     uint32_t maxc = 0;
@@ -391,7 +403,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
     const bool host_staging = !ctx->ops->plans_on_host_memory;
 
     kva__plan_scratch s;
-    memset(&s, 0, sizeof s);
+    kva__scratch_open(&s, ctx);
     int64_t total_rows = 0, total_kv = 0, entries = 0, mask_bytes = 0;
     int32_t max_qo = 0, max_kv = 0;
     kva_status st = kva__validate_params(&nd, op, params, &s, &total_rows, &total_kv, &entries, &mask_bytes, &max_qo,
@@ -498,88 +510,121 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
     pd->ws_host_addr = (uint64_t)(uintptr_t)ws->host;
 
     {
-        /* Generate items in tile-major order; partial slots consecutive per split tile. */
-        const int64_t N = n_items;
-        kva__work_item* items = (kva__work_item*)malloc(sizeof(kva__work_item) * (size_t)(N > 0 ? N : 1));
-        uint32_t* cost = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)(N > 0 ? N : 1));
-        uint32_t* order = (uint32_t*)malloc(sizeof(uint32_t) * (size_t)(N > 0 ? N : 1) * 2);
-        int32_t* owner = (int32_t*)malloc(sizeof(int32_t) * (size_t)(N > 0 ? N : 1));
-        kva__heap_ent* heap = (kva__heap_ent*)malloc(sizeof(kva__heap_ent) * (size_t)pd->num_workers);
-        int32_t* wcount = (int32_t*)calloc((size_t)pd->num_workers + 1, sizeof(int32_t));
-        if (!items || !cost || !order || !owner || !heap || !wcount) {
-            free(items), free(cost), free(order), free(owner), free(heap), free(wcount);
+        /* Units are (tile, chunk) pairs; each stands for num_kv_heads identical work items (one per KV head), so
+           the sort runs over units and the heads of a unit are assigned consecutively. */
+        const int64_t U = nchunks_tile, N = n_items;
+        const size_t u1 = (size_t)(U > 0 ? U : 1), n1 = (size_t)(N > 0 ? N : 1);
+        const int32_t W = pd->num_workers;
+        uint32_t* unit_tile = (uint32_t*)kva__scratch_get(&s, KVA__S_ITEMS, sizeof(uint32_t) * 2 * u1);
+        uint32_t* cost = (uint32_t*)kva__scratch_get(&s, KVA__S_COST, sizeof(uint32_t) * u1);
+        uint32_t* order = (uint32_t*)kva__scratch_get(&s, KVA__S_ORDER, sizeof(uint32_t) * u1 * 2);
+        int32_t* owner = (int32_t*)kva__scratch_get(&s, KVA__S_OWNER, sizeof(int32_t) * n1);
+        char* wmem = (char*)kva__scratch_get(&s, KVA__S_WORKERS,
+                                             sizeof(uint64_t) * (4 * (size_t)W + 2) + sizeof(int32_t) * ((size_t)W + 1));
+        if (!unit_tile || !cost || !order || !owner || !wmem) {
             st = kva__set_error(KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory (%lld work items)", (long long)N);
             goto done;
         }
+        uint32_t* unit_chunk = unit_tile + u1;
+        uint64_t* heap = (uint64_t*)(void*)wmem;
+        int32_t* wcount = (int32_t*)(void*)(wmem + sizeof(uint64_t) * (4 * (size_t)W + 2));
+        memset(wcount, 0, sizeof(int32_t) * ((size_t)W + 1));
         char* base = (char*)(host_staging ? ws->host : ws->device);
         kva__merge_task* merge = (kva__merge_task*)(base + pd->off_merge);
-        int64_t it = 0, slot = 0, mt = 0;
+        int64_t u = 0, slot = 0, mt = 0;
+        int64_t total_cost = 0;
         for (int64_t ti = 0; ti < s.ntiles; ++ti) {
-            const kva__tile* t = &s.tiles[ti];
-            for (int32_t h = 0; h < (int32_t)H; ++h) {
-                const bool split = t->nchunks > 1;
-                if (split) {
+            kva__tile* t = &s.tiles[ti];
+            const bool split = t->nchunks > 1;
+            t->slot_base = split ? (int32_t)slot : -1;
+            for (int32_t c = 0; c < t->nchunks; ++c) {
+                int64_t ks = t->lo + (int64_t)c * t->chunk_len;
+                int64_t ke = split ? ks + t->chunk_len : t->hi;
+                if (ke > t->hi) ke = t->hi;
+                unit_tile[u] = (uint32_t)ti;
+                unit_chunk[u] = (uint32_t)c;
+                cost[u] = (uint32_t)(ke - ks) + 2u * (uint32_t)t->rows;
+                total_cost += (int64_t)cost[u] * H;
+                ++u;
+            }
+            if (split) {
+                for (int32_t h = 0; h < (int32_t)H; ++h) {
                     merge[mt].req = t->req;
                     merge[mt].kv_head = h;
                     merge[mt].row_start = t->row_start;
                     merge[mt].rows = t->rows;
-                    merge[mt].partial_first = (int32_t)slot;
+                    merge[mt].partial_first = (int32_t)(slot + (int64_t)h * t->nchunks);
                     merge[mt].num_partials = t->nchunks;
                     ++mt;
                 }
-                for (int32_t c = 0; c < t->nchunks; ++c) {
-                    kva__work_item* w = &items[it];
-                    int64_t ks = t->lo + (int64_t)c * t->chunk_len;
-                    int64_t ke = ks + t->chunk_len;
-                    if (ke > t->hi || !split) ke = t->hi;
-                    w->req = t->req;
-                    w->kv_head = h;
-                    w->row_start = t->row_start;
-                    w->rows = t->rows;
-                    w->kv_start = (int32_t)ks;
-                    w->kv_end = (int32_t)ke;
-                    w->partial = split ? (int32_t)(slot + c) : -1;
-                    w->pad_ = 0;
-                    cost[it] = (uint32_t)(ke - ks) + 2u * (uint32_t)t->rows;
-                    ++it;
-                }
-                if (split) slot += t->nchunks;
+                slot += (int64_t)t->nchunks * H;
             }
         }
-        /* Longest first to the least-loaded worker. */
-        kva__sort_desc(cost, order, order + N, N);
-        const int32_t W = pd->num_workers;
-        for (int32_t w = 0; w < W; ++w) {
-            heap[w].load = 0;
-            heap[w].worker = w;
+        /* Longest first to the least-loaded worker (ties: lowest worker id). Worker loads live in a tournament
+           tree of keys load << 13 | worker (one integer compare orders (load, worker)); the root is the least-loaded
+           worker. An update walks from the leaf to the root taking the min with each sibling: the sibling loads do
+           not depend on the compares, so the walk costs a short chain of integer mins, not dependent loads. */
+        kva__sort_desc(cost, order, order + u1, U);
+        if (W > (1 << 13) || total_cost >= ((int64_t)1 << 50)) {
+            st = kva__set_error(KVA_ERR_UNSUPPORTED, "plan: %d workers or total cost %lld exceed the planner's limits",
+                                (int)W, (long long)total_cost);
+            goto done;
         }
-        int64_t total_cost = 0;
-        for (int64_t k = 0; k < N; ++k) {
-            uint32_t id = order[k];
-            int32_t w = heap[0].worker;
-            owner[id] = w;
-            wcount[w + 1]++;
-            heap[0].load += cost[id];
-            total_cost += cost[id];
-            kva__heap_sift_down(heap, W, 0);
+        size_t P = 1;
+        while (P < (size_t)W) P *= 2;
+        for (size_t i = 0; i < P; ++i) heap[P + i] = i < (size_t)W ? (uint64_t)i : UINT64_MAX;
+        for (size_t i = P - 1; i >= 1; --i) heap[i] = heap[2 * i] < heap[2 * i + 1] ? heap[2 * i] : heap[2 * i + 1];
+        int64_t k = 0;
+        for (int64_t i = 0; i < U; ++i) {
+            const uint64_t add = (uint64_t)cost[order[i]] << 13;
+            for (int32_t h = 0; h < (int32_t)H; ++h, ++k) {
+                uint64_t x = P > 1 ? heap[1] : heap[P];
+                int32_t w = (int32_t)(x & 8191u);
+                owner[k] = w;
+                wcount[w + 1]++;
+                x += add;
+                size_t pos = P + (size_t)w;
+                heap[pos] = x;
+                while (pos > 1) {
+                    uint64_t sib = heap[pos ^ 1];
+                    x = sib < x ? sib : x;
+                    pos >>= 1;
+                    heap[pos] = x;
+                }
+            }
         }
         int64_t maxload = 0;
         for (int32_t w = 0; w < W; ++w)
-            if (heap[w].load > maxload) maxload = heap[w].load;
+            if ((int64_t)(heap[P + (size_t)w] >> 13) > maxload) maxload = (int64_t)(heap[P + (size_t)w] >> 13);
         pd->max_worker_cost = maxload;
         pd->total_cost = total_cost;
         int32_t* windptr = (int32_t*)(base + pd->off_worker_indptr);
         windptr[0] = 0;
         for (int32_t w = 0; w < W; ++w) windptr[w + 1] = windptr[w] + wcount[w + 1];
-        /* Scatter in assignment order (each worker's list is longest first). */
+        /* Write items in assignment order (each worker's list is longest first). */
         kva__work_item* dst = (kva__work_item*)(base + pd->off_items);
         for (int32_t w = 0; w < W; ++w) wcount[w] = windptr[w];
-        for (int64_t k = 0; k < N; ++k) {
-            uint32_t id = order[k];
-            dst[wcount[owner[id]]++] = items[id];
+        k = 0;
+        for (int64_t i = 0; i < U; ++i) {
+            const uint32_t uid = order[i];
+            const kva__tile* t = &s.tiles[unit_tile[uid]];
+            const int32_t c = (int32_t)unit_chunk[uid];
+            const bool split = t->nchunks > 1;
+            int64_t ks = t->lo + (int64_t)c * t->chunk_len;
+            int64_t ke = split ? ks + t->chunk_len : t->hi;
+            if (ke > t->hi) ke = t->hi;
+            for (int32_t h = 0; h < (int32_t)H; ++h, ++k) {
+                kva__work_item* w = &dst[wcount[owner[k]]++];
+                w->req = t->req;
+                w->kv_head = h;
+                w->row_start = t->row_start;
+                w->rows = t->rows;
+                w->kv_start = (int32_t)ks;
+                w->kv_end = (int32_t)ke;
+                w->partial = split ? t->slot_base + h * t->nchunks + c : -1;
+                w->pad_ = 0;
+            }
         }
-        free(items), free(cost), free(order), free(owner), free(heap), free(wcount);
-
         kva__request* req = (kva__request*)(base + pd->off_requests);
         for (int32_t b = 0; b < B; ++b) {
             req[b].qo_start = params->qo_indptr ? params->qo_indptr[b] : b;
