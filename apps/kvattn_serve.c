@@ -419,7 +419,7 @@ static void config_defaults(config* c) {
     c->kv_dtype = (kva_dtype)-1; /* = dtype */
     c->layout = KVA_LAYOUT_NHD;
     c->max_batch = 32;
-    c->requests = 64;
+    c->requests = 96;
     c->steps = 0;
     c->pool_pages = 640;
     c->seed = 1;
@@ -818,25 +818,26 @@ static kva_paged_kv layer_paged(const app* a, const batch* b, int layer) {
     return p;
 }
 
-/* New K/V rows for layer `layer`, appended into the pool. */
-static void batch_append(app* a, batch* b, const kva_paged_kv* paged) {
+/* Fresh random q rows and new K/V rows of the batch for one layer (not timed). */
+static void batch_fill_inputs(app* a, batch* b) {
     const config* c = &a->cfg;
     int64_t n = b->rows * c->heads_kv * c->head_dim;
     fill_random(b->append_k.h, c->kv_dtype, n, &a->data_rng, 1.0f / a->k_scale);
     fill_random(b->append_v.h, c->kv_dtype, n, &a->data_rng, 1.0f / a->v_scale);
     h2d(b->append_k.d, b->append_k.h, (size_t)n * a->kv_bytes);
     h2d(b->append_v.d, b->append_v.h, (size_t)n * a->kv_bytes);
+    int64_t nq = b->rows * c->heads_q * c->head_dim;
+    fill_random(b->q.h, c->dtype, nq, &a->data_rng, 1.0f);
+    h2d(b->q.d, b->q.h, (size_t)nq * a->q_bytes);
+}
+
+/* Append the batch's new K/V rows into the layer's pages. */
+static void batch_append(app* a, batch* b, const kva_paged_kv* paged) {
+    const config* c = &a->cfg;
     kva_tensor ak = kva_tensor_make(b->append_k.d, c->kv_dtype, 3, b->rows, c->heads_kv, c->head_dim, 0);
     kva_tensor av = kva_tensor_make(b->append_v.d, c->kv_dtype, 3, b->rows, c->heads_kv, c->head_dim, 0);
     KVA_CHECK(kva_append_paged_kv_cache(a->ctx, &ak, &av, (const int32_t*)b->batch_indices.d,
                                         (const int32_t*)b->positions.d, b->rows, paged, b->size, NULL));
-}
-
-static void batch_fill_q(app* a, batch* b) {
-    const config* c = &a->cfg;
-    int64_t n = b->rows * c->heads_q * c->head_dim;
-    fill_random(b->q.h, c->dtype, n, &a->data_rng, 1.0f);
-    h2d(b->q.d, b->q.h, (size_t)n * a->q_bytes);
 }
 
 static void batch_run(app* a, batch* b, const kva_paged_kv* paged) {
@@ -1123,6 +1124,7 @@ int main(int argc, char** argv) {
     rng_seed(&check_rng, c->seed + 99);
     int sim_step = 0;       /* trace clock (arrivals) */
     int64_t max_pages_used = 0, max_running = 0;
+    int64_t waits_pool = 0, waits_batch = 0; /* steps in which an arrived request could not be admitted */
 
     while (finished < c->requests && (c->steps == 0 || steps < c->steps)) {
         /* nothing to do until the next arrival: fast-forward the trace clock */
@@ -1148,11 +1150,18 @@ int main(int argc, char** argv) {
         for (int i = 0; i < num_running; i++) reserved += running[i]->max_pages - running[i]->num_pages;
         pb->size = 0;
         int64_t prefill_tokens = 0;
-        while (next_waiting < c->requests && num_running + pb->size < c->max_batch) {
+        while (next_waiting < c->requests) {
             request* r = &a->reqs[next_waiting];
             if (r->arrival_step > sim_step) break;
+            if (num_running + pb->size >= c->max_batch) {
+                waits_batch++;
+                break;
+            }
             if (prefill_tokens + r->prompt_len > c->max_prefill_tokens) break;
-            if ((int64_t)a->pages.num_free - reserved < r->max_pages) break; /* the pool is full: wait */
+            if ((int64_t)a->pages.num_free - reserved < r->max_pages) { /* the pool is full: wait */
+                waits_pool++;
+                break;
+            }
             request_grow(a, r, r->prompt_len);
             reserved += r->max_pages - r->num_pages;
             r->state = REQ_RUNNING;
@@ -1179,7 +1188,7 @@ int main(int argc, char** argv) {
         for (int l = 0; l < c->layers; l++) {
             if (pb->size) {
                 kva_paged_kv pg = layer_paged(a, pb, l);
-                batch_fill_q(a, pb);
+                batch_fill_inputs(a, pb);
                 dev_sync();
                 double s0 = now_sec();
                 batch_append(a, pb, &pg);
@@ -1199,7 +1208,7 @@ int main(int argc, char** argv) {
             }
             if (db->size) {
                 kva_paged_kv pg = layer_paged(a, db, l);
-                batch_fill_q(a, db);
+                batch_fill_inputs(a, db);
                 dev_sync();
                 double s0 = now_sec();
                 batch_append(a, db, &pg);
@@ -1303,7 +1312,8 @@ int main(int argc, char** argv) {
            (long long)max_pages_used);
     printf("| trace | seed %llu, %d requests, max batch %d (peak %lld running) |\n", (unsigned long long)c->seed,
            c->requests, c->max_batch, (long long)max_running);
-    printf("| steps | %d |\n", steps);
+    printf("| steps | %d (an arrived request waited: %lld steps for pages, %lld for a batch slot) |\n", steps,
+           (long long)waits_pool, (long long)waits_batch);
     printf("| requests finished | %d / %d |\n", finished, c->requests);
     printf("| prefill tokens | %lld (%lld requests) |\n", (long long)T.prefill_tokens, (long long)T.prefill_requests);
     printf("| decode tokens | %lld |\n", (long long)T.decode_tokens);

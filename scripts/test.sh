@@ -18,8 +18,9 @@ echo "== build"
 cmake --build "$BUILD_DIR" -j "$JOBS"
 
 echo "== ctest"
+failed=()
 # shellcheck disable=SC2086
-(cd "$BUILD_DIR" && ctest --output-on-failure ${CTEST_ARGS:-})
+(cd "$BUILD_DIR" && ctest --output-on-failure ${CTEST_ARGS:-}) || failed+=("ctest")
 
 if [ -d python/tests ]; then
     echo "== python tests"
@@ -36,7 +37,11 @@ if [ -d python/tests ]; then
     if [ "$rc" -eq 5 ]; then
         echo "python/tests: no tests collected"
     elif [ "$rc" -ne 0 ]; then
-        exit "$rc"
+        failed+=("python tests")
     fi
+fi
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "== FAILED: ${failed[*]}"
+    exit 1
 fi
 echo "== all tests passed"

@@ -691,6 +691,8 @@ void h_case_fixup(h_case* c) {
     case H_OP_DECODE:
         c->max_qo = 1;
         c->zero_qo_pct = 0;
+        /* batch decode takes no custom mask (plan: KVA_ERR_UNSUPPORTED, pinned in test_errors) */
+        if (c->mask == KVA_MASK_CUSTOM) c->mask = KVA_MASK_NONE;
         break;
     case H_OP_SINGLE_DECODE:
         c->max_qo = 1;
@@ -714,6 +716,8 @@ void h_case_fixup(h_case* c) {
     }
     if (c->score == KVA_SCORE_SIGMOID && c->op <= H_OP_SINGLE_PREFILL) c->lse = 0;
     if (c->op == H_OP_RAGGED) c->hidx = 0;
+    /* graph mode with fixed_split_size is refused by plan (KVA_ERR_UNSUPPORTED, pinned in test_errors) */
+    if (c->graph) c->fixed_split = 0;
 }
 
 static int h_pick(h_rng* r, const int* a, int n) { return a[h_rng_range(r, 0, n - 1)]; }

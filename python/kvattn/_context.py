@@ -1,0 +1,184 @@
+"""kvattn contexts (one CPU context per process, one CUDA context per device, created lazily), streams and
+workspaces."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import threading
+from typing import Any, Dict, Optional
+
+from . import _ffi as F
+from . import _tensor as T
+from .exceptions import WorkspaceTooSmallError
+
+_log = logging.getLogger("kvattn")
+_lock = threading.Lock()
+_contexts: Dict[T.DeviceKey, int] = {}
+
+
+def _log_cb(user, level, message):  # pragma: no cover - only with KVATTN_LOG set
+    text = message.decode("utf-8", "replace") if message else ""
+    _log.log({0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO}.get(level, logging.DEBUG), "%s", text)
+
+
+_LOG_FN = F.kva_log_fn(_log_cb)
+
+
+def get_context(dev: T.DeviceKey) -> int:
+    """The kva_context* (as an int) for a device key; created on first use."""
+    ctx = _contexts.get(dev)
+    if ctx is not None:
+        return ctx
+    with _lock:
+        ctx = _contexts.get(dev)
+        if ctx is not None:
+            return ctx
+        lib = F.lib()
+        opt = F.kva_context_options()
+        lib.kva_context_options_init(ctypes.byref(opt))
+        if dev[0] == "cpu":
+            opt.backend = F.KVA_BACKEND_CPU
+            nt = os.environ.get("KVATTN_NUM_THREADS")
+            if nt:
+                opt.num_threads = int(nt)
+        else:
+            opt.backend = F.KVA_BACKEND_CUDA
+            opt.device = dev[1]
+        level = os.environ.get("KVATTN_LOG")
+        if level:
+            opt.log_fn = _LOG_FN
+            opt.log_level = {"error": 0, "warn": 1, "info": 2, "debug": 3}.get(level.lower(), 1)
+        out = ctypes.c_void_p()
+        F.check(lib.kva_context_create(ctypes.byref(opt), ctypes.byref(out)),
+                "kva_context_create(%s)" % T.device_str(dev))
+        _contexts[dev] = out.value
+        return out.value
+
+
+@atexit.register
+def _destroy_all() -> None:  # pragma: no cover - process exit
+    lib = F._lib
+    if lib is None:
+        return
+    for dev, ctx in list(_contexts.items()):
+        try:
+            lib.kva_context_destroy(ctx)
+        except Exception:
+            pass
+    _contexts.clear()
+
+
+def num_workers(dev: T.DeviceKey) -> int:
+    return int(F.lib().kva_context_num_workers(get_context(dev)))
+
+
+def current_stream(dev: T.DeviceKey) -> Optional[int]:
+    """cudaStream_t of torch's current stream on the device (None for the CPU)."""
+    if dev[0] == "cpu":
+        return None
+    t = T._torch()
+    return int(t.cuda.current_stream(dev[1]).cuda_stream) or None
+
+
+def is_capturing(dev: T.DeviceKey) -> bool:
+    if dev[0] == "cpu":
+        return False
+    t = T._torch()
+    try:
+        return bool(t.cuda.is_current_stream_capturing())
+    except Exception:  # pragma: no cover
+        return False
+
+
+def sync_device_stream(dev: T.DeviceKey) -> None:
+    if dev[0] != "cpu":
+        T._torch().cuda.current_stream(dev[1]).synchronize()
+
+
+def _align(p: int) -> int:
+    return (p + F.KVA_WS_ALIGN - 1) // F.KVA_WS_ALIGN * F.KVA_WS_ALIGN
+
+
+class HostStaging:
+    """Page-locked host staging memory for the CUDA backend's plan copies (grown on demand)."""
+
+    def __init__(self, dev: T.DeviceKey):
+        self.dev = dev
+        self.buf: Any = None
+        self.ptr = 0
+        self.nbytes = 0
+
+    def ensure(self, nbytes: int) -> None:
+        if self.dev[0] == "cpu" or nbytes <= self.nbytes:
+            return
+        t = T._torch()
+        if self.buf is not None:
+            # A plan copy from the old buffer may still be in flight on the stream.
+            sync_device_stream(self.dev)
+        want = max(int(nbytes), 2 * self.nbytes, 1 << 16)
+        buf = t.empty(want + F.KVA_WS_ALIGN, dtype=t.uint8, pin_memory=True)
+        base = int(buf.data_ptr())
+        self.buf = buf
+        self.ptr = _align(base)
+        self.nbytes = want - (self.ptr - base) + F.KVA_WS_ALIGN
+
+
+class Workspace:
+    """A caller's float workspace buffer (the C workspace's `device` part, aligned to 256 bytes inside the
+    buffer) plus the wrapper's own host staging buffer."""
+
+    def __init__(self, buf: Any, what: str = "float_workspace_buffer"):
+        if not (T.is_torch(buf) or hasattr(buf, "__array_interface__")):
+            raise TypeError("kvattn: %s must be a NumPy array or a torch tensor (uint8), got %s"
+                            % (what, type(buf).__name__))
+        if not T.is_contiguous(buf):
+            raise ValueError("kvattn: %s must be contiguous" % what)
+        self.buf = buf
+        self.dev = T.device_of(buf)
+        base = T.data_ptr(buf)
+        total = T.nbytes_of(buf)
+        self.ptr = _align(base)
+        self.nbytes = max(0, total - (self.ptr - base))
+        self.total_bytes = total
+        self.host = HostStaging(self.dev)
+
+    def struct(self, device_needed: int, host_needed: int, what: str) -> "F.kva_workspace":
+        if device_needed > self.nbytes:
+            raise WorkspaceTooSmallError(
+                "kvattn: %s: the float workspace buffer has %d usable bytes (%d bytes, aligned to %d) but this plan "
+                "needs %d bytes; allocate at least %d bytes" % (
+                    what, self.nbytes, self.total_bytes, F.KVA_WS_ALIGN, device_needed,
+                    device_needed + F.KVA_WS_ALIGN),
+                needed_bytes=device_needed + F.KVA_WS_ALIGN)
+        self.host.ensure(host_needed)
+        ws = F.kva_workspace()
+        ws.device = self.ptr or None
+        ws.device_bytes = self.nbytes
+        ws.host = (self.host.ptr or None) if self.dev[0] != "cpu" else None
+        ws.host_bytes = self.host.nbytes if self.dev[0] != "cpu" else 0
+        return ws
+
+
+class _SingleWorkspaces:
+    """Per-device workspaces for the single-request functions on the CUDA backend (the CPU backend allocates
+    its own when given none)."""
+
+    def __init__(self):
+        self.ws: Dict[T.DeviceKey, Workspace] = {}
+
+    def get(self, dev: T.DeviceKey, device_bytes: int, host_bytes: int) -> "F.kva_workspace":
+        w = self.ws.get(dev)
+        if w is None or w.nbytes < device_bytes:
+            t = T._torch()
+            if w is not None:
+                sync_device_stream(dev)
+            size = max(int(device_bytes) + F.KVA_WS_ALIGN, 32 << 20)
+            w = Workspace(t.empty(size, dtype=t.uint8, device="cuda:%d" % dev[1]))
+            self.ws[dev] = w
+        return w.struct(device_bytes, host_bytes, "single-request attention")
+
+
+single_workspaces = _SingleWorkspaces()

@@ -1,0 +1,324 @@
+"""Array adaptation: NumPy arrays and torch tensors -> pointers, shapes, element strides, dtypes, devices.
+
+NumPy never imports torch; torch is only touched when a torch tensor is passed (then it is already imported).
+Everything here except :func:`data_ptr` and the ``*_struct`` builders is safe to run under torch.compile
+(it reads shapes, strides, dtypes and devices only).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _ffi as F
+
+DeviceKey = Tuple[str, int]  # ("cpu", -1) or ("cuda", ordinal)
+CPU: DeviceKey = ("cpu", -1)
+
+try:  # optional: NumPy has no bfloat16 / fp8 of its own
+    import ml_dtypes as _ml_dtypes  # type: ignore
+except Exception:  # pragma: no cover - depends on the environment
+    _ml_dtypes = None
+
+# ---- NumPy dtypes -------------------------------------------------------------------------------
+
+_NP_TO_KVA = {
+    np.dtype(np.float32): F.KVA_DTYPE_F32,
+    np.dtype(np.float16): F.KVA_DTYPE_F16,
+    np.dtype(np.int32): F.KVA_DTYPE_I32,
+    np.dtype(np.uint8): F.KVA_DTYPE_U8,
+    np.dtype(np.bool_): F.KVA_DTYPE_U8,
+}
+_KVA_TO_NP = {
+    F.KVA_DTYPE_F32: np.dtype(np.float32),
+    F.KVA_DTYPE_F16: np.dtype(np.float16),
+    F.KVA_DTYPE_I32: np.dtype(np.int32),
+    F.KVA_DTYPE_U8: np.dtype(np.uint8),
+}
+if _ml_dtypes is not None:  # pragma: no branch
+    for _name, _code in (("bfloat16", F.KVA_DTYPE_BF16), ("float8_e4m3fn", F.KVA_DTYPE_E4M3),
+                         ("float8_e5m2", F.KVA_DTYPE_E5M2)):
+        _t = getattr(_ml_dtypes, _name, None)
+        if _t is not None:
+            _NP_TO_KVA[np.dtype(_t)] = _code
+            _KVA_TO_NP[_code] = np.dtype(_t)
+
+# ---- names accepted for dtype arguments (q_data_type="float16", ...) -----------------------------
+
+_NAME_TO_KVA = {
+    "float32": F.KVA_DTYPE_F32, "fp32": F.KVA_DTYPE_F32, "float": F.KVA_DTYPE_F32, "f32": F.KVA_DTYPE_F32,
+    "float16": F.KVA_DTYPE_F16, "fp16": F.KVA_DTYPE_F16, "half": F.KVA_DTYPE_F16, "f16": F.KVA_DTYPE_F16,
+    "bfloat16": F.KVA_DTYPE_BF16, "bf16": F.KVA_DTYPE_BF16,
+    "float8_e4m3fn": F.KVA_DTYPE_E4M3, "e4m3": F.KVA_DTYPE_E4M3, "fp8_e4m3": F.KVA_DTYPE_E4M3,
+    "float8_e5m2": F.KVA_DTYPE_E5M2, "e5m2": F.KVA_DTYPE_E5M2, "fp8_e5m2": F.KVA_DTYPE_E5M2,
+}
+
+FLOAT_DTYPES = (F.KVA_DTYPE_F32, F.KVA_DTYPE_F16, F.KVA_DTYPE_BF16)
+FP8_DTYPES = (F.KVA_DTYPE_E4M3, F.KVA_DTYPE_E5M2)
+KV_DTYPES = FLOAT_DTYPES + FP8_DTYPES
+
+
+def dtype_name(code: int) -> str:
+    return F.KVA_DTYPE_NAMES.get(code, "dtype#%d" % code)
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def is_torch(x: Any) -> bool:
+    t = _torch()
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def _torch_dtype_map():
+    t = _torch()
+    m = {
+        t.float32: F.KVA_DTYPE_F32,
+        t.float16: F.KVA_DTYPE_F16,
+        t.bfloat16: F.KVA_DTYPE_BF16,
+        t.int32: F.KVA_DTYPE_I32,
+        t.uint8: F.KVA_DTYPE_U8,
+        t.bool: F.KVA_DTYPE_U8,
+    }
+    for name, code in (("float8_e4m3fn", F.KVA_DTYPE_E4M3), ("float8_e5m2", F.KVA_DTYPE_E5M2)):
+        d = getattr(t, name, None)
+        if d is not None:
+            m[d] = code
+    return m
+
+
+_TORCH_MAP = None
+
+
+def torch_dtype_map():
+    global _TORCH_MAP
+    if _TORCH_MAP is None:
+        _TORCH_MAP = _torch_dtype_map()
+    return _TORCH_MAP
+
+
+def torch_dtype_of(code: int):
+    t = _torch()
+    inv = {F.KVA_DTYPE_F32: t.float32, F.KVA_DTYPE_F16: t.float16, F.KVA_DTYPE_BF16: t.bfloat16,
+           F.KVA_DTYPE_I32: t.int32, F.KVA_DTYPE_U8: t.uint8}
+    for name, c in (("float8_e4m3fn", F.KVA_DTYPE_E4M3), ("float8_e5m2", F.KVA_DTYPE_E5M2)):
+        if hasattr(t, name):
+            inv[c] = getattr(t, name)
+    return inv[code]
+
+
+def numpy_dtype_of(code: int) -> np.dtype:
+    try:
+        return _KVA_TO_NP[code]
+    except KeyError:
+        raise TypeError("kvattn: dtype %s has no NumPy equivalent here%s" % (
+            dtype_name(code),
+            " (install ml_dtypes for bfloat16 / float8)" if _ml_dtypes is None else "")) from None
+
+
+def parse_dtype(spec: Any, what: str = "dtype") -> int:
+    """kva dtype code of a dtype spec: a string ("float16", "bfloat16", ...), a torch.dtype, a NumPy dtype."""
+    if isinstance(spec, str):
+        s = spec.lower()
+        if s.startswith("torch."):
+            s = s[6:]
+        if s in _NAME_TO_KVA:
+            return _NAME_TO_KVA[s]
+        raise TypeError("kvattn: %s=%r is not a supported dtype (float32, float16, bfloat16, float8_e4m3fn, "
+                        "float8_e5m2)" % (what, spec))
+    t = _torch()
+    if t is not None and isinstance(spec, t.dtype):
+        m = torch_dtype_map()
+        if spec in m and m[spec] in KV_DTYPES:
+            return m[spec]
+        raise TypeError("kvattn: %s=%s is not a supported dtype" % (what, spec))
+    try:
+        nd = np.dtype(spec)
+    except TypeError:
+        raise TypeError("kvattn: %s=%r is not a dtype" % (what, spec)) from None
+    if nd in _NP_TO_KVA and _NP_TO_KVA[nd] in KV_DTYPES:
+        return _NP_TO_KVA[nd]
+    raise TypeError("kvattn: %s=%s is not a supported dtype (float32, float16%s)" % (
+        what, nd, ", bfloat16 via ml_dtypes" if _ml_dtypes is not None else "; install ml_dtypes for bfloat16"))
+
+
+def dtype_of(x: Any, what: str = "tensor") -> int:
+    """kva dtype code of an array's element type (TypeError if unsupported)."""
+    if is_torch(x):
+        m = torch_dtype_map()
+        if x.dtype in m:
+            return m[x.dtype]
+        raise TypeError("kvattn: %s has dtype %s, which kvattn does not support" % (what, x.dtype))
+    if isinstance(x, np.ndarray):
+        if x.dtype in _NP_TO_KVA:
+            return _NP_TO_KVA[x.dtype]
+        hint = ""
+        if x.dtype.name == "bfloat16" or "float8" in x.dtype.name:
+            hint = " (this ml_dtypes type is not recognised)"
+        raise TypeError("kvattn: %s has NumPy dtype %s, which kvattn does not support (float32, float16%s)%s" % (
+            what, x.dtype, ", bfloat16" if _ml_dtypes is not None else "", hint))
+    raise TypeError("kvattn: %s must be a NumPy array or a torch tensor, got %s" % (what, type(x).__name__))
+
+
+def device_of(x: Any) -> DeviceKey:
+    if is_torch(x):
+        d = x.device
+        if d.type == "cpu":
+            return CPU
+        if d.type == "cuda":
+            idx = d.index
+            if idx is None:  # pragma: no cover - tensors always carry an index
+                idx = _torch().cuda.current_device()
+            return ("cuda", int(idx))
+        raise ValueError("kvattn: tensors on device %s are not supported (cpu or cuda)" % d)
+    if isinstance(x, np.ndarray):
+        return CPU
+    raise TypeError("kvattn: expected a NumPy array or a torch tensor, got %s" % type(x).__name__)
+
+
+def device_str(dev: DeviceKey) -> str:
+    return "cpu" if dev[0] == "cpu" else "cuda:%d" % dev[1]
+
+
+def shape_of(x: Any) -> Tuple[int, ...]:
+    return tuple(int(s) for s in x.shape)
+
+
+def strides_of(x: Any, what: str = "tensor") -> Tuple[int, ...]:
+    """Element strides (ValueError on negative or fractional strides)."""
+    if is_torch(x):
+        st = tuple(int(s) for s in x.stride())
+    else:
+        isz = x.itemsize
+        st = []
+        for i, b in enumerate(x.strides):
+            if b % isz:
+                raise ValueError("kvattn: %s has a byte stride %d in dim %d that is not a multiple of its element "
+                                 "size %d" % (what, b, i, isz))
+            st.append(b // isz)
+        st = tuple(st)
+    for i, s in enumerate(st):
+        if s < 0:
+            raise ValueError("kvattn: %s has a negative stride %d in dim %d; pass a view with non-negative strides "
+                             "(e.g. .copy() / .contiguous())" % (what, s, i))
+    return st
+
+
+def check_last_contiguous(x: Any, what: str) -> None:
+    if x.ndim == 0:
+        return
+    st = strides_of(x, what)
+    if int(x.shape[-1]) > 1 and st[-1] != 1:
+        raise ValueError("kvattn: %s must have a contiguous last dimension (element stride 1), got strides %s"
+                         % (what, st))
+
+
+def data_ptr(x: Any) -> int:
+    if is_torch(x):
+        return int(x.data_ptr())
+    return int(x.__array_interface__["data"][0])
+
+
+def nbytes_of(x: Any) -> int:
+    if is_torch(x):
+        return int(x.numel() * x.element_size())
+    return int(x.nbytes)
+
+
+def is_contiguous(x: Any) -> bool:
+    if is_torch(x):
+        return bool(x.is_contiguous())
+    return bool(x.flags["C_CONTIGUOUS"])
+
+
+# ---- kva_tensor builders -------------------------------------------------------------------------
+
+def fill_tensor(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int] = None) -> None:
+    """Describe array x in kva_tensor t (x must have 1..4 dims, non-negative strides, unit last stride)."""
+    nd = x.ndim
+    if nd < 1 or nd > F.KVA_MAX_DIMS:
+        raise ValueError("kvattn: %s has %d dims (1 to 4 supported)" % (what, nd))
+    st = strides_of(x, what)
+    shp = x.shape
+    if int(shp[-1]) > 1 and st[-1] != 1:
+        raise ValueError("kvattn: %s must have a contiguous last dimension (element stride 1), got strides %s"
+                         % (what, st))
+    t.data = data_ptr(x) or None
+    t.dtype = dtype_of(x, what) if dtype is None else dtype
+    t.ndim = nd
+    for i in range(nd):
+        t.shape[i] = int(shp[i])
+        t.stride[i] = st[i]
+    for i in range(nd, F.KVA_MAX_DIMS):
+        t.shape[i] = 0
+        t.stride[i] = 0
+
+
+def make_tensor(x: Any, what: str, dtype: Optional[int] = None) -> "F.kva_tensor":
+    t = F.kva_tensor()
+    fill_tensor(t, x, what, dtype)
+    return t
+
+
+# ---- allocation -----------------------------------------------------------------------------------
+
+def empty(like: Any, shape: Sequence[int], code: int) -> Any:
+    """Uninitialised array of `shape` and kva dtype `code` on like's device/library."""
+    if is_torch(like):
+        t = _torch()
+        return t.empty(tuple(shape), dtype=torch_dtype_of(code), device=like.device)
+    return np.empty(tuple(shape), dtype=numpy_dtype_of(code))
+
+
+def zeros(like: Any, shape: Sequence[int], code: int) -> Any:
+    if is_torch(like):
+        t = _torch()
+        return t.zeros(tuple(shape), dtype=torch_dtype_of(code), device=like.device)
+    return np.zeros(tuple(shape), dtype=numpy_dtype_of(code))
+
+
+# ---- index arrays ---------------------------------------------------------------------------------
+
+def host_int32(x: Any, what: str, ndim: int = 1) -> np.ndarray:
+    """A host (NumPy) contiguous int32 copy-or-view of an index array (torch device tensors are copied to the
+    host: this synchronises, as FlashInfer's plan does for device indptr arrays)."""
+    if is_torch(x):
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == _torch().bool:
+            raise TypeError("kvattn: %s must be an integer tensor (int32), got %s" % (what, x.dtype))
+        a = x.detach().cpu().numpy()
+    else:
+        a = np.asarray(x)
+        if a.dtype.kind not in "iu":
+            if a.size == 0:
+                a = a.astype(np.int32)
+            else:
+                raise TypeError("kvattn: %s must be an integer array (int32), got %s" % (what, a.dtype))
+    if a.ndim != ndim:
+        raise ValueError("kvattn: %s must be %d-D, got shape %s" % (what, ndim, a.shape))
+    if a.dtype != np.int32:
+        if a.size and (a.min() < -(2 ** 31) or a.max() >= 2 ** 31):
+            raise ValueError("kvattn: %s has values outside the int32 range" % what)
+        a = a.astype(np.int32)
+    return np.ascontiguousarray(a)
+
+
+def backend_int32(x: Any, dev: DeviceKey, what: str) -> Any:
+    """A contiguous int32 1-D array in `dev` memory holding x (no copy when x already is one)."""
+    if dev[0] == "cpu":
+        if is_torch(x) and x.device.type == "cpu" and x.dtype == _torch().int32 and x.is_contiguous() \
+                and x.ndim == 1:
+            return x
+        return host_int32(x, what)
+    t = _torch()
+    if is_torch(x):
+        if x.ndim != 1:
+            raise ValueError("kvattn: %s must be 1-D, got shape %s" % (what, tuple(x.shape)))
+        if x.dtype.is_floating_point or x.dtype == t.bool:
+            raise TypeError("kvattn: %s must be an integer tensor (int32), got %s" % (what, x.dtype))
+        y = x.to(device="cuda:%d" % dev[1], dtype=t.int32, non_blocking=True)
+        return y.contiguous()
+    a = host_int32(x, what)
+    return t.from_numpy(a).to("cuda:%d" % dev[1], non_blocking=False)

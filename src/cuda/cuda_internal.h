@@ -1,0 +1,128 @@
+/*
+ * cuda_internal.h - private to src/cuda: kernel keys (the one place that decides "supported?" and "which
+ * kernel?"), the kernel cache (prebuilt fatbin + NVRTC with an on-disk cache), and the backend state.
+ */
+#ifndef KVA_CUDA_INTERNAL_H
+#define KVA_CUDA_INTERNAL_H
+
+#include <pthread.h>
+
+#include "cuda_api.h"
+#include "internal.h"
+#include "../kernels/kva_kparams.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Kernel keys                                                                                     */
+
+typedef enum kva__kfamily {
+    KVA__KF_DECODE = 1, /* kva_decode.cuh: CUDA-core attention over <= 8 packed rows */
+    KVA__KF_UTIL = 2    /* kva_util.cuh: merges and append (one module) */
+} kva__kfamily;
+
+typedef struct kva__kkey {
+    int32_t family;
+    int32_t dqk, dvo;
+    int32_t qt, kt, ot; /* kva_dtype */
+    int32_t rows;       /* 1, 2, 4, 8 */
+    int32_t rope;       /* 0 / 1 */
+} kva__kkey;
+
+/* The kernel choice for one descriptor, op and tile size. */
+typedef struct kva__kchoice {
+    kva__kkey key;
+    int32_t tile_q; /* packed rows per tile the planner must use */
+    size_t smem;    /* dynamic shared memory of the kernel */
+} kva__kchoice;
+
+/* THE selection function: validates (desc, op) for the CUDA backend and picks the kernel. tile_q = 0 lets it
+ * choose the tile size from max_packed (the planner's choose_tile_q); tile_q > 0 (finish_plan) picks the kernel
+ * for that tile. Returns KVA_ERR_UNSUPPORTED with a message naming what is not supported. */
+kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile_q, int32_t max_packed,
+                            kva__kchoice* out);
+
+/* Symbol name ("kva_dec_d128_qbf16_kvbf16_obf16_r8_rope0"; util: "kva_util") */
+void kva__kkey_name(const kva__kkey* k, char* buf, size_t size);
+/* NVRTC -D options for the key; returns the count (at most max) */
+int kva__kkey_defines(const kva__kkey* k, char (*defs)[96], int max);
+/* Main NVRTC source text of a key's module */
+const char* kva__kkey_source(const kva__kkey* k);
+
+/* Every kernel variant (for the NVRTC test): fills up to max keys, returns the total count. */
+int kva__kkey_enumerate(kva__kkey* keys, int max);
+
+/* Compile a key with NVRTC for arch (e.g. "sm_90a"): *cubin is malloc'd (caller frees). On failure returns
+ * KVA_ERR_JIT with the NVRTC log in the message. No driver or device needed. */
+kva_status kva__jit_compile(const kva__kkey* k, const char* arch, void** cubin, size_t* cubin_size);
+/* The cache identity of a key for an arch (hash of sources, options, NVRTC version, arch, library version) */
+kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, size_t ident_size, char* hash_hex,
+                             size_t hash_size);
+/* Resolve the cache directory (ctx option, $KVATTN_CACHE_DIR, $XDG_CACHE_HOME/kvattn, ~/.cache/kvattn); creates
+ * it 0700. Returns 0 when no safe directory is available (then nothing is cached). */
+int kva__jit_cache_dir(const char* configured, char* out, size_t size);
+/* Compile through the disk cache: a hit loads the cubin; a miss logs "compiling <key>..." (when ctx != NULL),
+ * compiles and stores atomically. *cubin is malloc'd. */
+kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const kva__kkey* k, const char* arch,
+                           void** cubin, size_t* cubin_size, int* was_hit);
+
+/* Embedded kernel sources (generated at build time) */
+typedef struct kva__src_file {
+    const char* name;
+    const char* text;
+} kva__src_file;
+extern const kva__src_file kva__kernel_sources[];
+extern const int kva__num_kernel_sources;
+
+/* Prebuilt fatbins (generated at build time), one per target */
+typedef struct kva__aot_image {
+    int arch;                  /* 80, 90 */
+    const unsigned char* data;
+    size_t size;
+} kva__aot_image;
+extern const kva__aot_image kva__aot_images[];
+extern const int kva__num_aot_images;
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Backend state                                                                                   */
+
+#define KVA__MAX_KERNELS 512
+#define KVA__STAGING_SLOTS 4
+
+typedef struct kva__kentry {
+    kva__kkey key;
+    CUfunction fn;
+    CUmodule module; /* JIT module (owned), or NULL for prebuilt */
+    int max_smem_set;
+} kva__kentry;
+
+typedef struct kva__staging_slot {
+    void* host;     /* pinned */
+    size_t bytes;
+    CUevent done;   /* recorded after the copy out of this slot */
+    int used;
+} kva__staging_slot;
+
+typedef struct kva__cuda_state {
+    const kva__cu_api* cu;
+    CUdevice dev;
+    CUcontext cuctx;
+    int cc_major, cc_minor, cc; /* cc = 10 * major + minor */
+    int num_sms;
+    int max_smem_optin;
+    int ctas_per_sm;
+    char name[256];
+    char arch[16];          /* NVRTC target, e.g. "sm_90a" */
+    char cache_dir[1024];   /* "" = no disk cache */
+    CUmodule aot;           /* prebuilt module for this device, or NULL */
+    pthread_mutex_t mu;     /* guards kernels[] insertion, staging ring */
+    kva__kentry kernels[KVA__MAX_KERNELS];
+    int num_kernels;        /* entries [0, num_kernels) are immutable once published */
+    CUfunction fn_merge_partials, fn_merge_state, fn_merge_states, fn_append;
+    CUdeviceptr append_status; /* kvk_status for append faults (no workspace there) */
+    kva__staging_slot staging[KVA__STAGING_SLOTS];
+    int staging_next;
+} kva__cuda_state;
+
+/* Get (load or compile) the kernel of a key; returns its index in st->kernels. */
+kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kkey* k, int* index);
+
+#endif /* KVA_CUDA_INTERNAL_H */

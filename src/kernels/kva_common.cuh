@@ -1,0 +1,229 @@
+/*
+ * kva_common.cuh - device helpers shared by the kvattn kernels. CUDA C kept C-like: no templates, no
+ * standard headers (the text is compiled both by nvcc and by NVRTC, which has no system headers); element
+ * conversions in inline PTX on raw bits.
+ */
+#ifndef KVA_COMMON_CUH
+#define KVA_COMMON_CUH
+
+#include "kva_kparams.h"
+
+#define KVA_DEV static __device__ __forceinline__
+#define KVA_NEG_INF (__int_as_float(0xff800000))
+#define KVA_LOG2E 1.4426950408889634f
+#define KVA_LN2 0.6931471805599453f
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Conversions. A "pair" is two 16-bit values in one 32-bit word (element 0 in the low half).       */
+
+KVA_DEV float kva_f16_to_f32(unsigned short h) {
+    float f;
+    asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
+    return f;
+}
+KVA_DEV float kva_bf16_to_f32(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+
+KVA_DEV void kva_f16x2_to_f32(unsigned u, float* a, float* b) {
+    *a = kva_f16_to_f32((unsigned short)(u & 0xffffu));
+    *b = kva_f16_to_f32((unsigned short)(u >> 16));
+}
+KVA_DEV void kva_bf16x2_to_f32(unsigned u, float* a, float* b) {
+    *a = __uint_as_float(u << 16);
+    *b = __uint_as_float(u & 0xffff0000u);
+}
+
+/* two floats -> packed (a in the low half) */
+KVA_DEV unsigned kva_f32x2_to_f16x2(float a, float b) {
+    unsigned u;
+    asm("{ cvt.rn.f16x2.f32 %0, %2, %1; }" : "=r"(u) : "f"(a), "f"(b));
+    return u;
+}
+KVA_DEV unsigned kva_f32x2_to_bf16x2(float a, float b) {
+    unsigned u;
+    asm("{ cvt.rn.bf16x2.f32 %0, %2, %1; }" : "=r"(u) : "f"(a), "f"(b));
+    return u;
+}
+KVA_DEV unsigned short kva_f32_to_f16(float a) {
+    unsigned short h;
+    asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(a));
+    return h;
+}
+KVA_DEV unsigned short kva_f32_to_bf16(float a) {
+    return (unsigned short)(kva_f32x2_to_bf16x2(a, 0.0f) & 0xffffu);
+}
+
+/* Two fp8 values (u16: element 0 in the low byte) -> f16x2 bits. On sm_89+ one cvt; before that a bit
+   rearrangement that is exact for e5m2 and, for e4m3, yields the value / 256 (the caller folds 256 into its
+   scales; e4m3 NaN then reads as a finite number). */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define KVA_E4M3_FIX 1.0f
+KVA_DEV unsigned kva_e4m3x2_to_f16x2(unsigned short v) {
+    unsigned u;
+    asm("{ cvt.rn.f16x2.e4m3x2 %0, %1; }" : "=r"(u) : "h"(v));
+    return u;
+}
+KVA_DEV unsigned kva_e5m2x2_to_f16x2(unsigned short v) {
+    unsigned u;
+    asm("{ cvt.rn.f16x2.e5m2x2 %0, %1; }" : "=r"(u) : "h"(v));
+    return u;
+}
+#else
+#define KVA_E4M3_FIX 256.0f
+KVA_DEV unsigned kva_e4m3x2_to_f16x2(unsigned short v) {
+    unsigned x = (unsigned)v;
+    unsigned lo = ((x & 0x80u) << 8) | ((x & 0x7fu) << 7);
+    unsigned hi = ((x & 0x8000u) << 16) | ((x & 0x7f00u) << 15);
+    return lo | hi;
+}
+KVA_DEV unsigned kva_e5m2x2_to_f16x2(unsigned short v) {
+    unsigned x = (unsigned)v;
+    return ((x & 0xffu) << 8) | ((x & 0xff00u) << 16);
+}
+#endif
+
+/* float -> fp8 (round to nearest even). e4m3 saturates to +-448 (no inf) and maps NaN to 0x7f; e5m2 overflows
+   to inf and maps NaN to 0x7e (the conventions of the reference). Used by append only. */
+KVA_DEV unsigned kva_f32_to_e4m3(float x) {
+    unsigned bits = __float_as_uint(x);
+    unsigned sign = (bits >> 24) & 0x80u;
+    float a = fabsf(x);
+    if (a != a) return 0x7fu;
+    unsigned r;
+    if (a < 0.015625f) { /* below 2^-6: subnormal step 2^-9 */
+        r = (unsigned)__float2int_rn(a * 512.0f); /* 0..8; 8 is the smallest normal */
+    } else {
+        unsigned b = __float_as_uint(a);
+        unsigned rb = (b + 0x7ffffu + ((b >> 20) & 1u)) >> 20; /* (biased exp << 3) | 3-bit mantissa */
+        int e = (int)rb - (int)((127 - 7) << 3);
+        r = e > 0x7e ? 0x7eu : (unsigned)e;
+    }
+    return sign | r;
+}
+KVA_DEV unsigned kva_f32_to_e5m2(float x) {
+    unsigned bits = __float_as_uint(x);
+    unsigned sign = (bits >> 24) & 0x80u;
+    float a = fabsf(x);
+    if (a != a) return sign | 0x7eu;
+    unsigned r;
+    if (a < 6.103515625e-05f) { /* below 2^-14: subnormal step 2^-16 */
+        r = (unsigned)__float2int_rn(a * 65536.0f);
+    } else {
+        unsigned b = __float_as_uint(a);
+        if (b >= 0x7f800000u) return sign | 0x7cu; /* inf */
+        unsigned rb = (b + 0xfffffu + ((b >> 21) & 1u)) >> 21;
+        int e = (int)rb - (int)((127 - 15) << 2);
+        r = e > 0x7c ? 0x7cu : (unsigned)e;
+    }
+    return sign | r;
+}
+
+/* Load element i of a typed array as float (runtime dtype; utility kernels). */
+KVA_DEV float kva_load_elem(const void* p, long long i, int dtype) {
+    if (dtype == KVK_F32) return ((const float*)p)[i];
+    if (dtype == KVK_F16) return kva_f16_to_f32(((const unsigned short*)p)[i]);
+    if (dtype == KVK_BF16) return kva_bf16_to_f32(((const unsigned short*)p)[i]);
+    unsigned char b = ((const unsigned char*)p)[i];
+    unsigned h = dtype == KVK_E4M3 ? kva_e4m3x2_to_f16x2((unsigned short)b) : kva_e5m2x2_to_f16x2((unsigned short)b);
+    float f = kva_f16_to_f32((unsigned short)(h & 0xffffu));
+    return dtype == KVK_E4M3 ? f * KVA_E4M3_FIX : f;
+}
+KVA_DEV void kva_store_elem(void* p, long long i, int dtype, float x) {
+    if (dtype == KVK_F32) ((float*)p)[i] = x;
+    else if (dtype == KVK_F16) ((unsigned short*)p)[i] = kva_f32_to_f16(x);
+    else if (dtype == KVK_BF16) ((unsigned short*)p)[i] = kva_f32_to_bf16(x);
+    else if (dtype == KVK_E4M3) ((unsigned char*)p)[i] = (unsigned char)kva_f32_to_e4m3(x);
+    else ((unsigned char*)p)[i] = (unsigned char)kva_f32_to_e5m2(x);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Memory                                                                                          */
+
+KVA_DEV unsigned kva_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+/* 16-byte async copy global -> shared; src_bytes = 0 writes zeros and reads nothing. */
+KVA_DEV void kva_cp_async16(unsigned dst, const void* src, unsigned src_bytes) {
+    asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+KVA_DEV void kva_cp_async_commit(void) { asm volatile("{ cp.async.commit_group; }" ::: "memory"); }
+#define KVA_CP_ASYNC_WAIT(n) asm volatile("{ cp.async.wait_group %0; }" ::"n"(n) : "memory")
+
+KVA_DEV uint4 kva_ld_shared16(unsigned addr) {
+    uint4 v;
+    asm volatile("{ ld.shared.v4.u32 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr));
+    return v;
+}
+KVA_DEV uint2 kva_ld_shared8(unsigned addr) {
+    uint2 v;
+    asm volatile("{ ld.shared.v2.u32 {%0, %1}, [%2]; }" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+    return v;
+}
+/* read-only global loads that skip L1 allocation */
+KVA_DEV uint4 kva_ldg_nc16(const void* p) {
+    uint4 v;
+    asm volatile("{ ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+KVA_DEV int kva_ldg_i32(const int* p) {
+    int v;
+    asm volatile("{ ld.global.nc.s32 %0, [%1]; }" : "=r"(v) : "l"(p));
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Math                                                                                            */
+
+KVA_DEV float kva_exp2(float x) {
+    float y;
+    asm("{ ex2.approx.ftz.f32 %0, %1; }" : "=f"(y) : "f"(x));
+    return y;
+}
+KVA_DEV float kva_log2(float x) {
+    float y;
+    asm("{ lg2.approx.ftz.f32 %0, %1; }" : "=f"(y) : "f"(x));
+    return y;
+}
+KVA_DEV float kva_rcp(float x) {
+    float y;
+    asm("{ rcp.approx.ftz.f32 %0, %1; }" : "=f"(y) : "f"(x));
+    return y;
+}
+/* tanh with ~1e-7 absolute error (tanh.approx is too coarse for soft caps of 30-50) */
+KVA_DEV float kva_tanh(float x) {
+    float ax = fabsf(x);
+    float e = kva_exp2(-2.0f * KVA_LOG2E * ax); /* in (0, 1] */
+    float t = (1.0f - e) / (1.0f + e);
+    return copysignf(t, x);
+}
+/* sin and cos of x (radians) with the argument reduced to [-pi, pi] first */
+KVA_DEV void kva_sincos(float x, float* s, float* c) {
+    float n = rintf(x * 0.15915494309189535f);
+    float r = fmaf(-n, 6.28318548202514648f, x);
+    r = fmaf(n, 1.7484556e-7f, r);
+    __sincosf(r, s, c);
+}
+/* standard ALiBi slope of head h of n (n2 = largest power of two <= n) */
+KVA_DEV float kva_alibi_slope(int h, int n) {
+    int n2 = 1;
+    while (n2 * 2 <= n) n2 *= 2;
+    float e = h < n2 ? -8.0f * (float)(h + 1) / (float)n2 : -4.0f * (float)(2 * (h - n2) + 1) / (float)n2;
+    return exp2f(e);
+}
+
+/* q = (umulhi(n, mul) + n) >> shift = n / d for 0 <= n < 2^31 */
+KVA_DEV unsigned kva_fastdiv(unsigned n, unsigned mul, unsigned shift) { return (__umulhi(n, mul) + n) >> shift; }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Faults                                                                                          */
+
+KVA_DEV void kva_record_fault(char* ws, int req, int page) {
+    kvk_status* st = (kvk_status*)ws;
+    unsigned long long key = ((unsigned long long)(unsigned)req << 32) | (unsigned long long)(unsigned)page;
+    atomicMax((unsigned long long*)&st->first_key, ~key);
+    atomicAdd(&st->count, 1u);
+}
+
+#endif /* KVA_COMMON_CUH */

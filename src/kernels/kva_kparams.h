@@ -1,0 +1,214 @@
+/*
+ * kva_kparams.h - kernel parameter blocks and workspace records shared by the CUDA host code (C11) and the
+ * kernels (CUDA C, compiled by nvcc ahead of time or by NVRTC at plan time). Plain C, fixed-width fields only.
+ *
+ * The workspace records mirror kva__request / kva__work_item / kva__merge_task / kva__counts of
+ * src/core/internal.h; src/cuda/cuda_backend.c checks the layouts with static asserts.
+ */
+#ifndef KVA_KPARAMS_H
+#define KVA_KPARAMS_H
+
+#if defined(__CUDACC_RTC__)
+typedef signed char kvk_i8;
+typedef unsigned char kvk_u8;
+typedef int kvk_i32;
+typedef unsigned int kvk_u32;
+typedef long long kvk_i64;
+typedef unsigned long long kvk_u64;
+#else
+#include <stdint.h>
+typedef int8_t kvk_i8;
+typedef uint8_t kvk_u8;
+typedef int32_t kvk_i32;
+typedef uint32_t kvk_u32;
+typedef int64_t kvk_i64;
+typedef uint64_t kvk_u64;
+#endif
+
+/* dtype codes (the values of kva_dtype) */
+#define KVK_F32 0
+#define KVK_F16 1
+#define KVK_BF16 2
+#define KVK_E4M3 3
+#define KVK_E5M2 4
+
+/* threads per CTA of every attention kernel */
+#define KVK_THREADS 128
+
+/* geometry of the CUDA-core attention kernel (kva_decode.cuh), shared with the host for the smem size */
+#define KVK_DEC_ES(kt) (((kt) == KVK_E4M3 || (kt) == KVK_E5M2) ? 1 : 2)
+#define KVK_DEC_TILE(dqk) (4096 / (dqk))
+#define KVK_DEC_STAGES(es) ((es) == 1 ? 8 : 4)
+#define KVK_DEC_SMEM(dqk, dvo, es, rows) \
+    (KVK_DEC_STAGES(es) * KVK_DEC_TILE(dqk) * ((dqk) + (dvo)) * (es) + 2 * KVK_DEC_TILE(dqk) * (rows) * 4 + 288)
+
+/* runtime flags of the attention kernels */
+#define KVK_FLAG_ALIBI 1u       /* ALiBi bias (slopes from alibi_slopes, or the standard ones) */
+#define KVK_FLAG_SOFTCAP 2u     /* logits soft cap */
+#define KVK_FLAG_SIGMOID 4u     /* sigmoid scores (no softmax) */
+#define KVK_FLAG_CAUSAL 8u      /* causal mask (bottom-right aligned) */
+#define KVK_FLAG_CUSTOM 16u     /* packed custom mask */
+#define KVK_FLAG_WINDOW 32u     /* sliding window (window_left >= 0) */
+#define KVK_FLAG_RAGGED 64u     /* K/V rows addressed by token (no page table) */
+#define KVK_FLAG_TRANSFORM 128u /* logits need the natural-log domain (ALiBi or soft cap) */
+
+/* lse value written into a partial slot by a work item whose request hit an out-of-range page index
+   (a NaN with a payload no arithmetic produces); the merge kernel then outputs o = 0, lse = -inf. */
+#define KVK_FAULT_LSE_BITS 0x7fbadbadu
+
+/* Device fault status region (offset 0 of the device workspace, KVA__STATUS_BYTES long, zeroed by plan). */
+typedef struct kvk_status {
+    kvk_u64 first_key; /* atomicMax of ~((request << 32) | (u32)page): the smallest (request, page) wins */
+    kvk_u32 count;     /* number of faulting work items */
+    kvk_u32 pad0;
+} kvk_status;
+
+typedef struct kvk_request {
+    kvk_i32 qo_start;
+    kvk_i32 qo_len;
+    kvk_i32 kv_start;
+    kvk_i32 kv_len;
+    kvk_i64 mask_offset;
+} kvk_request;
+
+typedef struct kvk_work_item {
+    kvk_i32 req;
+    kvk_i32 kv_head;
+    kvk_i32 row_start;
+    kvk_i32 rows;
+    kvk_i32 kv_start;
+    kvk_i32 kv_end;
+    kvk_i32 partial;
+    kvk_i32 pad_;
+} kvk_work_item;
+
+typedef struct kvk_merge_task {
+    kvk_i32 req;
+    kvk_i32 kv_head;
+    kvk_i32 row_start;
+    kvk_i32 rows;
+    kvk_i32 partial_first;
+    kvk_i32 num_partials;
+} kvk_merge_task;
+
+typedef struct kvk_counts {
+    kvk_i32 batch_size;
+    kvk_i32 num_items;
+    kvk_i32 num_merge;
+    kvk_i32 num_partials;
+    kvk_i64 total_qo_rows;
+    kvk_i64 pad_[5];
+} kvk_counts;
+
+/* Attention (decode / small-tile) kernel. Strides in elements. */
+typedef struct kvk_attn_params {
+    const void* q;
+    void* o;
+    float* lse;                 /* may be NULL */
+    const void* k;
+    const void* v;
+    const kvk_i32* indices;     /* page table (paged) */
+    char* ws;                   /* device workspace base */
+    const kvk_u8* custom_mask;  /* KVK_FLAG_CUSTOM */
+    const float* alibi_slopes;  /* KVK_FLAG_ALIBI; NULL = standard slopes */
+    kvk_i64 off_counts, off_worker_indptr, off_requests, off_items, off_partial_o, off_partial_lse;
+    kvk_i64 q_stride_row, q_stride_head;
+    kvk_i64 o_stride_row, o_stride_head;
+    kvk_i64 lse_stride_row, lse_stride_head;
+    kvk_i64 k_stride_page, k_stride_token, k_stride_head;
+    kvk_i64 v_stride_page, v_stride_token, v_stride_head;
+    kvk_i64 num_pages;
+    kvk_u32 ps_mul;             /* fast division by page_size: q = (umulhi(n, ps_mul) + n) >> ps_shift */
+    kvk_u32 ps_shift;
+    kvk_i32 page_size;
+    kvk_i32 group_size;
+    kvk_i32 num_qo_heads;
+    kvk_i32 tile_q;             /* rows per partial slot */
+    kvk_i32 window_left;
+    kvk_u32 flags;
+    float q_scale;              /* sm_scale * k_scale (* log2(e) unless KVK_FLAG_TRANSFORM) */
+    float v_scale;
+    float softcap;              /* cap (> 0 with KVK_FLAG_SOFTCAP) */
+    float sigmoid_bias;         /* in the log2 domain (bias * log2 e) */
+    float rope_rcp_scale;       /* 1 / rope_scale */
+    float rope_log2_theta;      /* log2(rope_theta) */
+} kvk_attn_params;
+
+/* Merge of the plan's split-KV partials. */
+typedef struct kvk_merge_params {
+    void* o;
+    float* lse;
+    char* ws;
+    kvk_i64 off_counts, off_requests, off_merge, off_partial_o, off_partial_lse;
+    kvk_i64 o_stride_row, o_stride_head;
+    kvk_i64 lse_stride_row, lse_stride_head;
+    kvk_i32 dvo;
+    kvk_i32 o_dtype;
+    kvk_i32 group_size;
+    kvk_i32 tile_q;
+    kvk_i32 sigmoid;
+    kvk_i32 pad_;
+} kvk_merge_params;
+
+/* v/s state tensor view: v [rows, heads, dim] of dtype, s [rows, heads] f32 */
+typedef struct kvk_state_view {
+    void* v;
+    float* s;
+    kvk_i64 v_stride_row, v_stride_head;
+    kvk_i64 s_stride_row, s_stride_head;
+    kvk_i32 dtype;
+    kvk_i32 pad_;
+} kvk_state_view;
+
+/* merge_state: out = a merge b, rows x heads x dim; mask (optional) selects rows */
+typedef struct kvk_merge_state_params {
+    kvk_state_view a, b, out;
+    const kvk_u8* mask;
+    kvk_i64 rows;
+    kvk_i32 heads;
+    kvk_i32 dim;
+} kvk_merge_state_params;
+
+/* merge_states: rows [row0, row0 + nrows) merge states indptr[r - row0] .. indptr[r - row0 + 1) */
+#define KVK_MERGE_STATES_CHUNK 480
+typedef struct kvk_merge_states_params {
+    kvk_state_view in, out;
+    kvk_i64 row0;
+    kvk_i32 nrows;
+    kvk_i32 heads;
+    kvk_i32 dim;
+    kvk_i32 pad_;
+    kvk_i32 indptr[KVK_MERGE_STATES_CHUNK + 1];
+} kvk_merge_states_params;
+
+/* append_paged_kv: token i of nnz goes to request batch_indices[i] at positions[i] */
+typedef struct kvk_append_params {
+    const char* ak;
+    const char* av;
+    char* k;
+    char* v;
+    const kvk_i32* batch_indices;
+    const kvk_i32* positions;
+    const kvk_i32* indices;
+    const kvk_i32* indptr;
+    const kvk_i32* last_page_len;
+    kvk_status* status;
+    kvk_i64 nnz;
+    kvk_i64 ak_stride_tok, ak_stride_head; /* bytes */
+    kvk_i64 av_stride_tok, av_stride_head;
+    kvk_i64 k_stride_page, k_stride_token, k_stride_head; /* bytes */
+    kvk_i64 v_stride_page, v_stride_token, v_stride_head;
+    kvk_i64 num_pages;
+    kvk_i32 batch_size;
+    kvk_i32 page_size;
+    kvk_i32 heads;
+    kvk_i32 k_row_bytes;
+    kvk_i32 v_row_bytes;
+    kvk_i32 vec;          /* bytes per copy unit: 16, 8, 4, 2 or 1 */
+    kvk_i32 src_dtype;    /* dtype of append_k/append_v */
+    kvk_i32 dst_dtype;    /* pool dtype (conversion when they differ) */
+    kvk_i32 head_dim_qk;
+    kvk_i32 head_dim_vo;
+} kvk_append_params;
+
+#endif /* KVA_KPARAMS_H */

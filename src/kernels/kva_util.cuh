@@ -1,0 +1,242 @@
+/*
+ * kva_util.cuh - the small kernels: merge of a plan's split-KV partials (persistent, reads its task count from
+ * the workspace), merge_state, merge_states, append_paged_kv. Dtypes and head dims are runtime arguments.
+ * One warp per (row, head); lanes along the head dim.
+ */
+#include "kva_common.cuh"
+
+#define KVA_FULL 0xffffffffu
+
+KVA_DEV float kva_warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) x = fmaxf(x, __shfl_xor_sync(KVA_FULL, x, o));
+    return x;
+}
+KVA_DEV float kva_warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) x += __shfl_xor_sync(KVA_FULL, x, o);
+    return x;
+}
+
+/* Store 4 floats at element index i (multiple of 4) of a dtype array. */
+KVA_DEV void kva_store4(void* base, long long i, int dtype, float a, float b, float c, float d) {
+    if (dtype == KVK_F32) {
+        *(float4*)((float*)base + i) = make_float4(a, b, c, d);
+    } else {
+        uint2 w;
+        if (dtype == KVK_F16) {
+            w.x = kva_f32x2_to_f16x2(a, b);
+            w.y = kva_f32x2_to_f16x2(c, d);
+        } else {
+            w.x = kva_f32x2_to_bf16x2(a, b);
+            w.y = kva_f32x2_to_bf16x2(c, d);
+        }
+        *(uint2*)((unsigned short*)base + i) = w;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Plan merge: task t merges partial slots partial_first .. +num_partials of rows [0, rows) of its tile. */
+
+extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_partials(const kvk_merge_params p) {
+    const kvk_counts* counts = (const kvk_counts*)(p.ws + p.off_counts);
+    const kvk_merge_task* tasks = (const kvk_merge_task*)(p.ws + p.off_merge);
+    const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
+    const float* po = (const float*)(p.ws + p.off_partial_o);
+    const float* pl = (const float*)(p.ws + p.off_partial_lse);
+    const int ntasks = counts->num_merge;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int dvo = p.dvo, g = p.group_size;
+    const float neg_inf = KVA_NEG_INF;
+    for (int t = blockIdx.x; t < ntasks; t += gridDim.x) {
+        const kvk_merge_task tk = tasks[t];
+        const kvk_request rq = reqs[tk.req];
+        for (int r = warp; r < tk.rows; r += nwarps) {
+            /* pass 1: max lse and fault check */
+            float mx = neg_inf;
+            int fault = 0;
+            for (int k = lane; k < tk.num_partials; k += 32) {
+                float l = pl[(long long)(tk.partial_first + k) * p.tile_q + r];
+                if (__float_as_uint(l) == KVK_FAULT_LSE_BITS) fault = 1;
+                else mx = fmaxf(mx, l);
+            }
+            mx = kva_warp_max(mx);
+            fault = __any_sync(KVA_FULL, fault);
+            const float m_use = mx == neg_inf ? 0.0f : mx;
+            /* pass 2: weights (every lane the same sequence, so the sums are deterministic) */
+            float wsum = 0.0f;
+            if (!p.sigmoid) {
+                for (int k = 0; k < tk.num_partials; ++k)
+                    wsum += kva_exp2(pl[(long long)(tk.partial_first + k) * p.tile_q + r] - m_use);
+            }
+            float scale, lse;
+            if (p.sigmoid) {
+                scale = 1.0f;
+                lse = 0.0f;
+            } else {
+                scale = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+                lse = wsum > 0.0f ? m_use + kva_log2(wsum) : neg_inf;
+            }
+            if (fault) {
+                scale = 0.0f;
+                lse = neg_inf;
+            }
+            const int pr = tk.row_start + r;
+            const int i = pr / g;
+            const int qh = tk.kv_head * g + pr % g;
+            const long long orow = rq.qo_start + i;
+            const long long obase = orow * p.o_stride_row + (long long)qh * p.o_stride_head;
+            for (int c = lane * 4; c < dvo; c += 128) {
+                float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+                if (!fault) {
+                    for (int k = 0; k < tk.num_partials; ++k) {
+                        const long long slot = tk.partial_first + k;
+                        const float w =
+                            p.sigmoid ? 1.0f : kva_exp2(pl[slot * p.tile_q + r] - m_use);
+                        const float4 v = *(const float4*)(po + (slot * p.tile_q + r) * dvo + c);
+                        a0 = fmaf(w, v.x, a0);
+                        a1 = fmaf(w, v.y, a1);
+                        a2 = fmaf(w, v.z, a2);
+                        a3 = fmaf(w, v.w, a3);
+                    }
+                }
+                kva_store4(p.o, obase + c, p.o_dtype, a0 * scale, a1 * scale, a2 * scale, a3 * scale);
+            }
+            if (lane == 0 && p.lse) p.lse[orow * p.lse_stride_row + (long long)qh * p.lse_stride_head] = lse;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* merge_state: out = a (+) b per (row, head); rows with mask[row] == 0 are left untouched.        */
+
+extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_state(const kvk_merge_state_params p) {
+    const int lane = threadIdx.x & 31;
+    const long long nwarps_total = (long long)gridDim.x * (blockDim.x >> 5);
+    const float neg_inf = KVA_NEG_INF;
+    for (long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < p.rows * p.heads;
+         w += nwarps_total) {
+        const long long row = w / p.heads;
+        const int h = (int)(w % p.heads);
+        if (p.mask && p.mask[row] == 0) continue;
+        const float sa = p.a.s[row * p.a.s_stride_row + h * p.a.s_stride_head];
+        const float sb = p.b.s[row * p.b.s_stride_row + h * p.b.s_stride_head];
+        const float m = fmaxf(sa, sb);
+        const float m_use = m == neg_inf ? 0.0f : m;
+        const float wa = kva_exp2(sa - m_use), wb = kva_exp2(sb - m_use);
+        const float wsum = wa + wb;
+        const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+        const float ca = wa * inv, cb = wb * inv;
+        const long long oa = row * p.a.v_stride_row + h * p.a.v_stride_head;
+        const long long ob = row * p.b.v_stride_row + h * p.b.v_stride_head;
+        const long long oo = row * p.out.v_stride_row + h * p.out.v_stride_head;
+        for (int d = lane; d < p.dim; d += 32) {
+            float va = kva_load_elem(p.a.v, oa + d, p.a.dtype);
+            float vb = kva_load_elem(p.b.v, ob + d, p.b.dtype);
+            /* an empty state's v is ignored (it may hold anything) */
+            float r = (ca != 0.0f ? ca * va : 0.0f) + (cb != 0.0f ? cb * vb : 0.0f);
+            kva_store_elem(p.out.v, oo + d, p.out.dtype, r);
+        }
+        __syncwarp(); /* every lane has read sa/sb before s_out (which may alias) is written */
+        if (lane == 0 && p.out.s)
+            p.out.s[row * p.out.s_stride_row + h * p.out.s_stride_head] = wsum > 0.0f ? m_use + kva_log2(wsum) : neg_inf;
+    }
+}
+
+/* merge_states: row r (of this launch's chunk) merges states indptr[r] .. indptr[r+1] (relative to row0's). */
+extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_states(const kvk_merge_states_params p) {
+    const int lane = threadIdx.x & 31;
+    const long long nwarps_total = (long long)gridDim.x * (blockDim.x >> 5);
+    const float neg_inf = KVA_NEG_INF;
+    for (long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+         w < (long long)p.nrows * p.heads; w += nwarps_total) {
+        const int r = (int)(w / p.heads);
+        const int h = (int)(w % p.heads);
+        const long long k0 = p.indptr[r], k1 = p.indptr[r + 1];
+        float mx = neg_inf;
+        for (long long k = k0 + lane; k < k1; k += 32)
+            mx = fmaxf(mx, p.in.s[k * p.in.s_stride_row + h * p.in.s_stride_head]);
+        mx = kva_warp_max(mx);
+        const float m_use = mx == neg_inf ? 0.0f : mx;
+        float wsum = 0.0f;
+        for (long long k = k0; k < k1; ++k) wsum += kva_exp2(p.in.s[k * p.in.s_stride_row + h * p.in.s_stride_head] - m_use);
+        const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+        const long long row = p.row0 + r;
+        const long long oo = row * p.out.v_stride_row + h * p.out.v_stride_head;
+        for (int d = lane; d < p.dim; d += 32) {
+            float a = 0.0f;
+            for (long long k = k0; k < k1; ++k) {
+                const float wk = kva_exp2(p.in.s[k * p.in.s_stride_row + h * p.in.s_stride_head] - m_use);
+                if (wk != 0.0f)
+                    a = fmaf(wk, kva_load_elem(p.in.v, k * p.in.v_stride_row + h * p.in.v_stride_head + d, p.in.dtype), a);
+            }
+            kva_store_elem(p.out.v, oo + d, p.out.dtype, a * inv);
+        }
+        if (lane == 0 && p.out.s)
+            p.out.s[row * p.out.s_stride_row + h * p.out.s_stride_head] = wsum > 0.0f ? m_use + kva_log2(wsum) : neg_inf;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* append_paged_kv: one warp per (token, head). Checks the request, the position and the page; a bad token is
+   not written and is recorded in the status word (request = token index). */
+
+KVA_DEV void kva_copy_row(char* dst, const char* src, int bytes, int vec, int lane) {
+    if (vec == 16) {
+        for (int b = lane * 16; b < bytes; b += 512) *(uint4*)(dst + b) = *(const uint4*)(src + b);
+    } else if (vec == 8) {
+        for (int b = lane * 8; b < bytes; b += 256) *(uint2*)(dst + b) = *(const uint2*)(src + b);
+    } else if (vec == 4) {
+        for (int b = lane * 4; b < bytes; b += 128) *(unsigned*)(dst + b) = *(const unsigned*)(src + b);
+    } else if (vec == 2) {
+        for (int b = lane * 2; b < bytes; b += 64) *(unsigned short*)(dst + b) = *(const unsigned short*)(src + b);
+    } else {
+        for (int b = lane; b < bytes; b += 32) dst[b] = src[b];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_append_paged(const kvk_append_params p) {
+    const int lane = threadIdx.x & 31;
+    const long long nwarps_total = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < p.nnz * p.heads;
+         w += nwarps_total) {
+        const long long tok = w / p.heads;
+        const int h = (int)(w % p.heads);
+        const int b = p.batch_indices[tok];
+        const int pos = p.positions[tok];
+        int page = -1;
+        bool ok = b >= 0 && b < p.batch_size && pos >= 0;
+        if (ok) {
+            const int e0 = p.indptr[b], e1 = p.indptr[b + 1];
+            const int npages = e1 - e0;
+            const long long len = npages > 0 ? (long long)(npages - 1) * p.page_size + p.last_page_len[b] : 0;
+            ok = pos < len;
+            if (ok) {
+                page = p.indices[e0 + pos / p.page_size];
+                ok = (unsigned long long)(unsigned)page < (unsigned long long)p.num_pages;
+            }
+        }
+        if (!ok) {
+            if (lane == 0 && h == 0) {
+                unsigned long long key = ((unsigned long long)(unsigned)tok << 32) | (unsigned long long)(unsigned)page;
+                atomicMax((unsigned long long*)&p.status->first_key, ~key);
+                atomicAdd(&p.status->count, 1u);
+            }
+            continue;
+        }
+        const long long slot = pos % p.page_size;
+        char* kd = p.k + (long long)page * p.k_stride_page + slot * p.k_stride_token + h * p.k_stride_head;
+        char* vd = p.v + (long long)page * p.v_stride_page + slot * p.v_stride_token + h * p.v_stride_head;
+        const char* ks = p.ak + tok * p.ak_stride_tok + h * p.ak_stride_head;
+        const char* vs = p.av + tok * p.av_stride_tok + h * p.av_stride_head;
+        if (p.src_dtype == p.dst_dtype) {
+            kva_copy_row(kd, ks, p.k_row_bytes, p.vec, lane);
+            kva_copy_row(vd, vs, p.v_row_bytes, p.vec, lane);
+        } else {
+            for (int d = lane; d < p.head_dim_qk; d += 32)
+                kva_store_elem(kd, d, p.dst_dtype, kva_load_elem(ks, d, p.src_dtype));
+            for (int d = lane; d < p.head_dim_vo; d += 32)
+                kva_store_elem(vd, d, p.dst_dtype, kva_load_elem(vs, d, p.src_dtype));
+        }
+    }
+}
