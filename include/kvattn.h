@@ -354,7 +354,8 @@ KVA_API kva_status kva_batch_prefill_ragged_run(kva_context* context, const kva_
 
 /* Single request on contiguous K/V (args->k, args->v: [kv_len, num_kv_heads, head_dim], any strides;
  * decode: args->q is [1, num_qo_heads, head_dim_qk] or [num_qo_heads, head_dim_qk]).
- * The workspace may be NULL or too small: the call then runs without splitting KV. */
+ * The workspace must hold kva_single_workspace_size bytes (else KVA_ERR_WORKSPACE_TOO_SMALL, nothing written);
+ * the CPU backend also accepts workspace == NULL (it then allocates host scratch for the call). */
 KVA_API kva_status kva_single_workspace_size(kva_context* context, const kva_attention_desc* desc, int64_t qo_len,
                                              int64_t kv_len, size_t* device_bytes, size_t* host_bytes);
 KVA_API kva_status kva_single_decode(kva_context* context, const kva_attention_desc* desc, const kva_run_args* args,

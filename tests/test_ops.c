@@ -78,8 +78,17 @@ static void att_free(att* a) {
     memset(a, 0, sizeof *a);
 }
 
+/* Forced lengths (batch-invariance checks); NULL = random. */
+static const int32_t* g_force_qo;
+static const int32_t* g_force_kv;
+
 /* Lengths of batch B: the first non-empty request gets exactly max_kv (long cases reach their length). */
 static void gen_lengths(const h_case* c, h_rng* r, int32_t B, int32_t* qo, int32_t* kv) {
+    if (g_force_qo && g_force_kv) {
+        memcpy(qo, g_force_qo, sizeof(int32_t) * (size_t)B);
+        memcpy(kv, g_force_kv, sizeof(int32_t) * (size_t)B);
+        return;
+    }
     int first = 1;
     for (int32_t b = 0; b < B; ++b) {
         int empty = h_rng_range(r, 0, 99) < c->empty_pct;
@@ -1629,6 +1638,8 @@ static void suite_append(void) {
     go(c);
 }
 
+static void batch_invariance(h_op op, int32_t window, int32_t fixed_split, kva_mask_mode mask);
+
 /* Splitting and planning modes across the batch ops, at lengths where the balancer splits. */
 static void suite_split(void) {
     static const h_op ops[] = {H_OP_DECODE, H_OP_PREFILL, H_OP_RAGGED};
@@ -1676,6 +1687,80 @@ static void suite_split(void) {
         c.threads = 8;
         go(c);
     }
+    batch_invariance(H_OP_PREFILL, -1, 64, KVA_MASK_CAUSAL);
+    batch_invariance(H_OP_RAGGED, -1, 100, KVA_MASK_NONE);
+    batch_invariance(H_OP_PREFILL, 300, 64, KVA_MASK_CAUSAL);
+    batch_invariance(H_OP_RAGGED, 342, 68, KVA_MASK_NONE);
+}
+
+/* fixed_split_size promises results that do not depend on the other requests: request 0 planned alone and as
+ * the first request of a batch whose other requests change the batch's average query length (and so the tile
+ * size) must give byte-identical o and lse rows. */
+static void batch_invariance(h_op op, int32_t window, int32_t fixed_split, kva_mask_mode mask) {
+    h_case c;
+    h_case_default(&c, op);
+    c.hq = 8;
+    c.hkv = 2;
+    c.mask = mask;
+    c.window = window;
+    c.fixed_split = fixed_split;
+    c.threads = 3;
+    c.q_dt = c.o_dt = KVA_DTYPE_F32;
+    c.kv_dt = KVA_DTYPE_BF16;
+    c.seed = g_seed_counter++;
+    int32_t qo[4] = {34, 1, 2, 1}, kv[4] = {1457, 300, 400, 500}; /* alone: 136 packed rows; batch: 38 on average */
+    g_force_qo = qo;
+    g_force_kv = kv;
+    h_rng r;
+    h_rng_seed(&r, c.seed);
+    att a;
+    att_build(&c, &r, 4, &a);
+    g_force_qo = g_force_kv = NULL;
+    kva_context* ctx = h_context(c.threads);
+    kva_attention_desc d;
+    desc_of(&c, &d);
+    int ok = 1;
+    kva_plan_info info[2];
+    for (int pass = 0; pass < 2 && ok; ++pass) {
+        kva_plan_params pp;
+        params_of(&c, &a, &pp);
+        if (pass == 1) pp.batch_size = 1; /* request 0 alone: the arrays' prefix */
+        size_t db = 0, hb = 0;
+        kva_status st = kva_plan_workspace_size(ctx, &d, op_kva(op), &pp, &db, &hb);
+        h_ws ws;
+        h_ws_alloc(&ws, db, hb);
+        kva_plan plan;
+        if (st == KVA_OK) st = kva_plan_make(ctx, &d, op_kva(op), &pp, &ws.ws, &plan, NULL);
+        kva_run_args args;
+        args_of(&c, &a, &args, pass);
+        if (pass == 1) {
+            args.q.shape[0] = args.o.shape[0] = args.lse.shape[0] = qo[0];
+            if (op == H_OP_RAGGED) args.k.shape[0] = args.v.shape[0] = kv[0];
+        }
+        if (st == KVA_OK) st = kva_plan_get_info(&plan, &info[pass]);
+        if (st == KVA_OK) st = kva_run(ctx, &plan, &ws.ws, &args);
+        H_EXPECT(ok, st == KVA_OK, "batch invariance pass %d: %s: %s", pass, ST_NAME(st), kva_last_error_message());
+        h_ws_free(&ws);
+    }
+    if (ok) {
+        h_buf_download(&a.o);
+        h_buf_download(&a.o2);
+        h_buf_download(&a.lse);
+        h_buf_download(&a.lse2);
+        size_t orow = (size_t)a.o_s0 * ref_dtype_size(c.o_dt), lrow = (size_t)a.lse_s0 * 4;
+        int same = memcmp(h_buf_hp(&a.o), h_buf_hp(&a.o2), orow * (size_t)qo[0]) == 0 &&
+                   memcmp(h_buf_hp(&a.lse), h_buf_hp(&a.lse2), lrow * (size_t)qo[0]) == 0;
+        ok &= att_check(&c, &a, &a.o, &a.lse, 1, "batch invariance (in the batch)");
+        h_logf("batch invariance: tile_q %d / %d, partials %d / %d, same %d\n", info[0].tile_q, info[1].tile_q,
+               info[0].num_partials, info[1].num_partials, same);
+        H_EXPECT(ok, same, "request 0 alone (tile_q %d) and in a batch (tile_q %d) differ in the last bits", info[1].tile_q,
+                 info[0].tile_q);
+    }
+    att_free(&a);
+    char line[1024];
+    h_case_format(&c, line, sizeof line);
+    H_CHECK(ok, "fixed_split_size batch invariance: %s window %d split %d mask %d (case base: %s)", h_op_name(op), window,
+            fixed_split, (int)mask, line);
 }
 
 static void suite_long(void) {

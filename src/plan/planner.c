@@ -434,6 +434,10 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         double avg = (double)mr * g / (double)params->max_batch_size;
         int32_t maxp = (int32_t)(mr * g > INT32_MAX ? INT32_MAX : mr * g);
         pd->tile_q = kva__tile_q(ctx, pd, op, avg, maxp);
+    } else if (params->fixed_split_size > 0 && op != KVA_OP_BATCH_DECODE) {
+        /* Batch-invariant mode: the tile size must not depend on the other requests either (a request's tiles,
+           their KV ranges and so every row's summation order follow from it). A fixed mid-size choice. */
+        pd->tile_q = kva__tile_q(ctx, pd, op, 65.0, 128);
     } else {
         double avg = B > 0 ? (double)total_rows * g / (double)B : 0.0;
         pd->tile_q = kva__tile_q(ctx, pd, op, avg, max_qo * g);

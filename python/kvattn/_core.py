@@ -1,0 +1,692 @@
+"""Machinery shared by the FlashInfer-compatible wrappers: argument parsing, descriptors, plan state, the run
+entry point (also the body of the ``kvattn::run`` custom op) and the batch-wrapper base class."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import math
+import weakref
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _context as C
+from . import _ffi as F
+from . import _tensor as T
+from . import _torch_ops
+from .exceptions import CaptureActiveError, PlanMismatchError
+
+# --------------------------------------------------------------------------------------------------
+# Argument parsing
+
+POS_ENCODING_MODES = {"NONE": F.KVA_POS_NONE, "ROPE_LLAMA": F.KVA_POS_ROPE_LLAMA, "ALIBI": F.KVA_POS_ALIBI}
+_POS_BY_CODE = {v: k for k, v in POS_ENCODING_MODES.items()}
+
+
+def parse_pos_encoding(mode: Any) -> str:
+    """'NONE' | 'ROPE_LLAMA' | 'ALIBI' from a string, a PosEncodingMode enum or its integer value."""
+    if mode is None:
+        return "NONE"
+    if isinstance(mode, str):
+        m = mode.upper()
+        if m in POS_ENCODING_MODES:
+            return m
+    elif hasattr(mode, "name") and str(mode.name).upper() in POS_ENCODING_MODES:
+        return str(mode.name).upper()
+    elif isinstance(mode, (int, np.integer)) and int(mode) in _POS_BY_CODE:
+        return _POS_BY_CODE[int(mode)]
+    raise ValueError("kvattn: pos_encoding_mode=%r is not supported (NONE, ROPE_LLAMA, ALIBI)" % (mode,))
+
+
+def parse_layout(kv_layout: Any) -> str:
+    if isinstance(kv_layout, str) and kv_layout.upper() in ("NHD", "HND"):
+        return kv_layout.upper()
+    if hasattr(kv_layout, "name") and str(kv_layout.name).upper() in ("NHD", "HND"):
+        return str(kv_layout.name).upper()
+    raise ValueError("kvattn: kv_layout=%r is not supported ('NHD' or 'HND')" % (kv_layout,))
+
+
+def check_backend(backend: Any, jit_args: Any = None, jit_kwargs: Any = None) -> None:
+    if backend not in ("auto", "fa2", None):
+        raise NotImplementedError(
+            "kvattn: backend=%r is not supported; kvattn has one implementation per device (use 'auto' or 'fa2')"
+            % (backend,))
+    if jit_args is not None or jit_kwargs is not None:
+        raise NotImplementedError("kvattn: jit_args / jit_kwargs (user-defined JIT attention variants) are not "
+                                  "supported")
+
+
+def reject(**kwargs: Any) -> None:
+    """NotImplementedError for every argument that is set (not None / False / 0) among kwargs."""
+    for name, value in kwargs.items():
+        if value is None or value is False:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+            continue
+        raise NotImplementedError("kvattn: argument %s=%r is not supported" % (name, _short(value)))
+
+
+def _short(v: Any) -> Any:
+    if T.is_torch(v) or isinstance(v, np.ndarray):
+        return "<%s %s>" % (type(v).__name__, tuple(v.shape))
+    return v
+
+
+def f32(x: float) -> float:
+    """x rounded to float32 (the precision the C descriptor stores)."""
+    return float(np.float32(x))
+
+
+def norm_cap(cap: Any) -> float:
+    if cap is None:
+        return 0.0
+    c = float(cap)
+    if not math.isfinite(c) or c < 0:
+        raise ValueError("kvattn: logits_soft_cap=%r must be a finite number >= 0 (None or 0 = off)" % (cap,))
+    return c
+
+
+def norm_window(w: Any) -> int:
+    w = -1 if w is None else int(w)
+    if w < -1:
+        raise ValueError("kvattn: window_left=%d must be -1 (no window) or >= 0" % w)
+    return w
+
+
+def norm_split(fixed_split_size: Any, page_size: int) -> int:
+    """FlashInfer counts fixed_split_size in pages (tokens for ragged); the C API counts tokens."""
+    if fixed_split_size is None:
+        return 0
+    s = int(fixed_split_size)
+    if s < 0:
+        return 0  # FlashInfer treats -1 as "not fixed"
+    return s * page_size
+
+
+def resolve_dtypes(q_data_type: Any, kv_data_type: Any, o_data_type: Any,
+                   data_type: Any = None) -> Tuple[int, int, int]:
+    if data_type is not None:  # deprecated alias for both q and kv
+        if q_data_type in (None, "float16"):
+            q_data_type = data_type
+        if kv_data_type is None:
+            kv_data_type = data_type
+    q = T.parse_dtype("float16" if q_data_type is None else q_data_type, "q_data_type")
+    if q not in T.FLOAT_DTYPES:
+        raise NotImplementedError("kvattn: q_data_type=%s is not supported (float32, float16, bfloat16)"
+                                  % T.dtype_name(q))
+    kv = q if kv_data_type is None else T.parse_dtype(kv_data_type, "kv_data_type")
+    o = q if o_data_type is None else T.parse_dtype(o_data_type, "o_data_type")
+    if o not in T.FLOAT_DTYPES:
+        raise NotImplementedError("kvattn: o_data_type=%s is not supported (float32, float16, bfloat16)"
+                                  % T.dtype_name(o))
+    return q, kv, o
+
+
+def make_desc(num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, head_dim_vo: int, q_dtype: int,
+              kv_dtype: int, o_dtype: int, mask_mode: int, window_left: int, logits_soft_cap: float,
+              sm_scale: float, pos_encoding: str, rope_scale: float, rope_theta: float) -> "F.kva_attention_desc":
+    for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads), ("head_dim_qk", head_dim_qk),
+                    ("head_dim_vo", head_dim_vo)):
+        if int(v) <= 0:
+            raise ValueError("kvattn: %s=%d must be positive" % (name, int(v)))
+    if int(num_qo_heads) % int(num_kv_heads):
+        raise ValueError("kvattn: num_qo_heads=%d is not a multiple of num_kv_heads=%d"
+                         % (int(num_qo_heads), int(num_kv_heads)))
+    d = F.kva_attention_desc()
+    F.lib().kva_attention_desc_init(ctypes.byref(d), int(num_qo_heads), int(num_kv_heads), int(head_dim_qk),
+                                    q_dtype)
+    d.head_dim_vo = int(head_dim_vo)
+    d.q_dtype, d.kv_dtype, d.o_dtype = q_dtype, kv_dtype, o_dtype
+    d.mask_mode = mask_mode
+    d.window_left = int(window_left)
+    d.logits_soft_cap = float(logits_soft_cap)
+    d.sm_scale = float(sm_scale)
+    d.pos_encoding = POS_ENCODING_MODES[pos_encoding]
+    d.rope_scale = float(rope_scale)
+    d.rope_theta = float(rope_theta)
+    return d
+
+
+# --------------------------------------------------------------------------------------------------
+# Arrays
+
+def split_paged_kv(paged_kv_cache: Any, layout: str) -> Tuple[Any, Any]:
+    """(k, v) 4-D views of a paged KV cache given as one 5-D tensor [P, 2, ...] or a (K, V) pair."""
+    if isinstance(paged_kv_cache, (tuple, list)):
+        if len(paged_kv_cache) != 2:
+            raise ValueError("kvattn: paged_kv_cache as a tuple must be (k_cache, v_cache)")
+        k, v = paged_kv_cache
+        if k.ndim != 4 or v.ndim != 4:
+            raise ValueError("kvattn: k_cache and v_cache must be 4-D [num_pages, %s], got shapes %s and %s" % (
+                "page_size, num_kv_heads, head_dim" if layout == "NHD" else "num_kv_heads, page_size, head_dim",
+                tuple(k.shape), tuple(v.shape)))
+        return k, v
+    x = paged_kv_cache
+    if not (T.is_torch(x) or isinstance(x, np.ndarray)):
+        raise TypeError("kvattn: paged_kv_cache must be an array or a (k_cache, v_cache) tuple, got %s"
+                        % type(x).__name__)
+    if x.ndim != 5 or int(x.shape[1]) != 2:
+        raise ValueError("kvattn: paged_kv_cache must be 5-D [num_pages, 2, %s] (or a (K, V) tuple), got shape %s"
+                         % ("page_size, num_kv_heads, head_dim" if layout == "NHD"
+                            else "num_kv_heads, page_size, head_dim", tuple(x.shape)))
+    return x[:, 0], x[:, 1]
+
+
+def pool_dims(k: Any, layout: str) -> Tuple[int, int, int, int]:
+    """(num_pages, page_size, num_heads, head_dim) of a 4-D K or V pool view."""
+    s = k.shape
+    if layout == "NHD":
+        return int(s[0]), int(s[1]), int(s[2]), int(s[3])
+    return int(s[0]), int(s[2]), int(s[1]), int(s[3])
+
+
+def fill_paged(p: "F.kva_paged_kv", k: Any, v: Any, layout: str, dtype: int, num_pages: int, indices_ptr: int,
+               indptr_ptr: int = 0, last_page_len_ptr: int = 0) -> None:
+    ks = T.strides_of(k, "k_cache")
+    vs = T.strides_of(v, "v_cache")
+    P, ps, H, Dk = pool_dims(k, layout)
+    _, _, _, Dv = pool_dims(v, layout)
+    if Dk > 1 and ks[3] != 1 or Dv > 1 and vs[3] != 1:
+        raise ValueError("kvattn: the KV cache must have a contiguous head_dim (element stride 1), got K strides %s "
+                         "and V strides %s" % (ks, vs))
+    p.k_data = T.data_ptr(k) or None
+    p.v_data = T.data_ptr(v) or None
+    p.dtype = dtype
+    p.num_pages = int(num_pages)
+    p.page_size = ps
+    p.num_heads = H
+    p.head_dim_qk = Dk
+    p.head_dim_vo = Dv
+    p.k_stride_page = ks[0]
+    p.v_stride_page = vs[0]
+    if layout == "NHD":
+        p.k_stride_token, p.k_stride_head = ks[1], ks[2]
+        p.v_stride_token, p.v_stride_head = vs[1], vs[2]
+    else:
+        p.k_stride_head, p.k_stride_token = ks[1], ks[2]
+        p.v_stride_head, p.v_stride_token = vs[1], vs[2]
+    p.indices = indices_ptr or None
+    p.indptr = indptr_ptr or None
+    p.last_page_len = last_page_len_ptr or None
+
+
+def copy_into(dst: Any, src: Any, what: str) -> None:
+    """dst[:len(src)] = src for 1-D buffers (NumPy or torch, any devices)."""
+    n = int(src.shape[0])
+    if n > int(dst.shape[0]):
+        raise ValueError("kvattn: %s holds %d elements but %d are needed" % (what, int(dst.shape[0]), n))
+    if n == 0:
+        return
+    if T.is_torch(dst):
+        torch = T._torch()
+        if T.is_torch(src):
+            if src.data_ptr() == dst.data_ptr() and src.dtype == dst.dtype:
+                return
+            dst[:n].copy_(src.reshape(-1), non_blocking=True)
+        else:
+            dst[:n].copy_(torch.from_numpy(np.ascontiguousarray(src)), non_blocking=False)
+    else:
+        if T.is_torch(src):
+            src = src.detach().cpu().numpy()
+        if T.data_ptr(src) == T.data_ptr(dst) and src.dtype == dst.dtype:
+            return
+        dst[:n] = src
+
+
+# --------------------------------------------------------------------------------------------------
+# Plan state and the run entry point
+
+_registry: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+_handles = itertools.count(1)
+
+
+class PlanState:
+    """Everything a run needs from a plan (host side)."""
+
+    op: int
+    desc: "F.kva_attention_desc"
+    plan: "F.kva_plan"
+    ws: "F.kva_workspace"
+    ctx: int
+    dev: T.DeviceKey
+    graph: bool
+    kv_layout: str
+    q_dtype: int
+    kv_dtype: int
+    o_dtype: int
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim_qk: int
+    head_dim_vo: int
+    page_size: int
+    batch_size: int
+    total_rows: int
+    total_kv: int
+    num_pages: int
+    window_left: int
+    logits_soft_cap: float
+    sm_scale: float
+    pos_encoding: str
+    rope_scale: float
+    rope_theta: float
+    causal: bool
+    q_len_per_req: int
+    # host arrays the plan was made from (kept for re-planning at run when the pool size changes)
+    h_qo_indptr: Optional[np.ndarray]
+    h_kv_indptr: np.ndarray
+    h_last_page_len: Optional[np.ndarray]
+    h_indices: Optional[np.ndarray]
+    fixed_split_tokens: int
+    disable_split_kv: bool
+    max_batch: int
+    max_rows: int
+    # backend arrays the run reads
+    indices: Any
+    mask: Any
+    mask_bytes: int
+
+    def __init__(self) -> None:
+        self.indices = None
+        self.mask = None
+        self.mask_bytes = 0
+        self.h_qo_indptr = None
+        self.h_last_page_len = None
+        self.h_indices = None
+        self.num_pages = 0
+        self.total_kv = 0
+        self.page_size = 0
+        self.q_len_per_req = 1
+        self.causal = False
+        self.layout_shape_k: Optional[Tuple[int, ...]] = None
+        self.layout_shape_v: Optional[Tuple[int, ...]] = None
+
+    def params(self) -> "F.kva_plan_params":
+        p = F.kva_plan_params()
+        F.lib().kva_plan_params_init(ctypes.byref(p))
+        p.batch_size = self.batch_size
+        p.qo_indptr = self.h_qo_indptr.ctypes.data if self.h_qo_indptr is not None else None
+        p.kv_indptr = self.h_kv_indptr.ctypes.data
+        p.kv_last_page_len = self.h_last_page_len.ctypes.data if self.h_last_page_len is not None else None
+        p.page_size = self.page_size
+        p.num_pages = self.num_pages
+        p.kv_indices = self.h_indices.ctypes.data if self.h_indices is not None and self.h_indices.size else None
+        p.fixed_split_size = self.fixed_split_tokens
+        p.disable_split_kv = 1 if self.disable_split_kv else 0
+        p.graph_mode = 1 if self.graph else 0
+        p.max_batch_size = self.max_batch if self.graph else 0
+        p.max_total_qo_rows = self.max_rows if self.graph else 0
+        return p
+
+
+def commit_plan(st: PlanState, ws: C.Workspace, what: str) -> None:
+    """Size, check and make the C plan for st into workspace ws (st.plan / st.ws / st.ctx are set)."""
+    lib = F.lib()
+    ctx = C.get_context(st.dev)
+    params = st.params()
+    dev_b, host_b = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    F.check(lib.kva_plan_workspace_size(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params),
+                                        ctypes.byref(dev_b), ctypes.byref(host_b)), what)
+    wss = ws.struct(int(dev_b.value), int(host_b.value), what)
+    plan = F.kva_plan()
+    stream = C.current_stream(st.dev)
+    F.check(lib.kva_plan_make(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(wss),
+                              ctypes.byref(plan), stream), what)
+    st.plan, st.ws, st.ctx = plan, wss, ctx
+
+
+def _narrow_rows(t: "F.kva_tensor", rows: int) -> None:
+    if t.data and t.shape[0] > rows:
+        t.shape[0] = rows
+
+
+def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: float, v_scale: float) -> None:
+    """Run wrapper `handle`'s current plan: the body of the kvattn::run custom op (arrays were checked by the
+    wrapper in eager mode; the C library re-checks everything against the plan)."""
+    w = _registry.get(int(handle))
+    if w is None:
+        raise RuntimeError("kvattn: wrapper handle %d is gone (the wrapper was garbage collected)" % handle)
+    st = w._require_plan()
+    lib = F.lib()
+    args = F.kva_run_args()
+    lib.kva_run_args_init(ctypes.byref(args))
+    T.fill_tensor(args.q, q, "q")
+    T.fill_tensor(args.o, out, "out")
+    if lse is not None:
+        T.fill_tensor(args.lse, lse, "lse")
+    if st.graph:  # buffers sized for the graph's bounds: the plan's rows are the leading ones
+        for t in (args.q, args.o, args.lse):
+            _narrow_rows(t, st.total_rows)
+    if st.op == F.KVA_OP_BATCH_PREFILL_RAGGED:
+        T.fill_tensor(args.k, k, "k")
+        T.fill_tensor(args.v, v, "v")
+        if st.graph:
+            _narrow_rows(args.k, st.total_kv)
+            _narrow_rows(args.v, st.total_kv)
+    else:
+        pool = int(k.shape[0])
+        if pool < st.num_pages or (st.graph and pool != st.num_pages):
+            # The plan was made for another pool size (FlashInfer's plan never sees the pool): plan again for
+            # this one. Not possible while a CUDA graph is being captured.
+            if C.is_capturing(st.dev):
+                raise CaptureActiveError(
+                    "kvattn: the paged KV cache has %d pages but the plan was made for a pool of %d pages; run the "
+                    "wrapper once outside CUDA-graph capture (or pass num_pages=%d to plan) before capturing"
+                    % (pool, st.num_pages, pool))
+            w._replan_for_pool(pool)
+            st = w._require_plan()
+        w._pool_pages = pool
+        fill_paged(args.paged, k, v, st.kv_layout, st.kv_dtype, st.num_pages, T.data_ptr(st.indices))
+    if st.mask is not None:
+        args.custom_mask = T.data_ptr(st.mask) or None
+        args.custom_mask_bytes = st.mask_bytes
+    args.k_scale = float(k_scale)
+    args.v_scale = float(v_scale)
+    args.stream = C.current_stream(st.dev)
+    F.check(lib.kva_run(st.ctx, ctypes.byref(st.plan), ctypes.byref(st.ws), ctypes.byref(args)), "run")
+
+
+def dispatch_run(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: float, v_scale: float) -> None:
+    if T.is_torch(q) and _torch_ops.is_compiling():
+        _torch_ops.ops().run(handle, q, k, v, out, lse, k_scale, v_scale)
+    else:
+        run_impl(handle, q, k, v, out, lse, k_scale, v_scale)
+
+
+def scales_for(kv_dtype: int, q_scale: Any, k_scale: Any, v_scale: Any) -> Tuple[float, float, float]:
+    """(k_scale for C, v_scale for C, v_scale applied to the output afterwards).
+
+    FlashInfer folds q_scale and k_scale into the logits scale and multiplies the output by v_scale, for any KV
+    dtype. The C library applies k_scale / v_scale to fp8 KV only, so for other dtypes v_scale is applied to
+    the output here and a q_scale*k_scale other than 1 (which would need a new plan) raises."""
+    qs = 1.0 if q_scale is None else float(q_scale)
+    ks = 1.0 if k_scale is None else float(k_scale)
+    vs = 1.0 if v_scale is None else float(v_scale)
+    for name, x in (("q_scale", qs), ("k_scale", ks), ("v_scale", vs)):
+        if not math.isfinite(x):
+            raise ValueError("kvattn: %s=%r must be finite" % (name, x))
+    if kv_dtype in T.FP8_DTYPES:
+        return qs * ks, vs, 1.0
+    if qs * ks != 1.0:
+        raise NotImplementedError(
+            "kvattn: q_scale/k_scale = %g with %s KV: the C library applies k_scale to fp8 KV only; fold the scale "
+            "into sm_scale when planning" % (qs * ks, T.dtype_name(kv_dtype)))
+    return 1.0, 1.0, vs
+
+
+def scale_output(out: Any, rows: int, scale: float) -> None:
+    if scale == 1.0:
+        return
+    if T.is_torch(out):
+        out[:rows].mul_(scale)
+    else:
+        o = out[:rows]
+        np.multiply(o, np.asarray(scale, dtype=np.float32), out=o, casting="unsafe")
+
+
+# --------------------------------------------------------------------------------------------------
+# Base class of the batch wrappers
+
+class BatchWrapperBase:
+    """Shared behaviour of the batch wrappers: workspace, plan state, run checks, deprecated aliases."""
+
+    _kind = "batch"
+
+    def __init__(self, float_workspace_buffer: Any, kv_layout: str = "NHD", use_cuda_graph: bool = False,
+                 backend: str = "auto", jit_args: Any = None, jit_kwargs: Any = None) -> None:
+        check_backend(backend, jit_args, jit_kwargs)
+        self._kv_layout = parse_layout(kv_layout)
+        self._float_workspace_buffer = float_workspace_buffer
+        self._ws = C.Workspace(float_workspace_buffer)
+        self._dev = self._ws.dev
+        self._use_cuda_graph = bool(use_cuda_graph)
+        self._backend = backend
+        self._state: Optional[PlanState] = None
+        self._pool_pages: Optional[int] = None
+        self._handle = next(_handles)
+        _registry[self._handle] = self
+        if T.is_torch(float_workspace_buffer):
+            _torch_ops.ensure_registered()
+
+    # ---- FlashInfer properties / housekeeping ----
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._use_cuda_graph
+
+    @property
+    def device(self) -> Any:
+        if T.is_torch(self._float_workspace_buffer):
+            return self._float_workspace_buffer.device
+        return "cpu"
+
+    def reset_workspace_buffer(self, float_workspace_buffer: Any, int_workspace_buffer: Any = None,
+                               *args: Any, **kwargs: Any) -> None:
+        """Swap the float workspace (kvattn has no separate int workspace: int_workspace_buffer is accepted and
+        unused). The current plan is dropped: call plan() again before run()."""
+        ws = C.Workspace(float_workspace_buffer)
+        if ws.dev != self._dev:
+            raise ValueError("kvattn: reset_workspace_buffer: the new buffer is on %s, the wrapper on %s"
+                             % (T.device_str(ws.dev), T.device_str(self._dev)))
+        self._float_workspace_buffer = float_workspace_buffer
+        self._ws = ws
+        self._state = None
+
+    def end_forward(self) -> None:
+        """Deprecated FlashInfer no-op."""
+
+    # ---- plan helpers ----
+    def _require_plan(self) -> PlanState:
+        st = self._state
+        if st is None:
+            raise RuntimeError("kvattn: %s.run() called before plan() (or after reset_workspace_buffer())"
+                               % type(self).__name__)
+        return st
+
+    def _replan_for_pool(self, num_pages: int) -> None:
+        st = self._require_plan()
+        st.num_pages = int(num_pages)
+        commit_plan(st, self._ws, "%s.plan (pool of %d pages)" % (type(self).__name__, num_pages))
+
+    def _choose_num_pages(self, num_pages: Any, h_indices: Optional[np.ndarray], d_indices: Any, n: int) -> int:
+        """Pool size to plan with: explicit > last pool seen at run (raised to cover host-visible indices) >
+        max host index + 1 > max device index + 1 (the last one synchronises; first plan only)."""
+        if num_pages is not None:
+            return max(int(num_pages), 1)
+        hi = None
+        if h_indices is not None:
+            hi = int(h_indices[:n].max()) + 1 if n > 0 else 1
+        if self._pool_pages is not None:
+            return max(self._pool_pages, hi or 1)
+        if hi is not None:
+            return max(hi, 1)
+        if n == 0:
+            return 1
+        return max(int(d_indices[:n].max().item()) + 1, 1)
+
+    def plan_info(self) -> Dict[str, int]:
+        """Facts about the current plan (kvattn extension): workers, tiles, KV chunk size, work items, bytes."""
+        st = self._require_plan()
+        info = F.kva_plan_info()
+        F.check(F.lib().kva_plan_get_info(ctypes.byref(st.plan), ctypes.byref(info)), "kva_plan_get_info")
+        return {name: int(getattr(info, name)) for name, _ in F.kva_plan_info._fields_}
+
+    def read_faults(self) -> Dict[str, int]:
+        """Read and clear the device fault word (kvattn extension; CUDA: synchronises the stream).
+        Returns {'faulted', 'request', 'page_index'}."""
+        st = self._require_plan()
+        rep = F.kva_fault_report()
+        F.check(F.lib().kva_read_faults(st.ctx, ctypes.byref(st.ws), ctypes.byref(rep), C.current_stream(st.dev)),
+                "kva_read_faults")
+        return {"faulted": int(rep.faulted), "request": int(rep.request), "page_index": int(rep.page_index)}
+
+    # ---- run helpers ----
+    def _check_scalars(self, st: PlanState, window_left: Any = None, logits_soft_cap: Any = None,
+                       sm_scale: Any = None, rope_scale: Any = None, rope_theta: Any = None,
+                       pos_encoding_mode: Any = None, causal: Any = None) -> None:
+        """A run-time value that disagrees with the plan raises (FlashInfer silently ignored some of them)."""
+        def bad(name: str, given: Any, planned: Any) -> None:
+            raise PlanMismatchError(
+                "kvattn: %s.run got %s=%r but the plan was made with %s=%r; pass it to plan() instead (plan-time "
+                "parameters are fixed for every run of a plan)" % (type(self).__name__, name, given, name, planned))
+
+        if window_left is not None and norm_window(window_left) != st.window_left:
+            bad("window_left", window_left, st.window_left)
+        if logits_soft_cap is not None and f32(norm_cap(logits_soft_cap)) != f32(st.logits_soft_cap):
+            bad("logits_soft_cap", logits_soft_cap, st.logits_soft_cap or None)
+        if sm_scale is not None and f32(sm_scale) != f32(st.sm_scale):
+            bad("sm_scale", sm_scale, st.sm_scale)
+        if rope_scale is not None and f32(rope_scale) != f32(st.rope_scale):
+            bad("rope_scale", rope_scale, st.rope_scale)
+        if rope_theta is not None and f32(rope_theta) != f32(st.rope_theta):
+            bad("rope_theta", rope_theta, st.rope_theta)
+        if pos_encoding_mode is not None and parse_pos_encoding(pos_encoding_mode) != st.pos_encoding:
+            bad("pos_encoding_mode", pos_encoding_mode, st.pos_encoding)
+        if causal is not None and bool(causal) != st.causal:
+            bad("causal", causal, st.causal)
+
+    def _check_array(self, st: PlanState, x: Any, what: str, dtype: int, shape: Sequence[Optional[int]],
+                     rows_at_least: Optional[int] = None) -> None:
+        if not (T.is_torch(x) or isinstance(x, np.ndarray)):
+            raise TypeError("kvattn: %s must be a NumPy array or a torch tensor, got %s" % (what, type(x).__name__))
+        dev = T.device_of(x)
+        if dev != st.dev:
+            raise ValueError("kvattn: %s is on %s but the wrapper's workspace is on %s"
+                             % (what, T.device_str(dev), T.device_str(st.dev)))
+        code = T.dtype_of(x, what)
+        if code != dtype:
+            raise PlanMismatchError("kvattn: %s has dtype %s but the plan expects %s%s" % (
+                what, T.dtype_name(code), T.dtype_name(dtype),
+                " (pass q_data_type=... to plan(); FlashInfer's default is float16)" if what == "q" else
+                " (pass kv_data_type=... to plan())" if what.startswith("k") or what.startswith("v") else ""))
+        if x.ndim != len(shape):
+            raise ValueError("kvattn: %s must be %d-D, got shape %s" % (what, len(shape), tuple(x.shape)))
+        for i, s in enumerate(shape):
+            if s is None:
+                continue
+            got = int(x.shape[i])
+            if i == 0 and rows_at_least is not None:
+                if got < rows_at_least:
+                    raise PlanMismatchError("kvattn: %s has %d rows but the plan has %d" % (what, got, rows_at_least))
+                continue
+            if got != s:
+                raise PlanMismatchError("kvattn: %s has shape %s but the plan expects %s" % (
+                    what, tuple(int(d) for d in x.shape), tuple("*" if d is None else d for d in shape)))
+        T.strides_of(x, what)
+        T.check_last_contiguous(x, what)
+
+    def _outputs(self, st: PlanState, q: Any, out: Any, lse: Any, return_lse: bool, check: bool) -> Tuple[Any, Any]:
+        rows = int(q.shape[0])
+        if out is None:
+            out = T.empty(q, (rows, st.num_qo_heads, st.head_dim_vo), st.o_dtype)
+        elif check:
+            self._check_array(st, out, "out", st.o_dtype, (rows, st.num_qo_heads, st.head_dim_vo))
+        if return_lse or lse is not None:
+            if lse is None:
+                lse = T.empty(q, (rows, st.num_qo_heads), F.KVA_DTYPE_F32)
+            elif check:
+                self._check_array(st, lse, "lse", F.KVA_DTYPE_F32, (rows, st.num_qo_heads))
+        return out, lse
+
+    def _run_paged(self, q: Any, paged_kv_cache: Any, extra_args: Tuple, q_scale: Any, k_scale: Any, v_scale: Any,
+                   out: Any, lse: Any, return_lse: bool, **checks: Any) -> Any:
+        if extra_args:
+            raise NotImplementedError("kvattn: extra positional run() arguments (JIT variant parameters) are not "
+                                      "supported")
+        st = self._require_plan()
+        compiling = _torch_ops.is_compiling()
+        if not compiling and st.graph is False and T.is_torch(q) and C.is_capturing(st.dev):
+            raise CaptureActiveError(
+                "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with "
+                "use_cuda_graph=False; its plans cannot be replaced under a captured graph. Create it with "
+                "use_cuda_graph=True (and fixed buffers)" % type(self).__name__)
+        self._check_scalars(st, **checks)
+        k, v = split_paged_kv(paged_kv_cache, st.kv_layout)
+        if not compiling:
+            rows = st.total_rows
+            self._check_array(st, q, "q", st.q_dtype, (rows, st.num_qo_heads, st.head_dim_qk),
+                              rows_at_least=rows if st.graph else None)
+            if st.layout_shape_k is not None:
+                P = int(k.shape[0])
+                self._check_array(st, k, "k_cache", st.kv_dtype, (P,) + st.layout_shape_k)
+                self._check_array(st, v, "v_cache", st.kv_dtype, (P,) + st.layout_shape_v)
+        out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
+        ks, vs, post = scales_for(st.kv_dtype, q_scale, k_scale, v_scale)
+        dispatch_run(self._handle, q, k, v, out, lse, ks, vs)
+        scale_output(out, st.total_rows, post)
+        return (out, lse) if return_lse else out
+
+    # ---- paged plan setup shared by decode and paged prefill ----
+    def _setup_paged(self, st: PlanState, indptr: Any, indices: Any, last_page_len: Any, page_size: int,
+                     num_pages: Any, indptr_buf: Any = None, indices_buf: Any = None,
+                     last_page_len_buf: Any = None) -> None:
+        """Host copies of the page table, backend indices (graph mode: copied into the fixed buffers), pool
+        size, and the expected pool shapes."""
+        page_size = int(page_size)
+        if page_size < 1:
+            raise ValueError("kvattn: page_size=%d must be >= 1" % page_size)
+        h_indptr = T.host_int32(indptr, "indptr")
+        if h_indptr.size < 1:
+            raise ValueError("kvattn: indptr must have batch_size + 1 >= 1 elements")
+        B = h_indptr.size - 1
+        h_lpl = T.host_int32(last_page_len, "last_page_len")
+        if h_lpl.size < B:
+            raise ValueError("kvattn: last_page_len has %d elements, the batch has %d requests" % (h_lpl.size, B))
+        h_lpl = np.ascontiguousarray(h_lpl[:B])
+        n = int(h_indptr[-1])
+        if n < 0:
+            raise ValueError("kvattn: indptr[-1] = %d is negative" % n)
+        if int(indices.shape[0]) < n:
+            raise ValueError("kvattn: indices has %d elements but indptr[-1] = %d" % (int(indices.shape[0]), n))
+        host_side = not T.is_torch(indices) or indices.device.type == "cpu"
+        h_indices = T.host_int32(indices, "indices")[:n] if host_side else None
+        if self._use_cuda_graph:
+            copy_into(indptr_buf, h_indptr, "paged_kv_indptr_buffer")
+            copy_into(last_page_len_buf, h_lpl, "paged_kv_last_page_len_buffer")
+            src = h_indices if h_indices is not None else indices[:n]
+            if T.is_torch(src) and src.dtype != T._torch().int32:
+                src = src.to(T._torch().int32)
+            copy_into(indices_buf, src, "paged_kv_indices_buffer")
+            d_indices = indices_buf
+        else:
+            d_indices = T.backend_int32(h_indices if h_indices is not None else indices, self._dev, "indices")
+        st.h_kv_indptr = h_indptr
+        st.h_last_page_len = h_lpl
+        st.h_indices = h_indices
+        st.indices = d_indices
+        st.page_size = page_size
+        st.batch_size = B
+        st.num_pages = self._choose_num_pages(num_pages, h_indices, d_indices, n)
+
+    def _set_pool_shapes(self, st: PlanState) -> None:
+        if st.kv_layout == "NHD":
+            st.layout_shape_k = (st.page_size, st.num_kv_heads, st.head_dim_qk)
+            st.layout_shape_v = (st.page_size, st.num_kv_heads, st.head_dim_vo)
+        else:
+            st.layout_shape_k = (st.num_kv_heads, st.page_size, st.head_dim_qk)
+            st.layout_shape_v = (st.num_kv_heads, st.page_size, st.head_dim_vo)
+
+    def _fill_common(self, st: PlanState, op: int, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
+                     head_dim_vo: int, dtypes: Tuple[int, int, int], mask_mode: int, causal: bool,
+                     window_left: Any, logits_soft_cap: Any, sm_scale: Any, pos_encoding_mode: Any,
+                     rope_scale: Any, rope_theta: Any, fixed_split_tokens: int, disable_split_kv: bool) -> None:
+        st.op = op
+        st.dev = self._dev
+        st.graph = self._use_cuda_graph
+        st.kv_layout = self._kv_layout
+        st.q_dtype, st.kv_dtype, st.o_dtype = dtypes
+        st.num_qo_heads, st.num_kv_heads = int(num_qo_heads), int(num_kv_heads)
+        st.head_dim_qk, st.head_dim_vo = int(head_dim_qk), int(head_dim_vo)
+        st.window_left = norm_window(window_left)
+        st.logits_soft_cap = norm_cap(logits_soft_cap)
+        st.sm_scale = f32(1.0 / math.sqrt(st.head_dim_qk) if sm_scale is None else float(sm_scale))
+        st.pos_encoding = parse_pos_encoding(pos_encoding_mode)
+        st.rope_scale = f32(1.0 if rope_scale is None else float(rope_scale))
+        st.rope_theta = f32(1e4 if rope_theta is None else float(rope_theta))
+        st.causal = bool(causal)
+        st.fixed_split_tokens = int(fixed_split_tokens)
+        st.disable_split_kv = bool(disable_split_kv)
+        if not math.isfinite(st.sm_scale) or st.sm_scale <= 0:
+            raise ValueError("kvattn: sm_scale=%r must be a positive finite number" % (sm_scale,))
+        st.desc = make_desc(st.num_qo_heads, st.num_kv_heads, st.head_dim_qk, st.head_dim_vo, st.q_dtype,
+                            st.kv_dtype, st.o_dtype, mask_mode, st.window_left, st.logits_soft_cap, st.sm_scale,
+                            st.pos_encoding, st.rope_scale, st.rope_theta)

@@ -1,0 +1,478 @@
+/*
+ * cuda_kernels.c - kernel keys, the selection function, NVRTC compilation with an on-disk cache, and the
+ * per-context kernel table (prebuilt fatbin first, then JIT).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "cuda_internal.h"
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Selection                                                                                       */
+
+static bool kva__is16(kva_dtype t) { return t == KVA_DTYPE_F16 || t == KVA_DTYPE_BF16; }
+
+static int32_t kva__pow2_ceil(int32_t x) {
+    int32_t p = 1;
+    while (p < x) p *= 2;
+    return p;
+}
+
+static const char* kva__op_str(kva_op op) {
+    switch (op) {
+    case KVA_OP_BATCH_DECODE: return "batch decode";
+    case KVA_OP_BATCH_PREFILL_PAGED: return "batch prefill (paged)";
+    case KVA_OP_BATCH_PREFILL_RAGGED: return "batch prefill (ragged)";
+    }
+    return "?";
+}
+
+kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile_q, int32_t max_packed,
+                            kva__kchoice* out) {
+    KVA_RETURN_IF(op != KVA_OP_BATCH_DECODE && op != KVA_OP_BATCH_PREFILL_PAGED && op != KVA_OP_BATCH_PREFILL_RAGGED,
+                  KVA_ERR_INVALID_ARGUMENT, "CUDA backend: op %d is not a kva_op", (int)op);
+    KVA_RETURN_IF(!kva__is16(d->q_dtype), KVA_ERR_UNSUPPORTED,
+                  "CUDA backend (%s): q_dtype %s is not supported (f16 or bf16)", kva__op_str(op),
+                  kva_dtype_name(d->q_dtype));
+    KVA_RETURN_IF(!kva__is16(d->o_dtype) && d->o_dtype != KVA_DTYPE_F32, KVA_ERR_UNSUPPORTED,
+                  "CUDA backend (%s): o_dtype %s is not supported (f16, bf16 or f32)", kva__op_str(op),
+                  kva_dtype_name(d->o_dtype));
+    KVA_RETURN_IF(!kva__is16(d->kv_dtype) && d->kv_dtype != KVA_DTYPE_E4M3 && d->kv_dtype != KVA_DTYPE_E5M2,
+                  KVA_ERR_UNSUPPORTED, "CUDA backend (%s): kv_dtype %s is not supported (f16, bf16, e4m3 or e5m2)",
+                  kva__op_str(op), kva_dtype_name(d->kv_dtype));
+    KVA_RETURN_IF(d->head_dim_qk != d->head_dim_vo, KVA_ERR_UNSUPPORTED,
+                  "CUDA backend (%s): head_dim_qk = %d differs from head_dim_vo = %d (equal head dims only)",
+                  kva__op_str(op), (int)d->head_dim_qk, (int)d->head_dim_vo);
+    KVA_RETURN_IF(d->head_dim_qk != 64 && d->head_dim_qk != 128 && d->head_dim_qk != 256, KVA_ERR_UNSUPPORTED,
+                  "CUDA backend (%s): head dim %d is not supported (64, 128 or 256)", kva__op_str(op),
+                  (int)d->head_dim_qk);
+    KVA_RETURN_IF(d->num_kv_heads <= 0 || d->num_qo_heads % d->num_kv_heads != 0, KVA_ERR_INVALID_ARGUMENT,
+                  "CUDA backend: %d query heads are not a multiple of %d KV heads", (int)d->num_qo_heads,
+                  (int)d->num_kv_heads);
+    const int32_t g = d->num_qo_heads / d->num_kv_heads;
+    if (tile_q <= 0) {
+        if (op == KVA_OP_BATCH_DECODE) {
+            /* one tile per (request, KV head) up to 8 heads; larger groups in equal tiles of <= 8 rows */
+            int32_t nt = (g + 7) / 8;
+            tile_q = (g + nt - 1) / nt;
+        } else {
+            tile_q = max_packed < 1 ? 1 : (max_packed > 8 ? 8 : max_packed);
+        }
+    }
+    KVA_RETURN_IF(tile_q > 8, KVA_ERR_INTERNAL,
+                  "CUDA backend: the plan has %d packed rows per tile; the CUDA-core kernel takes at most 8",
+                  (int)tile_q);
+    kva__kchoice c;
+    memset(&c, 0, sizeof c);
+    c.key.family = KVA__KF_DECODE;
+    c.key.dqk = d->head_dim_qk;
+    c.key.dvo = d->head_dim_vo;
+    c.key.qt = d->q_dtype;
+    c.key.kt = d->kv_dtype;
+    c.key.ot = d->o_dtype;
+    c.key.rows = kva__pow2_ceil(tile_q);
+    c.key.rope = d->pos_encoding == KVA_POS_ROPE_LLAMA;
+    c.tile_q = tile_q;
+    c.smem = (size_t)KVK_DEC_SMEM(c.key.dqk, c.key.dvo, KVK_DEC_ES(c.key.kt), c.key.rows);
+    if (out) *out = c;
+    return KVA_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Keys                                                                                            */
+
+static const char* kva__dt(int t) {
+    switch (t) {
+    case KVA_DTYPE_F32: return "f32";
+    case KVA_DTYPE_F16: return "f16";
+    case KVA_DTYPE_BF16: return "bf16";
+    case KVA_DTYPE_E4M3: return "e4m3";
+    case KVA_DTYPE_E5M2: return "e5m2";
+    }
+    return "x";
+}
+
+void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
+    if (k->family == KVA__KF_UTIL) {
+        snprintf(buf, size, "kva_util");
+        return;
+    }
+    snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_rope%d", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+             kva__dt(k->ot), (int)k->rows, (int)k->rope);
+}
+
+int kva__kkey_defines(const kva__kkey* k, char (*defs)[96], int max) {
+    if (k->family == KVA__KF_UTIL || max < 8) return 0;
+    char name[96];
+    kva__kkey_name(k, name, sizeof name);
+    snprintf(defs[0], 96, "-DKVA_KERNEL_NAME=%s", name);
+    snprintf(defs[1], 96, "-DKVA_DQK=%d", (int)k->dqk);
+    snprintf(defs[2], 96, "-DKVA_DVO=%d", (int)k->dvo);
+    snprintf(defs[3], 96, "-DKVA_QT=%d", (int)k->qt);
+    snprintf(defs[4], 96, "-DKVA_KT=%d", (int)k->kt);
+    snprintf(defs[5], 96, "-DKVA_OT=%d", (int)k->ot);
+    snprintf(defs[6], 96, "-DKVA_ROWS=%d", (int)k->rows);
+    snprintf(defs[7], 96, "-DKVA_ROPE=%d", (int)k->rope);
+    return 8;
+}
+
+const char* kva__kkey_source(const kva__kkey* k) {
+    return k->family == KVA__KF_UTIL ? "#include \"kva_util.cuh\"\n" : "#include \"kva_decode.cuh\"\n";
+}
+
+int kva__kkey_enumerate(kva__kkey* keys, int max) {
+    static const int dims[] = {64, 128, 256};
+    static const int qts[] = {KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    static const int kts[] = {KVA_DTYPE_F16, KVA_DTYPE_BF16, KVA_DTYPE_E4M3, KVA_DTYPE_E5M2};
+    static const int ots[] = {KVA_DTYPE_F16, KVA_DTYPE_BF16, KVA_DTYPE_F32};
+    static const int rows[] = {1, 2, 4, 8};
+    int n = 0;
+    if (n < max) {
+        memset(&keys[n], 0, sizeof keys[n]);
+        keys[n].family = KVA__KF_UTIL;
+    }
+    ++n;
+    for (int a = 0; a < 3; ++a)
+        for (int b = 0; b < 2; ++b)
+            for (int c = 0; c < 4; ++c)
+                for (int e = 0; e < 3; ++e)
+                    for (int r = 0; r < 4; ++r)
+                        for (int rope = 0; rope < 2; ++rope) {
+                            if (n < max) {
+                                kva__kkey* k = &keys[n];
+                                memset(k, 0, sizeof *k);
+                                k->family = KVA__KF_DECODE;
+                                k->dqk = k->dvo = dims[a];
+                                k->qt = qts[b];
+                                k->kt = kts[c];
+                                k->ot = ots[e];
+                                k->rows = rows[r];
+                                k->rope = rope;
+                            }
+                            ++n;
+                        }
+    return n;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* NVRTC                                                                                           */
+
+#define KVA__MAX_OPTS 16
+
+static int kva__jit_options(const kva__kkey* k, const char* arch, char (*store)[96], const char** opts) {
+    int n = 0;
+    snprintf(store[n], 96, "--gpu-architecture=%s", arch);
+    opts[n] = store[n];
+    ++n;
+    snprintf(store[n], 96, "--std=c++17");
+    opts[n] = store[n];
+    ++n;
+    snprintf(store[n], 96, "-DKVA_NVRTC=1");
+    opts[n] = store[n];
+    ++n;
+    int nd = kva__kkey_defines(k, store + n, KVA__MAX_OPTS - n);
+    for (int i = 0; i < nd; ++i) opts[n + i] = store[n + i];
+    return n + nd;
+}
+
+kva_status kva__jit_compile(const kva__kkey* k, const char* arch, void** cubin, size_t* cubin_size) {
+    const kva__nvrtc_api* nv = kva__nvrtc_load();
+    if (!nv) return KVA_ERR_JIT;
+    char name[128];
+    kva__kkey_name(k, name, sizeof name);
+    const char* hdr_names[16];
+    const char* hdr_texts[16];
+    int nh = kva__num_kernel_sources < 16 ? kva__num_kernel_sources : 16;
+    for (int i = 0; i < nh; ++i) {
+        hdr_names[i] = kva__kernel_sources[i].name;
+        hdr_texts[i] = kva__kernel_sources[i].text;
+    }
+    nvrtcProgram prog;
+    nvrtcResult r = nv->CreateProgram(&prog, kva__kkey_source(k), name, nh, hdr_texts, hdr_names);
+    KVA_RETURN_IF(r != NVRTC_SUCCESS, KVA_ERR_JIT, "compiling %s: nvrtcCreateProgram failed: %s", name,
+                  nv->GetErrorString(r));
+    char store[KVA__MAX_OPTS][96];
+    const char* opts[KVA__MAX_OPTS];
+    int no = kva__jit_options(k, arch, store, opts);
+    r = nv->CompileProgram(prog, no, opts);
+    if (r != NVRTC_SUCCESS) {
+        size_t ls = 0;
+        nv->GetProgramLogSize(prog, &ls);
+        char* log = (char*)malloc(ls + 1);
+        if (log) {
+            log[0] = '\0';
+            nv->GetProgramLog(prog, log);
+            log[ls] = '\0';
+        }
+        kva_status st = kva__set_error(KVA_ERR_JIT, "compiling %s for %s with NVRTC %d.%d failed (%s):\n%s", name,
+                                       arch, nv->major, nv->minor, nv->GetErrorString(r), log ? log : "(no log)");
+        free(log);
+        nv->DestroyProgram(&prog);
+        return st;
+    }
+    size_t cs = 0;
+    r = nv->GetCUBINSize(prog, &cs);
+    void* buf = r == NVRTC_SUCCESS && cs > 0 ? malloc(cs) : NULL;
+    if (!buf || nv->GetCUBIN(prog, (char*)buf) != NVRTC_SUCCESS) {
+        free(buf);
+        nv->DestroyProgram(&prog);
+        return kva__set_error(KVA_ERR_JIT, "compiling %s for %s: NVRTC produced no CUBIN (%zu bytes)", name, arch, cs);
+    }
+    nv->DestroyProgram(&prog);
+    *cubin = buf;
+    *cubin_size = cs;
+    return KVA_OK;
+}
+
+/* FNV-1a, 64-bit, two seeds for a 128-bit name */
+static uint64_t kva__fnv(uint64_t h, const void* data, size_t n) {
+    const unsigned char* p = (const unsigned char*)data;
+    for (size_t i = 0; i < n; ++i) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, size_t ident_size, char* hash_hex,
+                             size_t hash_size) {
+    const kva__nvrtc_api* nv = kva__nvrtc_load();
+    if (!nv) return KVA_ERR_JIT;
+    uint64_t src = 0xcbf29ce484222325ull;
+    for (int i = 0; i < kva__num_kernel_sources; ++i) {
+        src = kva__fnv(src, kva__kernel_sources[i].name, strlen(kva__kernel_sources[i].name) + 1);
+        src = kva__fnv(src, kva__kernel_sources[i].text, strlen(kva__kernel_sources[i].text) + 1);
+    }
+    const char* main_src = kva__kkey_source(k);
+    src = kva__fnv(src, main_src, strlen(main_src) + 1);
+    char store[KVA__MAX_OPTS][96];
+    const char* opts[KVA__MAX_OPTS];
+    int no = kva__jit_options(k, arch, store, opts);
+    char name[128];
+    kva__kkey_name(k, name, sizeof name);
+    int len = snprintf(ident, ident_size, "kvattn %s|nvrtc %d.%d|%s|%s|src %016llx|opts", KVA_VERSION_STRING,
+                       nv->major, nv->minor, arch, name, (unsigned long long)src);
+    for (int i = 0; i < no && len > 0 && (size_t)len < ident_size; ++i)
+        len += snprintf(ident + len, ident_size - (size_t)len, " %s", opts[i]);
+    KVA_RETURN_IF(len < 0 || (size_t)len >= ident_size, KVA_ERR_INTERNAL, "JIT identity too long for %s", name);
+    uint64_t h1 = kva__fnv(0xcbf29ce484222325ull, ident, (size_t)len);
+    uint64_t h2 = kva__fnv(0x84222325cbf29ce4ull ^ 0x5bd1e995ull, ident, (size_t)len);
+    snprintf(hash_hex, hash_size, "%016llx%016llx", (unsigned long long)h1, (unsigned long long)h2);
+    return KVA_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Disk cache                                                                                      */
+
+static int kva__dir_safe(const char* path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return 0;
+    if (!S_ISDIR(sb.st_mode)) return 0;
+    if (sb.st_uid != geteuid()) return 0;
+    if (sb.st_mode & (S_IWGRP | S_IWOTH)) return 0;
+    return 1;
+}
+
+static int kva__mkdirs(const char* path) {
+    char tmp[1024];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof tmp) return 0;
+    memcpy(tmp, path, n + 1);
+    for (size_t i = 1; i <= n; ++i) {
+        if (tmp[i] == '/' || tmp[i] == '\0') {
+            char c = tmp[i];
+            tmp[i] = '\0';
+            if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return 0;
+            tmp[i] = c;
+        }
+    }
+    return 1;
+}
+
+int kva__jit_cache_dir(const char* configured, char* out, size_t size) {
+    char path[1024];
+    path[0] = '\0';
+    const char* env;
+    if (configured && *configured) snprintf(path, sizeof path, "%s", configured);
+    else if ((env = getenv("KVATTN_CACHE_DIR")) && *env) snprintf(path, sizeof path, "%s", env);
+    else if ((env = getenv("XDG_CACHE_HOME")) && *env) snprintf(path, sizeof path, "%s/kvattn", env);
+    else if ((env = getenv("HOME")) && *env) snprintf(path, sizeof path, "%s/.cache/kvattn", env);
+    if (!path[0]) return 0;
+    if (!kva__mkdirs(path)) return 0;
+    if (!kva__dir_safe(path)) return 0;
+    snprintf(out, size, "%s", path);
+    return 1;
+}
+
+#define KVA__CACHE_MAGIC "KVACUBN1"
+
+typedef struct kva__cache_hdr {
+    char magic[8];
+    uint32_t ident_len;
+    uint32_t reserved;
+    uint64_t payload_size;
+    uint64_t payload_hash;
+} kva__cache_hdr;
+
+/* returns 1 and a malloc'd payload on a valid entry */
+static int kva__cache_read(const char* file, const char* ident, void** out, size_t* out_size) {
+    int fd = open(file, O_RDONLY | O_NOFOLLOW);
+    if (fd < 0) return 0;
+    struct stat sb;
+    int ok = 0;
+    void* buf = NULL;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid() || (sb.st_mode & (S_IWGRP | S_IWOTH)) ||
+        sb.st_size < (off_t)sizeof(kva__cache_hdr) || sb.st_size > ((off_t)1 << 30))
+        goto out;
+    buf = malloc((size_t)sb.st_size);
+    if (!buf) goto out;
+    size_t got = 0;
+    while (got < (size_t)sb.st_size) {
+        ssize_t r = read(fd, (char*)buf + got, (size_t)sb.st_size - got);
+        if (r <= 0) goto out;
+        got += (size_t)r;
+    }
+    kva__cache_hdr h;
+    memcpy(&h, buf, sizeof h);
+    size_t il = strlen(ident);
+    if (memcmp(h.magic, KVA__CACHE_MAGIC, 8) != 0 || h.ident_len != il ||
+        sizeof h + il + h.payload_size != (size_t)sb.st_size || memcmp((char*)buf + sizeof h, ident, il) != 0)
+        goto out;
+    const char* payload = (const char*)buf + sizeof h + il;
+    if (kva__fnv(0xcbf29ce484222325ull, payload, h.payload_size) != h.payload_hash) goto out;
+    void* res = malloc(h.payload_size);
+    if (!res) goto out;
+    memcpy(res, payload, h.payload_size);
+    *out = res;
+    *out_size = h.payload_size;
+    ok = 1;
+out:
+    free(buf);
+    close(fd);
+    return ok;
+}
+
+static void kva__cache_write(const char* dir, const char* hash, const char* ident, const void* data, size_t size) {
+    static unsigned counter = 0;
+    char tmp[1200], dst[1200];
+    snprintf(dst, sizeof dst, "%s/%s.cubin", dir, hash);
+    snprintf(tmp, sizeof tmp, "%s/.%s.%ld.%u.tmp", dir, hash, (long)getpid(),
+             __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+    if (fd < 0) return;
+    kva__cache_hdr h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, KVA__CACHE_MAGIC, 8);
+    h.ident_len = (uint32_t)strlen(ident);
+    h.payload_size = size;
+    h.payload_hash = kva__fnv(0xcbf29ce484222325ull, data, size);
+    int ok = write(fd, &h, sizeof h) == (ssize_t)sizeof h && write(fd, ident, h.ident_len) == (ssize_t)h.ident_len &&
+             write(fd, data, size) == (ssize_t)size;
+    if (close(fd) != 0) ok = 0;
+    if (!ok || rename(tmp, dst) != 0) unlink(tmp);
+}
+
+kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const kva__kkey* k, const char* arch,
+                           void** cubin, size_t* cubin_size, int* was_hit) {
+    char ident[2048], hash[40], file[1200], name[128];
+    KVA_FORWARD(kva__jit_identity(k, arch, ident, sizeof ident, hash, sizeof hash));
+    kva__kkey_name(k, name, sizeof name);
+    if (was_hit) *was_hit = 0;
+    if (cache_dir && *cache_dir) {
+        snprintf(file, sizeof file, "%s/%s.cubin", cache_dir, hash);
+        if (kva__cache_read(file, ident, cubin, cubin_size)) {
+            if (was_hit) *was_hit = 1;
+            kva__log(ctx, KVA_LOG_DEBUG, "kvattn: kernel %s (%s) from the cache %s", name, arch, file);
+            return KVA_OK;
+        }
+    }
+    kva__log(ctx, KVA_LOG_INFO, "kvattn: compiling %s for %s (NVRTC; cache %s)...", name, arch,
+             cache_dir && *cache_dir ? cache_dir : "disabled");
+    kva_status st = kva__jit_compile(k, arch, cubin, cubin_size);
+    if (st != KVA_OK) {
+        kva__log(ctx, KVA_LOG_ERROR, "kvattn: %s", kva_last_error_message());
+        return st;
+    }
+    if (cache_dir && *cache_dir) kva__cache_write(cache_dir, hash, ident, *cubin, *cubin_size);
+    return KVA_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Kernel table                                                                                    */
+
+static int kva__kkey_eq(const kva__kkey* a, const kva__kkey* b) { return memcmp(a, b, sizeof *a) == 0; }
+
+kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kkey* k, int* index) {
+    const kva__cu_api* cu = st->cu;
+    int n = __atomic_load_n(&st->num_kernels, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n; ++i)
+        if (kva__kkey_eq(&st->kernels[i].key, k)) {
+            *index = i;
+            return KVA_OK;
+        }
+    pthread_mutex_lock(&st->mu);
+    kva_status status = KVA_OK;
+    n = st->num_kernels;
+    for (int i = 0; i < n; ++i)
+        if (kva__kkey_eq(&st->kernels[i].key, k)) {
+            *index = i;
+            goto unlock;
+        }
+    if (n >= KVA__MAX_KERNELS) {
+        status = kva__set_error(KVA_ERR_UNSUPPORTED, "CUDA backend: more than %d kernel variants in one context",
+                                KVA__MAX_KERNELS);
+        goto unlock;
+    }
+    {
+        kva__kentry e;
+        memset(&e, 0, sizeof e);
+        e.key = *k;
+        char name[128];
+        kva__kkey_name(k, name, sizeof name);
+        if (k->family == KVA__KF_DECODE && st->aot) {
+            CUresult r = cu->ModuleGetFunction(&e.fn, st->aot, name);
+            if (r != CUDA_SUCCESS) e.fn = NULL;
+        }
+        if (!e.fn) {
+            void* cubin = NULL;
+            size_t cs = 0;
+            status = kva__jit_cached(ctx, st->cache_dir, k, st->arch, &cubin, &cs, NULL);
+            if (status != KVA_OK) goto unlock;
+            CUresult r = cu->ModuleLoadData(&e.module, cubin);
+            free(cubin);
+            if (r != CUDA_SUCCESS) {
+                status = kva__cu_error(cu, r, "CUDA backend: loading a JIT-compiled kernel module");
+                goto unlock;
+            }
+            r = cu->ModuleGetFunction(&e.fn, e.module, name);
+            if (r != CUDA_SUCCESS) {
+                cu->ModuleUnload(e.module);
+                status = kva__cu_error(cu, r, "CUDA backend: kernel missing from its JIT module");
+                goto unlock;
+            }
+        }
+        if (k->family == KVA__KF_DECODE) {
+            size_t smem = (size_t)KVK_DEC_SMEM(k->dqk, k->dvo, KVK_DEC_ES(k->kt), k->rows);
+            CUresult r = cu->FuncSetAttribute(e.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
+            if (r != CUDA_SUCCESS) {
+                if (e.module) cu->ModuleUnload(e.module);
+                status = kva__cu_error(cu, r, "CUDA backend: cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+                goto unlock;
+            }
+            e.max_smem_set = (int)smem;
+        }
+        st->kernels[n] = e;
+        __atomic_store_n(&st->num_kernels, n + 1, __ATOMIC_RELEASE);
+        *index = n;
+    }
+unlock:
+    pthread_mutex_unlock(&st->mu);
+    return status;
+}
