@@ -13,8 +13,11 @@
  * kva_plan_make balances over the context's workers W. On the CPU backend W is the thread count, so the
  * default --threads list "0,132,264" gives the machine's default and the worker counts of a 132-SM GPU
  * with 1 and 2 CTAs per SM (the contexts then start that many idle threads; plan does not use them).
+ * --backend cuda times plan for a CUDA context instead (its W; workspace from cudaMalloc/cudaMallocHost
+ * through a dlopen'ed CUDA runtime; the time includes enqueueing the work list's async copy).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
 #include <stdint.h>
@@ -56,6 +59,62 @@ static void* aligned_buffer(size_t bytes) {
     return p;
 }
 
+/* CUDA backend: the workspace must be device memory (cudaMalloc) plus a page-locked host staging buffer
+   (cudaMallocHost); the CUDA runtime is loaded with dlopen so this program needs no CUDA at build time. */
+typedef int (*cuda_alloc_fn)(void**, size_t);
+typedef int (*cuda_free_fn)(void*);
+typedef int (*cuda_sync_fn)(void);
+static struct {
+    void* lib;
+    cuda_alloc_fn malloc_, malloc_host;
+    cuda_free_fn free_, free_host;
+    cuda_sync_fn sync;
+} g_cuda;
+
+static void* cuda_sym(const char* name) {
+    void* p = dlsym(g_cuda.lib, name);
+    if (!p) {
+        fprintf(stderr, "bench_plan: error: CUDA runtime symbol %s not found\n", name);
+        exit(1);
+    }
+    return p;
+}
+
+static void cuda_load(void) {
+    static const char* names[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !g_cuda.lib; i++)
+        g_cuda.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!g_cuda.lib) {
+        fprintf(stderr, "bench_plan: error: the CUDA backend needs libcudart: %s\n", dlerror());
+        exit(1);
+    }
+    void* p;
+    p = cuda_sym("cudaMalloc");            memcpy(&g_cuda.malloc_, &p, sizeof p);
+    p = cuda_sym("cudaMallocHost");        memcpy(&g_cuda.malloc_host, &p, sizeof p);
+    p = cuda_sym("cudaFree");              memcpy(&g_cuda.free_, &p, sizeof p);
+    p = cuda_sym("cudaFreeHost");          memcpy(&g_cuda.free_host, &p, sizeof p);
+    p = cuda_sym("cudaDeviceSynchronize"); memcpy(&g_cuda.sync, &p, sizeof p);
+}
+
+static void* ws_alloc(int cuda, int host, size_t bytes) {
+    if (!cuda) return aligned_buffer(bytes);
+    void* p = NULL;
+    int err = host ? g_cuda.malloc_host(&p, bytes ? bytes : 256) : g_cuda.malloc_(&p, bytes ? bytes : 256);
+    if (err) {
+        fprintf(stderr, "bench_plan: error: %s(%zu) failed with CUDA error %d\n", host ? "cudaMallocHost" : "cudaMalloc",
+                bytes, err);
+        exit(1);
+    }
+    return p;
+}
+
+static void ws_free(int cuda, int host, void* p) {
+    if (!p) return;
+    if (!cuda) free(p);
+    else if (host) g_cuda.free_host(p);
+    else g_cuda.free_(p);
+}
+
 static double now_sec(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -95,13 +154,16 @@ typedef struct options {
     uint64_t seed;
     int no_indices;
     int fixed_split;
+    kva_backend backend;
 } options;
 
 static void usage(FILE* f) {
     fprintf(f,
             "usage: bench_plan [options]\n"
             "Host time of kva_plan_make: GQA 32/8, D 128, f16, page 16, KV lengths uniform in [512, 4096].\n"
-            "  --threads LIST     CPU worker counts, comma separated; 0 = the default (default 0,132,264)\n"
+            "  --backend B        cpu | cuda | auto (default cpu)\n"
+            "  --threads LIST     CPU worker counts, comma separated; 0 = the default (default 0,132,264);\n"
+            "                     ignored by the CUDA backend (its W is the persistent grid)\n"
             "  --ops LIST         decode,append,prefill (default all)\n"
             "  --batches LIST     batch sizes (default 1,64,256,1024)\n"
             "  --min-time S       seconds of timed repetitions per case at least (default 0.2)\n"
@@ -146,8 +208,10 @@ static void parse_args(int argc, char** argv, options* o) {
     o->max_reps = 20000;
     o->warmup = 10;
     o->seed = 1;
-    enum { O_THREADS = 256, O_OPS, O_BATCHES, O_MIN_TIME, O_MIN_REPS, O_MAX_REPS, O_WARMUP, O_SEED, O_NO_INDICES, O_FIXED };
+    o->backend = KVA_BACKEND_CPU;
+    enum { O_BACKEND = 255, O_THREADS = 256, O_OPS, O_BATCHES, O_MIN_TIME, O_MIN_REPS, O_MAX_REPS, O_WARMUP, O_SEED, O_NO_INDICES, O_FIXED };
     static const struct option opts[] = {
+        {"backend", required_argument, 0, O_BACKEND},
         {"threads", required_argument, 0, O_THREADS},   {"ops", required_argument, 0, O_OPS},
         {"batches", required_argument, 0, O_BATCHES},   {"min-time", required_argument, 0, O_MIN_TIME},
         {"min-reps", required_argument, 0, O_MIN_REPS}, {"max-reps", required_argument, 0, O_MAX_REPS},
@@ -158,6 +222,15 @@ static void parse_args(int argc, char** argv, options* o) {
     int ch;
     while ((ch = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (ch) {
+            case O_BACKEND:
+                if (!strcmp(optarg, "cpu")) o->backend = KVA_BACKEND_CPU;
+                else if (!strcmp(optarg, "cuda")) o->backend = KVA_BACKEND_CUDA;
+                else if (!strcmp(optarg, "auto")) o->backend = KVA_BACKEND_AUTO;
+                else {
+                    fprintf(stderr, "bench_plan: error: --backend: expected cpu, cuda or auto\n");
+                    exit(1);
+                }
+                break;
             case O_THREADS: o->num_threads = parse_list(optarg, o->threads, 16, "threads"); break;
             case O_OPS: {
                 o->ops[0] = o->ops[1] = o->ops[2] = 0;
@@ -228,11 +301,17 @@ int main(int argc, char** argv) {
     for (int ti = 0; ti < opt.num_threads; ti++) {
         kva_context_options co;
         kva_context_options_init(&co);
-        co.backend = KVA_BACKEND_CPU;
+        co.backend = opt.backend;
         co.num_threads = opt.threads[ti];
         kva_context* ctx = NULL;
         KVA_CHECK(kva_context_create(&co, &ctx));
         int workers = kva_context_num_workers(ctx);
+        int cuda = kva_context_backend(ctx) == KVA_BACKEND_CUDA;
+        if (cuda && !g_cuda.lib) cuda_load();
+        if (cuda && ti > 0) { /* the thread count does not apply: one pass */
+            KVA_CHECK(kva_context_destroy(ctx));
+            break;
+        }
 
         for (int op = 0; op < 3; op++) {
             if (!opt.ops[op]) continue;
@@ -279,9 +358,9 @@ int main(int argc, char** argv) {
                 size_t dev_bytes = 0, host_bytes = 0;
                 KVA_CHECK(kva_plan_workspace_size(ctx, &desc, kop, &pp, &dev_bytes, &host_bytes));
                 kva_workspace ws;
-                ws.device = aligned_buffer(dev_bytes);
+                ws.device = ws_alloc(cuda, 0, dev_bytes);
                 ws.device_bytes = dev_bytes;
-                ws.host = host_bytes ? aligned_buffer(host_bytes) : NULL;
+                ws.host = host_bytes ? ws_alloc(cuda, 1, host_bytes) : NULL;
                 ws.host_bytes = host_bytes;
                 kva_plan plan;
                 for (int r = 0; r < opt.warmup; r++) KVA_CHECK(kva_plan_make(ctx, &desc, kop, &pp, &ws, &plan, NULL));
@@ -297,13 +376,14 @@ int main(int argc, char** argv) {
                 qsort(samples, (size_t)reps, sizeof(double), cmp_double);
                 kva_plan_info info;
                 KVA_CHECK(kva_plan_get_info(&plan, &info));
-                printf("| cpu | %d%s | %s | %d | %lld | %lld | %d | %d | %d | %d | %.1f | %.1f | %d |\n", workers,
-                       opt.threads[ti] == 0 ? " (default)" : "", op_names[op], B, (long long)total_kv,
+                printf("| %s | %d%s | %s | %d | %lld | %lld | %d | %d | %d | %d | %.1f | %.1f | %d |\n", cuda ? "cuda" : "cpu",
+                       workers, opt.threads[ti] == 0 ? " (default)" : "", op_names[op], B, (long long)total_kv,
                        (long long)info.total_qo_rows, info.tile_q, info.kv_chunk_size, info.num_work_items,
                        info.num_merge_tasks, sorted_pct(samples, reps, 50), sorted_pct(samples, reps, 90), reps);
                 fflush(stdout);
-                free(ws.device);
-                free(ws.host);
+                if (cuda) g_cuda.sync(); /* the last plan's copy must finish before the workspace goes */
+                ws_free(cuda, 0, ws.device);
+                ws_free(cuda, 1, ws.host);
             }
         }
         KVA_CHECK(kva_context_destroy(ctx));

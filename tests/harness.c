@@ -94,7 +94,7 @@ void h_init(int argc, char** argv, const char* program) {
 
 int h_finish(void) {
     h_contexts_destroy();
-    if (h_nskip) printf("(%d skipped: unsupported by the %s backend)\n", h_nskip, h_opt.backend_name);
+    if (h_nskip) printf("(%d cases skipped on the %s backend)\n", h_nskip, h_opt.backend_name);
     printf("%d passed, %d failed\n", h_npass, h_nfail);
     fflush(stdout);
     return h_nfail == 0 ? 0 : 1;
@@ -110,6 +110,21 @@ void h_failf(const char* file, int line, const char* fmt, ...) {
     vprintf(fmt, ap);
     printf("\n");
     va_end(ap);
+}
+
+int h_check(int cond, const char* file, int line, const char* fmt, ...) {
+    if (cond) {
+        ++h_npass;
+        return 1;
+    }
+    ++h_nfail;
+    va_list ap;
+    va_start(ap, fmt);
+    printf("FAIL %s:%d: ", file, line);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    return 0;
 }
 
 void h_note(const char* file, int line, const char* fmt, ...) {

@@ -49,7 +49,8 @@ void h_failf(const char* file, int line, const char* fmt, ...) H_PRINTF(3, 4);
 void h_logf(const char* fmt, ...) H_PRINTF(1, 2); /* printed when verbose */
 
 /* Assertion that counts: evaluates to 1 if cond holds. */
-#define H_CHECK(cond, ...) ((cond) ? (h_pass(), 1) : (h_failf(__FILE__, __LINE__, __VA_ARGS__), 0))
+int h_check(int cond, const char* file, int line, const char* fmt, ...) H_PRINTF(4, 5);
+#define H_CHECK(cond, ...) h_check(!!(cond), __FILE__, __LINE__, __VA_ARGS__)
 /* Non-counting check (used inside one case; the case itself counts once). */
 #define H_EXPECT(ok, cond, ...) \
     do { \

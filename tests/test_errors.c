@@ -1,3 +1,842 @@
-#include "harness.h"
+/*
+ * test_errors.c - adversarial inputs. Each case asserts the exact status, a non-empty kva_last_error_message(),
+ * kva_last_error_status() equal to the returned status, and that every output buffer (o, lse, the workspace, the
+ * plan struct, KV pools for append) is byte-identical to before the call. docs/errors.md is the table of these.
+ *
+ * Fixture: a paged prefill batch of 3 requests (qo 3, 2, 1; kv 10, 0, 7; page size 4; 4 query heads over 2 KV
+ * heads; head dim 64; f16), plus a decode plan and a ragged plan over the same shapes.
+ */
+#include <math.h>
 #include <stdio.h>
-int main(int argc, char** argv) { h_init(argc, argv, "test_errors"); return h_finish(); }
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define B 3
+#define HQ 4
+#define HKV 2
+#define D 64
+#define PS 4
+#define NPAGES 12
+#define ROWS 6
+#define KVTOK 17
+
+typedef struct fx {
+    kva_context* ctx;
+    kva_context* other_ctx;
+    kva_attention_desc d;
+    int32_t qo_indptr[B + 1], kv_indptr[B + 1], last[B], indices[8], tok_indptr[B + 1];
+    h_buf q, o, lse, kp, vp, k, v, idx_d, indptr_d, last_d, mask_d;
+    h_ws ws, ws_dec, ws_rag, ws_other;
+    kva_plan plan, plan_dec, plan_rag;
+    kva_plan_params pp, pp_dec, pp_rag;
+    kva_run_args args, args_rag;
+    /* snapshot of every output (host mirrors, guards included) */
+    h_buf* outs[8];
+    int nouts;
+    unsigned char* snap[8];
+    size_t snap_n[8];
+    kva_plan plan_snap[3];
+} fx;
+
+static fx F;
+
+static size_t buf_total(const h_buf* b) { return 2 * H_GUARD_BYTES + (b->bytes + 255) / 256 * 256; }
+
+static void fx_snap(void) {
+    for (int i = 0; i < F.nouts; ++i) {
+        h_buf_download(F.outs[i]);
+        free(F.snap[i]);
+        F.snap_n[i] = buf_total(F.outs[i]);
+        F.snap[i] = (unsigned char*)malloc(F.snap_n[i]);
+        memcpy(F.snap[i], F.outs[i]->host, F.snap_n[i]);
+    }
+    F.plan_snap[0] = F.plan;
+    F.plan_snap[1] = F.plan_dec;
+    F.plan_snap[2] = F.plan_rag;
+}
+
+/* 1 if every output is byte-identical to the snapshot; names the first that changed. */
+static int fx_same(const char** which) {
+    static const char* names[] = {"o", "lse", "workspace", "decode workspace", "ragged workspace", "K pool", "V pool", "?"};
+    for (int i = 0; i < F.nouts; ++i) {
+        h_buf_download(F.outs[i]);
+        if (memcmp(F.snap[i], F.outs[i]->host, F.snap_n[i]) != 0) {
+            *which = names[i];
+            return 0;
+        }
+    }
+    if (memcmp(&F.plan_snap[0], &F.plan, sizeof F.plan) || memcmp(&F.plan_snap[1], &F.plan_dec, sizeof F.plan) ||
+        memcmp(&F.plan_snap[2], &F.plan_rag, sizeof F.plan)) {
+        *which = "a plan struct";
+        return 0;
+    }
+    return 1;
+}
+
+static void err_check(const char* what, kva_status got, kva_status want, kva_status alt) {
+    const char* which = "";
+    int same = fx_same(&which);
+    const char* msg = kva_last_error_message();
+    int ok = (got == want || got == alt) && got != KVA_OK;
+    int msg_ok = msg && msg[0] != 0;
+    int last_ok = kva_last_error_status() == got;
+    if (ok && msg_ok && last_ok && same) {
+        h_pass();
+        h_logf("ok   %-60s %s: %s\n", what, kva_status_string(got), msg);
+        return;
+    }
+    h_failf(__FILE__, __LINE__, "%s: got %s (expected %s%s%s), message \"%s\"%s%s%s", what, kva_status_string(got),
+            kva_status_string(want), alt != want ? " or " : "", alt != want ? kva_status_string(alt) : "", msg ? msg : "(null)",
+            last_ok ? "" : ", kva_last_error_status() differs", same ? "" : ", modified: ", same ? "" : which);
+}
+
+/* ERR(want, alt, what, call): snapshot outputs, make the call, check status, message and untouched outputs. */
+#define ERR2(want, alt, what, call) \
+    do { \
+        fx_snap(); \
+        kva_clear_last_error(); \
+        kva_status st_ = (call); \
+        err_check(what, st_, want, alt); \
+    } while (0)
+#define ERR(want, what, call) ERR2(want, want, what, call)
+
+static void fill_rand(h_buf* b, h_rng* r) {
+    for (size_t i = 0; i < b->elems; ++i) h_buf_set(b, i, h_rng_normalish(r));
+    h_buf_upload(b);
+}
+
+static kva_tensor t3(void* data, kva_dtype dt, int64_t a, int64_t b, int64_t c) { return kva_tensor_make(data, dt, 3, a, b, c, 0); }
+
+static void fx_init(void) {
+    memset(&F, 0, sizeof F);
+    h_rng r;
+    h_rng_seed(&r, 77);
+    F.ctx = h_context(3);
+    F.other_ctx = h_context(4);
+    kva_attention_desc_init(&F.d, HQ, HKV, D, KVA_DTYPE_F16);
+    int32_t qo[B] = {3, 2, 1}, kv[B] = {10, 0, 7};
+    F.qo_indptr[0] = F.kv_indptr[0] = F.tok_indptr[0] = 0;
+    for (int b = 0; b < B; ++b) {
+        int32_t np = (kv[b] + PS - 1) / PS;
+        F.qo_indptr[b + 1] = F.qo_indptr[b] + qo[b];
+        F.kv_indptr[b + 1] = F.kv_indptr[b] + np;
+        F.tok_indptr[b + 1] = F.tok_indptr[b] + kv[b];
+        F.last[b] = np ? kv[b] - (np - 1) * PS : 0;
+    }
+    int32_t idx[5] = {7, 2, 9, 0, 11};
+    memcpy(F.indices, idx, sizeof idx);
+    F.q = h_buf_alloc(KVA_DTYPE_F16, ROWS * HQ * D);
+    fill_rand(&F.q, &r);
+    F.o = h_buf_alloc(KVA_DTYPE_F16, ROWS * HQ * D);
+    F.lse = h_buf_alloc(KVA_DTYPE_F32, ROWS * HQ);
+    h_buf_poison(&F.o);
+    h_buf_poison(&F.lse);
+    h_buf_upload(&F.o);
+    h_buf_upload(&F.lse);
+    F.kp = h_buf_alloc(KVA_DTYPE_F16, NPAGES * PS * HKV * D);
+    F.vp = h_buf_alloc(KVA_DTYPE_F16, NPAGES * PS * HKV * D);
+    fill_rand(&F.kp, &r);
+    fill_rand(&F.vp, &r);
+    F.k = h_buf_alloc(KVA_DTYPE_F16, KVTOK * HKV * D);
+    F.v = h_buf_alloc(KVA_DTYPE_F16, KVTOK * HKV * D);
+    fill_rand(&F.k, &r);
+    fill_rand(&F.v, &r);
+    F.idx_d = h_buf_alloc(KVA_DTYPE_I32, 5);
+    memcpy(h_buf_hp(&F.idx_d), idx, sizeof idx);
+    h_buf_upload(&F.idx_d);
+    F.indptr_d = h_buf_alloc(KVA_DTYPE_I32, B + 1);
+    memcpy(h_buf_hp(&F.indptr_d), F.kv_indptr, sizeof F.kv_indptr);
+    h_buf_upload(&F.indptr_d);
+    F.last_d = h_buf_alloc(KVA_DTYPE_I32, B);
+    memcpy(h_buf_hp(&F.last_d), F.last, sizeof F.last);
+    h_buf_upload(&F.last_d);
+    F.mask_d = h_buf_alloc(KVA_DTYPE_U8, 16);
+    memset(h_buf_hp(&F.mask_d), 0xff, 16);
+    h_buf_upload(&F.mask_d);
+
+    kva_plan_params_init(&F.pp);
+    F.pp.batch_size = B;
+    F.pp.qo_indptr = F.qo_indptr;
+    F.pp.kv_indptr = F.kv_indptr;
+    F.pp.kv_last_page_len = F.last;
+    F.pp.page_size = PS;
+    F.pp.num_pages = NPAGES;
+    F.pp.kv_indices = F.indices;
+    F.pp_dec = F.pp;
+    F.pp_dec.qo_indptr = NULL;
+    kva_plan_params_init(&F.pp_rag);
+    F.pp_rag.batch_size = B;
+    F.pp_rag.qo_indptr = F.qo_indptr;
+    F.pp_rag.kv_indptr = F.tok_indptr;
+
+    size_t db, hb;
+    kva_plan_workspace_size(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &F.pp, &db, &hb);
+    h_ws_alloc(&F.ws, db, hb);
+    h_ws_alloc(&F.ws_other, db, hb);
+    kva_plan_workspace_size(F.ctx, &F.d, KVA_OP_BATCH_DECODE, &F.pp_dec, &db, &hb);
+    h_ws_alloc(&F.ws_dec, db, hb);
+    kva_plan_workspace_size(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_RAGGED, &F.pp_rag, &db, &hb);
+    h_ws_alloc(&F.ws_rag, db, hb);
+    kva_status s1 = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &F.pp, &F.ws.ws, &F.plan, NULL);
+    kva_status s2 = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_DECODE, &F.pp_dec, &F.ws_dec.ws, &F.plan_dec, NULL);
+    kva_status s3 = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_RAGGED, &F.pp_rag, &F.ws_rag.ws, &F.plan_rag, NULL);
+    if (!H_CHECK(s1 == KVA_OK && s2 == KVA_OK && s3 == KVA_OK, "fixture plans: %s %s %s: %s", kva_status_string(s1),
+                 kva_status_string(s2), kva_status_string(s3), kva_last_error_message())) {
+        printf("%d passed, %d failed\n", h_npass, h_nfail);
+        exit(1);
+    }
+    h_buf_download(&F.ws.dev);
+    h_buf_download(&F.ws_dec.dev);
+    h_buf_download(&F.ws_rag.dev);
+
+    kva_run_args_init(&F.args);
+    F.args.q = t3(h_buf_dp(&F.q), KVA_DTYPE_F16, ROWS, HQ, D);
+    F.args.o = t3(h_buf_dp(&F.o), KVA_DTYPE_F16, ROWS, HQ, D);
+    F.args.lse = kva_tensor_make(h_buf_dp(&F.lse), KVA_DTYPE_F32, 2, ROWS, HQ, 0, 0);
+    kva_paged_kv_init(&F.args.paged, h_buf_dp(&F.kp), h_buf_dp(&F.vp), KVA_DTYPE_F16, KVA_LAYOUT_NHD, NPAGES, PS, HKV, D, D);
+    F.args.paged.indices = (const int32_t*)h_buf_dp(&F.idx_d);
+    F.args.paged.indptr = (const int32_t*)h_buf_dp(&F.indptr_d);
+    F.args.paged.last_page_len = (const int32_t*)h_buf_dp(&F.last_d);
+    F.args_rag = F.args;
+    memset(&F.args_rag.paged, 0, sizeof F.args_rag.paged);
+    F.args_rag.k = t3(h_buf_dp(&F.k), KVA_DTYPE_F16, KVTOK, HKV, D);
+    F.args_rag.v = t3(h_buf_dp(&F.v), KVA_DTYPE_F16, KVTOK, HKV, D);
+
+    F.outs[0] = &F.o;
+    F.outs[1] = &F.lse;
+    F.outs[2] = &F.ws.dev;
+    F.outs[3] = &F.ws_dec.dev;
+    F.outs[4] = &F.ws_rag.dev;
+    F.outs[5] = &F.kp;
+    F.outs[6] = &F.vp;
+    F.nouts = 7;
+}
+
+/* The fixture's calls succeed (so each error below is caused by its one change). */
+static void test_baseline(void) {
+    kva_status st = kva_run(F.ctx, &F.plan, &F.ws.ws, &F.args);
+    H_CHECK(st == KVA_OK, "baseline paged prefill run: %s: %s", kva_status_string(st), kva_last_error_message());
+    kva_run_args a = F.args;
+    a.q.shape[0] = a.o.shape[0] = a.lse.shape[0] = B;
+    st = kva_run(F.ctx, &F.plan_dec, &F.ws_dec.ws, &a);
+    H_CHECK(st == KVA_OK, "baseline decode run: %s: %s", kva_status_string(st), kva_last_error_message());
+    st = kva_run(F.ctx, &F.plan_rag, &F.ws_rag.ws, &F.args_rag);
+    H_CHECK(st == KVA_OK, "baseline ragged run: %s: %s", kva_status_string(st), kva_last_error_message());
+    h_buf_poison(&F.o);
+    h_buf_poison(&F.lse);
+    h_buf_upload(&F.o);
+    h_buf_upload(&F.lse);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static void test_context_and_desc(void) {
+    kva_context* c = NULL;
+    kva_context_options o;
+    kva_context_options_init(&o);
+    ERR(KVA_ERR_INVALID_ARGUMENT, "context_create: out_context NULL", kva_context_create(&o, NULL));
+    o.backend = (kva_backend)7;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "context_create: backend 7", kva_context_create(&o, &c));
+    kva_context_options_init(&o);
+    o.num_threads = -1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "context_create: num_threads -1", kva_context_create(&o, &c));
+    kva_context_options_init(&o);
+    o.device = -1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "context_create: device -1", kva_context_create(&o, &c));
+    H_CHECK(c == NULL, "failed context_create left *out_context untouched");
+
+    kva_attention_desc d = F.d;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc_check: NULL context", kva_attention_desc_check(NULL, &d));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc_check: NULL desc", kva_attention_desc_check(F.ctx, NULL));
+    /* one change each */
+    d = F.d; d.num_qo_heads = 0;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: num_qo_heads 0", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.num_kv_heads = 0;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: num_kv_heads 0", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.num_qo_heads = 6; d.num_kv_heads = 4;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: 6 qo heads over 4 kv heads", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.num_qo_heads = -4;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: negative heads", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.num_qo_heads = 2 * 129; d.num_kv_heads = 2;
+    ERR(KVA_ERR_UNSUPPORTED, "desc: group size 129", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.head_dim_qk = 0;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: head_dim_qk 0", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.head_dim_qk = d.head_dim_vo = 1024;
+    ERR(KVA_ERR_UNSUPPORTED, "desc: head dim 1024", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.q_dtype = KVA_DTYPE_E4M3;
+    ERR(KVA_ERR_UNSUPPORTED, "desc: fp8 e4m3 q", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.q_dtype = KVA_DTYPE_E5M2;
+    ERR(KVA_ERR_UNSUPPORTED, "desc: fp8 e5m2 q", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.o_dtype = KVA_DTYPE_E4M3;
+    ERR(KVA_ERR_UNSUPPORTED, "desc: fp8 o", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.kv_dtype = KVA_DTYPE_I32;
+    ERR(KVA_ERR_UNSUPPORTED, "desc: i32 kv", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.q_dtype = (kva_dtype)42;
+    ERR(KVA_ERR_UNSUPPORTED, "desc: q dtype 42", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.mask_mode = (kva_mask_mode)5;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: mask_mode 5", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.window_left = -2;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: window_left -2", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.logits_soft_cap = -1.0f;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: soft cap -1", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.logits_soft_cap = NAN;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: soft cap NaN", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.sm_scale = INFINITY;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: sm_scale inf", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.pos_encoding = (kva_pos_encoding)9;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: pos_encoding 9", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.pos_encoding = KVA_POS_ROPE_LLAMA; d.head_dim_qk = 63;
+    ERR(KVA_ERR_UNSUPPORTED, "desc: RoPE with odd head_dim_qk", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.pos_encoding = KVA_POS_ROPE_LLAMA; d.rope_theta = -1.0f;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: RoPE theta -1", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.pos_encoding = KVA_POS_ROPE_LLAMA; d.rope_scale = NAN;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: RoPE scale NaN", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.score_mode = (kva_score_mode)3;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: score_mode 3", kva_attention_desc_check(F.ctx, &d));
+    d = F.d; d.score_mode = KVA_SCORE_SIGMOID; d.sigmoid_bias = NAN;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "desc: sigmoid_bias NaN", kva_attention_desc_check(F.ctx, &d));
+}
+
+/* Plan errors: the plan struct and the workspace stay untouched. */
+static void test_plan(void) {
+    kva_plan_params p;
+    kva_attention_desc d = F.d;
+    const kva_op PP = KVA_OP_BATCH_PREFILL_PAGED;
+    kva_workspace* ws = &F.ws.ws;
+    kva_plan* pl = &F.plan;
+#define PLAN(what, want, params) ERR(want, what, kva_plan_make(F.ctx, &d, PP, params, ws, pl, NULL))
+    ERR(KVA_ERR_INVALID_ARGUMENT, "plan: NULL context", kva_plan_make(NULL, &d, PP, &F.pp, ws, pl, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "plan: NULL desc", kva_plan_make(F.ctx, NULL, PP, &F.pp, ws, pl, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "plan: NULL params", kva_plan_make(F.ctx, &d, PP, NULL, ws, pl, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "plan: NULL workspace", kva_plan_make(F.ctx, &d, PP, &F.pp, NULL, pl, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "plan: NULL plan", kva_plan_make(F.ctx, &d, PP, &F.pp, ws, NULL, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "plan: op 9", kva_plan_make(F.ctx, &d, (kva_op)9, &F.pp, ws, pl, NULL));
+    d.num_kv_heads = 3;
+    PLAN("plan: 4 qo heads over 3 kv heads", KVA_ERR_INVALID_ARGUMENT, &F.pp);
+    d = F.d;
+    d.q_dtype = KVA_DTYPE_E4M3;
+    PLAN("plan: fp8 q", KVA_ERR_UNSUPPORTED, &F.pp);
+    d = F.d;
+    d.head_dim_qk = d.head_dim_vo = 1024;
+    PLAN("plan: head dim 1024", KVA_ERR_UNSUPPORTED, &F.pp);
+    d = F.d;
+
+    p = F.pp; p.batch_size = -1;
+    PLAN("plan: batch_size -1", KVA_ERR_INVALID_ARGUMENT, &p);
+    p = F.pp; p.qo_indptr = NULL;
+    PLAN("plan: prefill without qo_indptr", KVA_ERR_INVALID_ARGUMENT, &p);
+    p = F.pp; p.kv_indptr = NULL;
+    PLAN("plan: kv_indptr NULL", KVA_ERR_INVALID_ARGUMENT, &p);
+    p = F.pp; p.kv_last_page_len = NULL;
+    PLAN("plan: kv_last_page_len NULL", KVA_ERR_INVALID_ARGUMENT, &p);
+    p = F.pp; p.page_size = 0;
+    PLAN("plan: page_size 0", KVA_ERR_INVALID_ARGUMENT, &p);
+    p = F.pp; p.num_pages = -1;
+    PLAN("plan: num_pages -1", KVA_ERR_INVALID_ARGUMENT, &p);
+    p = F.pp; p.num_pages = 0; p.kv_indices = NULL;
+    PLAN("plan: num_pages 0 with pages in the table", KVA_ERR_INVALID_ARGUMENT, &p);
+    p = F.pp; p.fixed_split_size = -1;
+    PLAN("plan: fixed_split_size -1", KVA_ERR_INVALID_ARGUMENT, &p);
+
+    int32_t bad[B + 1];
+    memcpy(bad, F.qo_indptr, sizeof bad);
+    bad[0] = 1;
+    p = F.pp; p.qo_indptr = bad;
+    PLAN("plan: qo_indptr[0] = 1", KVA_ERR_PAGETABLE_MALFORMED, &p);
+    memcpy(bad, F.qo_indptr, sizeof bad);
+    bad[2] = 1; /* 0 3 1 6: decreasing */
+    PLAN("plan: qo_indptr decreasing", KVA_ERR_PAGETABLE_MALFORMED, &p);
+    int32_t kb[B + 1];
+    memcpy(kb, F.kv_indptr, sizeof kb);
+    kb[0] = 1;
+    p = F.pp; p.kv_indptr = kb;
+    PLAN("plan: kv_indptr[0] = 1", KVA_ERR_PAGETABLE_MALFORMED, &p);
+    memcpy(kb, F.kv_indptr, sizeof kb);
+    kb[2] = 2; /* 0 3 2 5 */
+    PLAN("plan: kv_indptr decreasing", KVA_ERR_PAGETABLE_MALFORMED, &p);
+    int32_t lb[B];
+    memcpy(lb, F.last, sizeof lb);
+    lb[0] = 0;
+    p = F.pp; p.kv_last_page_len = lb;
+    PLAN("plan: last_page_len 0 (non-empty request)", KVA_ERR_PAGETABLE_MALFORMED, &p);
+    lb[0] = PS + 1;
+    PLAN("plan: last_page_len > page_size", KVA_ERR_PAGETABLE_MALFORMED, &p);
+    lb[0] = -3;
+    PLAN("plan: last_page_len negative", KVA_ERR_PAGETABLE_MALFORMED, &p);
+    int32_t ib[8];
+    memcpy(ib, F.indices, sizeof ib);
+    ib[3] = -1;
+    p = F.pp; p.kv_indices = ib;
+    PLAN("plan: host page index -1", KVA_ERR_PAGE_INDEX_OUT_OF_RANGE, &p);
+    ib[3] = NPAGES;
+    PLAN("plan: host page index == num_pages", KVA_ERR_PAGE_INDEX_OUT_OF_RANGE, &p);
+    ib[3] = 0;
+    p.num_pages = 9; /* index 11 of request 0 now outside */
+    PLAN("plan: host page index >= a smaller num_pages", KVA_ERR_PAGE_INDEX_OUT_OF_RANGE, &p);
+
+    /* decode: one row per request; no custom mask */
+    int32_t qi[B + 1] = {0, 1, 3, 4};
+    p = F.pp_dec; p.qo_indptr = qi;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "plan decode: qo_indptr with 2 rows for a request",
+        kva_batch_decode_plan(F.ctx, &d, &p, &F.ws_dec.ws, &F.plan_dec, NULL));
+    d.mask_mode = KVA_MASK_CUSTOM;
+    ERR(KVA_ERR_UNSUPPORTED, "plan decode: custom mask", kva_batch_decode_plan(F.ctx, &d, &F.pp_dec, &F.ws_dec.ws, &F.plan_dec, NULL));
+    d = F.d;
+
+    /* graph mode */
+    p = F.pp; p.graph_mode = 1; p.max_batch_size = 2; p.max_total_qo_rows = 100;
+    PLAN("plan graph: batch_size > max_batch_size", KVA_ERR_INVALID_ARGUMENT, &p);
+    p.max_batch_size = 8; p.max_total_qo_rows = 5;
+    PLAN("plan graph: rows > max_total_qo_rows", KVA_ERR_INVALID_ARGUMENT, &p);
+    p.max_batch_size = 0; p.max_total_qo_rows = 100;
+    PLAN("plan graph: max_batch_size 0", KVA_ERR_INVALID_ARGUMENT, &p);
+    p.max_batch_size = 8; p.fixed_split_size = 32;
+    PLAN("plan graph: with fixed_split_size", KVA_ERR_UNSUPPORTED, &p);
+
+    /* workspace */
+    size_t db = 0, hb = 0;
+    kva_plan_workspace_size(F.ctx, &d, PP, &F.pp, &db, &hb);
+    kva_workspace small = *ws;
+    small.device_bytes = db - 1;
+    ERR(KVA_ERR_WORKSPACE_TOO_SMALL, "plan: device workspace one byte short", kva_plan_make(F.ctx, &d, PP, &F.pp, &small, pl, NULL));
+    H_CHECK(strstr(kva_last_error_message(), "needs") != NULL, "WORKSPACE_TOO_SMALL message gives the bytes needed: \"%s\"",
+            kva_last_error_message());
+    small = *ws;
+    small.device = NULL;
+    ERR(KVA_ERR_WORKSPACE_TOO_SMALL, "plan: device workspace NULL", kva_plan_make(F.ctx, &d, PP, &F.pp, &small, pl, NULL));
+    if (hb) {
+        small = *ws;
+        small.host_bytes = hb - 1;
+        ERR(KVA_ERR_WORKSPACE_TOO_SMALL, "plan: host workspace one byte short", kva_plan_make(F.ctx, &d, PP, &F.pp, &small, pl, NULL));
+    }
+    /* misaligned: a pointer 64 bytes into the other workspace (same size available after it? use the big one) */
+    h_ws big;
+    h_ws_alloc(&big, db + 512, hb + 512);
+    small = big.ws;
+    small.device = (char*)big.ws.device + 64;
+    small.device_bytes = db + 256;
+    ERR(KVA_ERR_ALIGNMENT, "plan: device workspace not 256-byte aligned", kva_plan_make(F.ctx, &d, PP, &F.pp, &small, pl, NULL));
+    h_ws_free(&big);
+    ERR(KVA_ERR_INVALID_ARGUMENT, "workspace_bound: max_batch_size 0",
+        kva_workspace_bound(F.ctx, &d, PP, 0, 10, &db, &hb));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "workspace_size: NULL context", kva_plan_workspace_size(NULL, &d, PP, &F.pp, &db, &hb));
+    p = F.pp; p.kv_indptr = kb;
+    ERR(KVA_ERR_PAGETABLE_MALFORMED, "workspace_size: kv_indptr decreasing", kva_plan_workspace_size(F.ctx, &d, PP, &p, &db, &hb));
+#undef PLAN
+}
+
+/* Run errors: o and lse (and everything else) untouched. */
+static void test_run(void) {
+    kva_run_args a;
+    const kva_plan* pl = &F.plan;
+    const kva_workspace* ws = &F.ws.ws;
+#define RUN(what, want, alt) ERR2(want, alt, what, kva_run(F.ctx, pl, ws, &a))
+    a = F.args;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "run: NULL context", kva_run(NULL, pl, ws, &a));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "run: NULL plan", kva_run(F.ctx, NULL, ws, &a));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "run: NULL workspace", kva_run(F.ctx, pl, NULL, &a));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "run: NULL args", kva_run(F.ctx, pl, ws, NULL));
+    a = F.args; a.q.shape[0] = ROWS - 1;
+    RUN("run: q has one row less", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.q.dtype = KVA_DTYPE_BF16;
+    RUN("run: q dtype bf16 (plan f16)", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.q.shape[2] = D / 2;
+    RUN("run: q head dim 32 (plan 64)", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.q.shape[1] = HQ * 2;
+    RUN("run: q heads 8 (plan 4)", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.q.ndim = 2;
+    RUN("run: q 2-D", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.q.data = NULL;
+    RUN("run: q data NULL", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.o.dtype = KVA_DTYPE_F32;
+    RUN("run: o dtype f32 (plan f16)", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.o.shape[0] = ROWS + 1;
+    RUN("run: o has one row more", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.lse.shape[1] = HQ + 1;
+    RUN("run: lse [rows, heads + 1]", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.lse.ndim = 3; a.lse.shape[2] = 1; a.lse.stride[2] = 1;
+    RUN("run: lse 3-D", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.lse.dtype = KVA_DTYPE_F16;
+    RUN("run: lse dtype f16", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.q.stride[2] = 2; a.q.stride[1] = 2 * D; a.q.stride[0] = 2 * D * HQ;
+    RUN("run: q last stride 2", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.o.stride[2] = 0;
+    RUN("run: o last stride 0", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.o.stride[0] = -HQ * D;
+    RUN("run: o negative row stride", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.k_scale = NAN;
+    RUN("run: k_scale NaN", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.paged.dtype = KVA_DTYPE_BF16;
+    RUN("run: paged dtype bf16 (plan f16)", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.paged.page_size = PS * 2;
+    RUN("run: paged page_size differs from plan", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.paged.num_pages = NPAGES + 1;
+    RUN("run: paged num_pages differs from plan", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.paged.num_heads = 1;
+    RUN("run: paged num_heads 1 (desc 2)", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.paged.head_dim_vo = 32;
+    RUN("run: paged head_dim_vo 32", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.paged.k_stride_token = -1;
+    RUN("run: paged negative stride", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.paged.indices = NULL;
+    RUN("run: paged indices NULL", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.paged.k_data = NULL;
+    RUN("run: paged k_data NULL", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+
+    /* the plan and the workspace */
+    a = F.args;
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: decode plan through kva_batch_prefill_paged_run",
+         kva_batch_prefill_paged_run(F.ctx, &F.plan_dec, &F.ws_dec.ws, &a));
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: paged prefill plan through kva_batch_decode_run",
+         kva_batch_decode_run(F.ctx, pl, ws, &a));
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: paged plan through kva_batch_prefill_ragged_run",
+         kva_batch_prefill_ragged_run(F.ctx, pl, ws, &a));
+    kva_plan bad = F.plan;
+    bad.opaque[0] ^= 0x10;
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: plan with a corrupted magic", kva_run(F.ctx, &bad, ws, &a));
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run (named): plan with a corrupted magic",
+         kva_batch_prefill_paged_run(F.ctx, &bad, ws, &a));
+    memset(&bad, 0, sizeof bad);
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: zeroed plan", kva_run(F.ctx, &bad, ws, &a));
+    kva_plan_info info;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "plan_get_info: zeroed plan", kva_plan_get_info(&bad, &info));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "plan_get_info: NULL", kva_plan_get_info(NULL, &info));
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: plan of another context", kva_run(F.other_ctx, pl, ws, &a));
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: another workspace than planned",
+         kva_run(F.ctx, pl, &F.ws_other.ws, &a));
+    kva_workspace w2 = *ws;
+    w2.device_bytes -= 1;
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: workspace declared one byte smaller than planned",
+         kva_run(F.ctx, pl, &w2, &a));
+
+    /* ragged: K/V rows must match kv_indptr[B] */
+    a = F.args_rag;
+    a.k.shape[0] = KVTOK - 1;
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run ragged: k has fewer rows than kv_indptr[B]",
+         kva_run(F.ctx, &F.plan_rag, &F.ws_rag.ws, &a));
+    a = F.args_rag;
+    a.v.dtype = KVA_DTYPE_F32;
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run ragged: v dtype f32",
+         kva_run(F.ctx, &F.plan_rag, &F.ws_rag.ws, &a));
+#undef RUN
+}
+
+/* Custom mask, sigmoid lse, page indices found bad at run time. */
+static void test_run_special(void) {
+    kva_attention_desc d = F.d;
+    d.mask_mode = KVA_MASK_CUSTOM;
+    kva_plan pm;
+    kva_status st = kva_plan_make(F.ctx, &d, KVA_OP_BATCH_PREFILL_PAGED, &F.pp, &F.ws.ws, &pm, NULL);
+    H_CHECK(st == KVA_OK, "custom-mask plan: %s", kva_status_string(st));
+    h_buf_download(&F.ws.dev);
+    F.plan = pm; /* keep the snapshot's plan in sync (fx_same compares it) */
+    kva_run_args a = F.args;
+    a.custom_mask = (const uint8_t*)h_buf_dp(&F.mask_d);
+    a.custom_mask_bytes = 4; /* needs ceil(3*10/8) + 0 + ceil(1*7/8) = 5 */
+    ERR(KVA_ERR_INVALID_ARGUMENT, "run: custom mask of 4 bytes, plan needs 5", kva_run(F.ctx, &pm, &F.ws.ws, &a));
+    a.custom_mask = NULL;
+    a.custom_mask_bytes = 5;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "run: custom mask NULL", kva_run(F.ctx, &pm, &F.ws.ws, &a));
+    a.custom_mask = (const uint8_t*)h_buf_dp(&F.mask_d);
+    st = kva_run(F.ctx, &pm, &F.ws.ws, &a);
+    H_CHECK(st == KVA_OK, "custom mask of exactly 5 bytes runs: %s: %s", kva_status_string(st), kva_last_error_message());
+    h_buf_poison(&F.o);
+    h_buf_poison(&F.lse);
+    h_buf_upload(&F.o);
+    h_buf_upload(&F.lse);
+
+    d = F.d;
+    d.score_mode = KVA_SCORE_SIGMOID;
+    st = kva_plan_make(F.ctx, &d, KVA_OP_BATCH_PREFILL_PAGED, &F.pp, &F.ws.ws, &pm, NULL);
+    h_buf_download(&F.ws.dev);
+    F.plan = pm;
+    a = F.args;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "run: lse requested in sigmoid mode", kva_run(F.ctx, &pm, &F.ws.ws, &a));
+
+    /* page index out of range at run time (plan had no host copy of the page table) */
+    kva_plan_params p = F.pp;
+    p.kv_indices = NULL;
+    st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &p, &F.ws.ws, &pm, NULL);
+    h_buf_download(&F.ws.dev);
+    F.plan = pm;
+    int32_t* idx = (int32_t*)h_buf_hp(&F.idx_d);
+    const int32_t vals[2] = {-1, NPAGES};
+    for (int k = 0; k < 2; ++k) {
+        idx[4] = vals[k]; /* request 2's second page */
+        h_buf_upload(&F.idx_d);
+        a = F.args;
+        char what[96];
+        snprintf(what, sizeof what, "run: page index %d in the device page table (pool of %d)", vals[k], NPAGES);
+        if (h_opt.backend == KVA_BACKEND_CPU) {
+            ERR(KVA_ERR_PAGE_INDEX_OUT_OF_RANGE, what, kva_run(F.ctx, &pm, &F.ws.ws, &a));
+        } else {
+            /* CUDA: the kernel bounds-checks where it loads; the request gets o = 0, lse = -inf and a fault report */
+            st = kva_run(F.ctx, &pm, &F.ws.ws, &a);
+            kva_fault_report rep;
+            kva_status s2 = kva_read_faults(F.ctx, &F.ws.ws, &rep, NULL);
+            H_CHECK(st == KVA_OK && s2 == KVA_OK && rep.faulted && rep.request == 2 && rep.page_index == vals[k],
+                    "%s: device fault report (run %s, read %s, faulted %d request %d page %lld)", what, kva_status_string(st),
+                    kva_status_string(s2), rep.faulted, rep.request, (long long)rep.page_index);
+            h_buf_poison(&F.o);
+            h_buf_poison(&F.lse);
+            h_buf_upload(&F.o);
+            h_buf_upload(&F.lse);
+        }
+    }
+    idx[4] = F.indices[4];
+    h_buf_upload(&F.idx_d);
+    if (h_opt.backend == KVA_BACKEND_CPU) {
+        kva_fault_report rep;
+        memset(&rep, 0x7f, sizeof rep);
+        st = kva_read_faults(F.ctx, &F.ws.ws, &rep, NULL);
+        H_CHECK(st == KVA_OK && rep.faulted == 0, "CPU kva_read_faults: OK and no fault (%s, %d)", kva_status_string(st), rep.faulted);
+    }
+    kva_fault_report rep;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "read_faults: NULL report", kva_read_faults(F.ctx, &F.ws.ws, NULL, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "read_faults: NULL context", kva_read_faults(NULL, &F.ws.ws, &rep, NULL));
+    /* restore the fixture plan */
+    st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &F.pp, &F.ws.ws, &F.plan, NULL);
+    h_buf_download(&F.ws.dev);
+    H_CHECK(st == KVA_OK, "fixture re-plan");
+}
+
+static void test_single(void) {
+    kva_run_args a = F.args_rag;
+    a.q.shape[0] = 1;
+    a.o.shape[0] = 1;
+    a.lse.shape[0] = 1;
+    size_t db = 0, hb = 0;
+    kva_status st = kva_single_workspace_size(F.ctx, &F.d, 1, KVTOK, &db, &hb);
+    H_CHECK(st == KVA_OK, "single_workspace_size");
+    h_ws w;
+    h_ws_alloc(&w, db, hb);
+    /* single ops plan into their workspace before they check q/o/k/v against the plan: for them the workspace is
+       scratch, not an output (o, lse and the fixture's buffers are still checked) */
+    kva_workspace small = w.ws;
+    small.device_bytes = db - 1;
+    ERR(KVA_ERR_WORKSPACE_TOO_SMALL, "single decode: workspace one byte short", kva_single_decode(F.ctx, &F.d, &a, &small));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "single decode: NULL context", kva_single_decode(NULL, &F.d, &a, &w.ws));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "single decode: NULL args", kva_single_decode(F.ctx, &F.d, NULL, &w.ws));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "single decode: NULL desc", kva_single_decode(F.ctx, NULL, &a, &w.ws));
+    kva_run_args b = F.args_rag; /* 6 query rows */
+    ERR(KVA_ERR_INVALID_ARGUMENT, "single decode: q with 6 rows", kva_single_decode(F.ctx, &F.d, &b, &w.ws));
+    b = a;
+    b.k.ndim = 2;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "single decode: 2-D k", kva_single_decode(F.ctx, &F.d, &b, &w.ws));
+    b = a;
+    b.o.dtype = KVA_DTYPE_BF16;
+    ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "single decode: o dtype bf16 (desc f16)", kva_single_decode(F.ctx, &F.d, &b, &w.ws));
+    b = F.args_rag;
+    b.q.ndim = 2;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "single prefill: 2-D q", kva_single_prefill(F.ctx, &F.d, &b, &w.ws));
+    kva_attention_desc d = F.d;
+    d.q_dtype = KVA_DTYPE_E4M3;
+    ERR(KVA_ERR_UNSUPPORTED, "single prefill: fp8 q", kva_single_prefill(F.ctx, &d, &b, &w.ws));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "single_workspace_size: qo_len -1", kva_single_workspace_size(F.ctx, &F.d, -1, 5, &db, &hb));
+    h_ws_free(&w);
+}
+
+static void test_merge(void) {
+    const int R = 5, H = 3, DD = 16;
+    h_buf va = h_buf_alloc(KVA_DTYPE_F32, (size_t)(R * H * DD)), sa = h_buf_alloc(KVA_DTYPE_F32, (size_t)(R * H));
+    h_buf vb = h_buf_alloc(KVA_DTYPE_F32, (size_t)(R * H * DD)), sb = h_buf_alloc(KVA_DTYPE_F32, (size_t)(R * H));
+    h_buf vo = h_buf_alloc(KVA_DTYPE_F32, (size_t)(R * H * DD)), so = h_buf_alloc(KVA_DTYPE_F32, (size_t)(R * H));
+    h_rng r;
+    h_rng_seed(&r, 5);
+    fill_rand(&va, &r);
+    fill_rand(&sa, &r);
+    fill_rand(&vb, &r);
+    fill_rand(&sb, &r);
+    h_buf_poison(&vo);
+    h_buf_poison(&so);
+    h_buf_upload(&vo);
+    h_buf_upload(&so);
+    /* the merge outputs are the ones that matter here */
+    F.outs[0] = &vo;
+    F.outs[1] = &so;
+    F.outs[2] = &va;
+    F.outs[3] = &sa;
+    F.outs[4] = &vb;
+    F.outs[5] = &sb;
+    F.nouts = 6;
+    kva_tensor tva = t3(h_buf_dp(&va), KVA_DTYPE_F32, R, H, DD), tvb = t3(h_buf_dp(&vb), KVA_DTYPE_F32, R, H, DD);
+    kva_tensor tvo = t3(h_buf_dp(&vo), KVA_DTYPE_F32, R, H, DD);
+    kva_tensor tsa = kva_tensor_make(h_buf_dp(&sa), KVA_DTYPE_F32, 2, R, H, 0, 0);
+    kva_tensor tsb = kva_tensor_make(h_buf_dp(&sb), KVA_DTYPE_F32, 2, R, H, 0, 0);
+    kva_tensor tso = kva_tensor_make(h_buf_dp(&so), KVA_DTYPE_F32, 2, R, H, 0, 0);
+    kva_tensor x;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: NULL context", kva_merge_state(NULL, &tva, &tsa, &tvb, &tsb, &tvo, &tso, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: s_a NULL", kva_merge_state(F.ctx, &tva, NULL, &tvb, &tsb, &tvo, &tso, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: v_out NULL", kva_merge_state(F.ctx, &tva, &tsa, &tvb, &tsb, NULL, &tso, NULL));
+    x = tvb;
+    x.shape[0] = R - 1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: v_b has fewer rows", kva_merge_state(F.ctx, &tva, &tsa, &x, &tsb, &tvo, &tso, NULL));
+    x = tvo;
+    x.shape[2] = DD + 1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: v_out dim differs", kva_merge_state(F.ctx, &tva, &tsa, &tvb, &tsb, &x, &tso, NULL));
+    x = tsb;
+    x.dtype = KVA_DTYPE_F16;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: s_b dtype f16", kva_merge_state(F.ctx, &tva, &tsa, &tvb, &x, &tvo, &tso, NULL));
+    x = tva;
+    x.dtype = KVA_DTYPE_E4M3;
+    ERR(KVA_ERR_UNSUPPORTED, "merge_state: v_a dtype e4m3", kva_merge_state(F.ctx, &x, &tsa, &tvb, &tsb, &tvo, &tso, NULL));
+    x = tvo;
+    x.stride[2] = 2;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: v_out last stride 2", kva_merge_state(F.ctx, &tva, &tsa, &tvb, &tsb, &x, &tso, NULL));
+    x = tvb;
+    x.shape[1] = H + 1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state_in_place: other has more heads",
+        kva_merge_state_in_place(F.ctx, &tvo, &tso, &x, &tsb, NULL, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state_in_place: s NULL", kva_merge_state_in_place(F.ctx, &tvo, NULL, &tvb, &tsb, NULL, NULL));
+    /* merge_states: 5 output rows over the 5 states of va (indptr host) */
+    int32_t ip[6] = {0, 1, 1, 3, 4, 5};
+    kva_tensor to4 = t3(h_buf_dp(&vo), KVA_DTYPE_F32, R, H, DD);
+    int32_t bad[6];
+    memcpy(bad, ip, sizeof ip);
+    bad[0] = 1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: indptr[0] = 1", kva_merge_states(F.ctx, &tva, &tsa, bad, R, &to4, &tso, NULL));
+    memcpy(bad, ip, sizeof ip);
+    bad[3] = 0;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: indptr decreasing", kva_merge_states(F.ctx, &tva, &tsa, bad, R, &to4, &tso, NULL));
+    memcpy(bad, ip, sizeof ip);
+    bad[5] = 4;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: indptr[rows] != number of states",
+        kva_merge_states(F.ctx, &tva, &tsa, bad, R, &to4, &tso, NULL));
+    bad[5] = 6;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: indptr[rows] past the states",
+        kva_merge_states(F.ctx, &tva, &tsa, bad, R, &to4, &tso, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: indptr NULL", kva_merge_states(F.ctx, &tva, &tsa, NULL, R, &to4, &tso, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: rows -1", kva_merge_states(F.ctx, &tva, &tsa, ip, -1, &to4, &tso, NULL));
+    x = to4;
+    x.shape[0] = R + 1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: v_out rows != rows", kva_merge_states(F.ctx, &tva, &tsa, ip, R, &x, &tso, NULL));
+    h_buf_free(&va);
+    h_buf_free(&sa);
+    h_buf_free(&vb);
+    h_buf_free(&sb);
+    h_buf_free(&vo);
+    h_buf_free(&so);
+    /* restore the fixture's output list */
+    F.outs[0] = &F.o;
+    F.outs[1] = &F.lse;
+    F.outs[2] = &F.ws.dev;
+    F.outs[3] = &F.ws_dec.dev;
+    F.outs[4] = &F.ws_rag.dev;
+    F.outs[5] = &F.kp;
+    F.outs[6] = &F.vp;
+    F.nouts = 7;
+}
+
+/* Append: a token outside its request / the pool is refused before anything is written (CPU). */
+static void test_append(void) {
+    const int64_t nnz = 4;
+    h_buf ak = h_buf_alloc(KVA_DTYPE_F16, (size_t)(nnz * HKV * D)), av = h_buf_alloc(KVA_DTYPE_F16, (size_t)(nnz * HKV * D));
+    h_rng r;
+    h_rng_seed(&r, 9);
+    fill_rand(&ak, &r);
+    fill_rand(&av, &r);
+    h_buf bi = h_buf_alloc(KVA_DTYPE_I32, (size_t)nnz), po = h_buf_alloc(KVA_DTYPE_I32, (size_t)nnz);
+    int32_t b0[4] = {0, 0, 2, 2}, p0[4] = {8, 9, 5, 6}; /* valid: request 0 has 10 tokens, request 2 has 7 */
+    kva_tensor tk = t3(h_buf_dp(&ak), KVA_DTYPE_F16, nnz, HKV, D), tv = t3(h_buf_dp(&av), KVA_DTYPE_F16, nnz, HKV, D);
+    kva_paged_kv pg = F.args.paged;
+    struct {
+        const char* what;
+        int tok, bval, pval;
+        kva_status want;
+    } cases[] = {
+        {"append: position == kv_len of its request", 1, 0, 10, KVA_ERR_PAGE_INDEX_OUT_OF_RANGE},
+        {"append: negative position", 2, 2, -1, KVA_ERR_PAGE_INDEX_OUT_OF_RANGE},
+        {"append: token for the empty request 1", 3, 1, 0, KVA_ERR_PAGE_INDEX_OUT_OF_RANGE},
+        {"append: batch index == batch_size", 3, B, 0, KVA_ERR_INVALID_ARGUMENT},
+        {"append: batch index -1", 0, -1, 0, KVA_ERR_INVALID_ARGUMENT},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        memcpy(h_buf_hp(&bi), b0, sizeof b0);
+        memcpy(h_buf_hp(&po), p0, sizeof p0);
+        ((int32_t*)h_buf_hp(&bi))[cases[c].tok] = cases[c].bval;
+        ((int32_t*)h_buf_hp(&po))[cases[c].tok] = cases[c].pval;
+        h_buf_upload(&bi);
+        h_buf_upload(&po);
+        ERR(cases[c].want, cases[c].what,
+            kva_append_paged_kv_cache(F.ctx, &tk, &tv, (const int32_t*)h_buf_dp(&bi), (const int32_t*)h_buf_dp(&po), nnz, &pg, B, NULL));
+    }
+    memcpy(h_buf_hp(&bi), b0, sizeof b0);
+    memcpy(h_buf_hp(&po), p0, sizeof p0);
+    h_buf_upload(&bi);
+    h_buf_upload(&po);
+    const int32_t* bip = (const int32_t*)h_buf_dp(&bi);
+    const int32_t* pop = (const int32_t*)h_buf_dp(&po);
+    /* a page of the table outside the pool */
+    int32_t* idx = (int32_t*)h_buf_hp(&F.idx_d);
+    idx[4] = NPAGES + 3; /* request 2, positions 4..6 */
+    h_buf_upload(&F.idx_d);
+    ERR(KVA_ERR_PAGE_INDEX_OUT_OF_RANGE, "append: page table entry outside the pool",
+        kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, &pg, B, NULL));
+    idx[4] = F.indices[4];
+    h_buf_upload(&F.idx_d);
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: nnz -1", kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, -1, &pg, B, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: NULL context", kva_append_paged_kv_cache(NULL, &tk, &tv, bip, pop, nnz, &pg, B, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: NULL paged", kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, NULL, B, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: positions NULL", kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, NULL, nnz, &pg, B, NULL));
+    kva_paged_kv pg2 = pg;
+    pg2.indices = NULL;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged indices NULL", kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, &pg2, B, NULL));
+    pg2 = pg;
+    pg2.last_page_len = NULL;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged last_page_len NULL",
+        kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, &pg2, B, NULL));
+    kva_tensor x = tk;
+    x.shape[2] = D / 2;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: append_k head dim differs from the pool",
+        kva_append_paged_kv_cache(F.ctx, &x, &tv, bip, pop, nnz, &pg, B, NULL));
+    x = tk;
+    x.shape[0] = nnz - 1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: append_k has fewer rows than nnz",
+        kva_append_paged_kv_cache(F.ctx, &x, &tv, bip, pop, nnz, &pg, B, NULL));
+    /* malformed page table given to append */
+    int32_t* lp = (int32_t*)h_buf_hp(&F.last_d);
+    lp[0] = 0;
+    h_buf_upload(&F.last_d);
+    ERR(KVA_ERR_PAGETABLE_MALFORMED, "append: last_page_len 0 for a non-empty request",
+        kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, &pg, B, NULL));
+    lp[0] = F.last[0];
+    h_buf_upload(&F.last_d);
+    kva_status st = kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, &pg, B, NULL);
+    H_CHECK(st == KVA_OK, "append baseline (valid tokens) works: %s: %s", kva_status_string(st), kva_last_error_message());
+    h_buf_free(&ak);
+    h_buf_free(&av);
+    h_buf_free(&bi);
+    h_buf_free(&po);
+}
+
+static void test_misc(void) {
+    float s[4];
+    ERR(KVA_ERR_INVALID_ARGUMENT, "alibi_slopes: 0 heads", kva_alibi_slopes(0, s));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "alibi_slopes: NULL", kva_alibi_slopes(4, NULL));
+    kva_paged_kv pk;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "paged_kv_init: page_size 0",
+        kva_paged_kv_init(&pk, h_buf_dp(&F.kp), h_buf_dp(&F.vp), KVA_DTYPE_F16, KVA_LAYOUT_NHD, NPAGES, 0, HKV, D, D));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "paged_kv_init: layout 5",
+        kva_paged_kv_init(&pk, h_buf_dp(&F.kp), h_buf_dp(&F.vp), KVA_DTYPE_F16, (kva_layout)5, NPAGES, PS, HKV, D, D));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "paged_kv_init: NULL", kva_paged_kv_init(NULL, NULL, NULL, KVA_DTYPE_F16, KVA_LAYOUT_NHD, 1, 1, 1, 1, 1));
+    /* errors are per thread and cleared on request */
+    kva_clear_last_error();
+    H_CHECK(kva_last_error_status() == KVA_OK && kva_last_error_message()[0] == 0, "kva_clear_last_error resets status and message");
+}
+
+int main(int argc, char** argv) {
+    h_init(argc, argv, "test_errors");
+    fx_init();
+    test_baseline();
+    test_context_and_desc();
+    test_plan();
+    test_run();
+    test_run_special();
+    test_single();
+    test_merge();
+    test_append();
+    test_misc();
+    return h_finish();
+}

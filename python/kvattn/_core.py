@@ -298,6 +298,7 @@ class PlanState:
         self.page_size = 0
         self.q_len_per_req = 1
         self.causal = False
+        self.valid = False
         self.layout_shape_k: Optional[Tuple[int, ...]] = None
         self.layout_shape_v: Optional[Tuple[int, ...]] = None
 
@@ -469,23 +470,43 @@ class BatchWrapperBase:
                              % (T.device_str(ws.dev), T.device_str(self._dev)))
         self._float_workspace_buffer = float_workspace_buffer
         self._ws = ws
-        self._state = None
+        self._set_state(None)
 
     def end_forward(self) -> None:
         """Deprecated FlashInfer no-op."""
 
     # ---- plan helpers ----
+    def _set_state(self, st: Optional[PlanState]) -> None:
+        """Install a new plan. The PlanState object of a wrapper stays the same (its fields are replaced), so
+        code traced by torch.compile that reads it keeps valid guards across plans."""
+        cur = self._state
+        if st is None:
+            if cur is not None:
+                cur.valid = False
+            return
+        st.valid = True
+        if cur is None or cur is st:
+            self._state = st
+        else:
+            cur.__dict__.clear()
+            cur.__dict__.update(st.__dict__)
+
     def _require_plan(self) -> PlanState:
         st = self._state
-        if st is None:
+        if st is None or not st.valid:
             raise RuntimeError("kvattn: %s.run() called before plan() (or after reset_workspace_buffer())"
                                % type(self).__name__)
         return st
 
     def _replan_for_pool(self, num_pages: int) -> None:
         st = self._require_plan()
+        old = st.num_pages
         st.num_pages = int(num_pages)
-        commit_plan(st, self._ws, "%s.plan (pool of %d pages)" % (type(self).__name__, num_pages))
+        try:
+            commit_plan(st, self._ws, "%s.plan (pool of %d pages)" % (type(self).__name__, num_pages))
+        except Exception:
+            st.num_pages = old  # the C plan validates before writing anything: the old plan stands
+            raise
 
     def _choose_num_pages(self, num_pages: Any, h_indices: Optional[np.ndarray], d_indices: Any, n: int) -> int:
         """Pool size to plan with: explicit > last pool seen at run (raised to cover host-visible indices) >
@@ -612,7 +633,8 @@ class BatchWrapperBase:
         out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
         ks, vs, post = scales_for(st.kv_dtype, q_scale, k_scale, v_scale)
         dispatch_run(self._handle, q, k, v, out, lse, ks, vs)
-        scale_output(out, st.total_rows, post)
+        if post != 1.0:
+            scale_output(out, st.total_rows, post)
         return (out, lse) if return_lse else out
 
     # ---- paged plan setup shared by decode and paged prefill ----
@@ -683,6 +705,7 @@ class BatchWrapperBase:
         st.rope_scale = f32(1.0 if rope_scale is None else float(rope_scale))
         st.rope_theta = f32(1e4 if rope_theta is None else float(rope_theta))
         st.causal = bool(causal)
+        st.mask_mode = mask_mode
         st.fixed_split_tokens = int(fixed_split_tokens)
         st.disable_split_kv = bool(disable_split_kv)
         if not math.isfinite(st.sm_scale) or st.sm_scale <= 0:
@@ -690,3 +713,47 @@ class BatchWrapperBase:
         st.desc = make_desc(st.num_qo_heads, st.num_kv_heads, st.head_dim_qk, st.head_dim_vo, st.q_dtype,
                             st.kv_dtype, st.o_dtype, mask_mode, st.window_left, st.logits_soft_cap, st.sm_scale,
                             st.pos_encoding, st.rope_scale, st.rope_theta)
+
+    # ---- deprecated forward(): per-call parameters ----
+    def _forward_params(self, window_left: Any = None, logits_soft_cap: Any = None, sm_scale: Any = None,
+                        rope_scale: Any = None, rope_theta: Any = None, pos_encoding_mode: Any = None,
+                        causal: Any = None, use_fp16_qk_reduction: Any = None) -> None:
+        """FlashInfer's deprecated forward() takes per-call parameters. kvattn honours them: when one differs
+        from the current plan, the plan is remade with it (host work; not allowed during CUDA-graph capture)."""
+        if use_fp16_qk_reduction:
+            raise NotImplementedError("kvattn: use_fp16_qk_reduction=True is not supported (kvattn always "
+                                      "accumulates QK in float32)")
+        st = self._require_plan()
+        new = {}
+        if window_left is not None and norm_window(window_left) != st.window_left:
+            new["window_left"] = norm_window(window_left)
+        if logits_soft_cap is not None and f32(norm_cap(logits_soft_cap)) != f32(st.logits_soft_cap):
+            new["logits_soft_cap"] = norm_cap(logits_soft_cap)
+        if sm_scale is not None and f32(sm_scale) != f32(st.sm_scale):
+            new["sm_scale"] = f32(sm_scale)
+        if rope_scale is not None and f32(rope_scale) != f32(st.rope_scale):
+            new["rope_scale"] = f32(rope_scale)
+        if rope_theta is not None and f32(rope_theta) != f32(st.rope_theta):
+            new["rope_theta"] = f32(rope_theta)
+        if pos_encoding_mode is not None and parse_pos_encoding(pos_encoding_mode) != st.pos_encoding:
+            new["pos_encoding"] = parse_pos_encoding(pos_encoding_mode)
+        if causal is not None and bool(causal) != st.causal and st.mask_mode != F.KVA_MASK_CUSTOM:
+            if st.op == F.KVA_OP_BATCH_DECODE:
+                raise PlanMismatchError("kvattn: causal does not apply to batch decode")
+            new["causal"] = bool(causal)
+        if not new:
+            return
+        if C.is_capturing(st.dev):
+            raise CaptureActiveError("kvattn: forward() with parameters %s that differ from the plan needs a new "
+                                     "plan, which cannot happen during CUDA-graph capture; pass them to plan()"
+                                     % sorted(new))
+        for key, val in new.items():
+            setattr(st, key, val)
+        if "causal" in new:
+            st.mask_mode = F.KVA_MASK_CAUSAL if st.causal else F.KVA_MASK_NONE
+        st.desc = make_desc(st.num_qo_heads, st.num_kv_heads, st.head_dim_qk, st.head_dim_vo, st.q_dtype,
+                            st.kv_dtype, st.o_dtype, st.mask_mode, st.window_left, st.logits_soft_cap, st.sm_scale,
+                            st.pos_encoding, st.rope_scale, st.rope_theta)
+        self._set_state(None)
+        commit_plan(st, self._ws, type(self).__name__ + ".forward (re-plan)")
+        self._set_state(st)

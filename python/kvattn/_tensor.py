@@ -64,8 +64,16 @@ def dtype_name(code: int) -> str:
     return F.KVA_DTYPE_NAMES.get(code, "dtype#%d" % code)
 
 
+_TORCH_MOD = None
+
+
 def _torch():
-    return sys.modules.get("torch")
+    """The torch module if it has been imported (kvattn never imports it itself). Cached so that code traced by
+    torch.compile does not touch sys.modules."""
+    global _TORCH_MOD
+    if _TORCH_MOD is None:
+        _TORCH_MOD = sys.modules.get("torch")
+    return _TORCH_MOD
 
 
 def is_torch(x: Any) -> bool:

@@ -8,28 +8,43 @@ wrappers call the ops through ``torch.ops.kvattn.*``.
 
 import sys
 import threading
-from typing import Optional
+from typing import List, Optional
 
 _lock = threading.Lock()
 _registered = False
 _impls = {}
 
 
+_TORCH_MOD = None
+_IS_COMPILING = None
+
+
 def _torch():
-    return sys.modules.get("torch")
+    global _TORCH_MOD
+    if _TORCH_MOD is None:
+        _TORCH_MOD = sys.modules.get("torch")
+    return _TORCH_MOD
+
+
+def _find_is_compiling():
+    t = _torch()
+    comp = getattr(t, "compiler", None)
+    f = getattr(comp, "is_compiling", None) if comp is not None else None
+    if f is None:  # pragma: no cover - old torch
+        dyn = getattr(t, "_dynamo", None)
+        f = getattr(dyn, "is_compiling", None) if dyn is not None else None
+    return f
 
 
 def is_compiling() -> bool:
-    t = _torch()
-    if t is None:
-        return False
-    comp = getattr(t, "compiler", None)
-    f = getattr(comp, "is_compiling", None) if comp is not None else None
-    if f is not None:
-        return bool(f())
-    dyn = getattr(t, "_dynamo", None)  # pragma: no cover - old torch
-    f = getattr(dyn, "is_compiling", None) if dyn is not None else None
-    return bool(f()) if f is not None else False
+    """True while torch.compile (dynamo) traces the caller."""
+    global _IS_COMPILING
+    f = _IS_COMPILING
+    if f is None:
+        if _torch() is None:
+            return False
+        f = _IS_COMPILING = _find_is_compiling() or (lambda: False)
+    return bool(f())
 
 
 def ops():
@@ -43,6 +58,7 @@ def ensure_registered() -> None:
     with _lock:
         if _registered:
             return
+        is_compiling()  # resolve torch.compiler.is_compiling eagerly
         _register()
         _registered = True
 
@@ -51,13 +67,20 @@ def _register() -> None:
     import torch
     from torch import Tensor
 
-    from . import _core, cascade, page
+    from . import _core, _single, cascade, page
 
     def run_impl(handle: int, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
                  k_scale: float, v_scale: float) -> None:
         _core.run_impl(handle, q, k, v, out, lse, k_scale, v_scale)
 
     def run_fake(handle, q, k, v, out, lse, k_scale, v_scale):
+        return None
+
+    def single_impl(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor], mask: Optional[Tensor],
+                    iparams: List[int], fparams: List[float]) -> None:
+        _single.single_impl(q, k, v, out, lse, mask, iparams, fparams)
+
+    def single_fake(q, k, v, out, lse, mask, iparams, fparams):
         return None
 
     def merge_state_impl(v_a: Tensor, s_a: Tensor, v_b: Tensor, s_b: Tensor, v_out: Tensor,
@@ -81,12 +104,12 @@ def _register() -> None:
         return None
 
     def append_impl(append_key: Tensor, append_value: Tensor, batch_indices: Tensor, positions: Tensor,
-                    k_cache: Tensor, v_cache: Tensor, kv_indices: Tensor, kv_indptr: Tensor,
+                    cache: Tensor, v_cache: Optional[Tensor], kv_indices: Tensor, kv_indptr: Tensor,
                     kv_last_page_len: Tensor, layout: int) -> None:
-        page._append_impl(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices,
+        page._append_impl(append_key, append_value, batch_indices, positions, cache, v_cache, kv_indices,
                           kv_indptr, kv_last_page_len, layout)
 
-    def append_fake(append_key, append_value, batch_indices, positions, k_cache, v_cache, kv_indices, kv_indptr,
+    def append_fake(append_key, append_value, batch_indices, positions, cache, v_cache, kv_indices, kv_indptr,
                     kv_last_page_len, layout):
         return None
 
@@ -94,15 +117,18 @@ def _register() -> None:
         ("run", run_impl, run_fake, ("out", "lse"),
          "(int handle, Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse, float k_scale, "
          "float v_scale) -> ()"),
+        ("single", single_impl, single_fake, ("out", "lse"),
+         "(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse, Tensor? mask, int[] iparams, "
+         "float[] fparams) -> ()"),
         ("merge_state", merge_state_impl, merge_state_fake, ("v_out", "s_out"),
          "(Tensor v_a, Tensor s_a, Tensor v_b, Tensor s_b, Tensor(a!) v_out, Tensor(b!) s_out) -> ()"),
         ("merge_state_in_place", merge_state_in_place_impl, merge_state_in_place_fake, ("v", "s"),
          "(Tensor(a!) v, Tensor(b!) s, Tensor v_other, Tensor s_other, Tensor? mask) -> ()"),
         ("merge_states", merge_states_impl, merge_states_fake, ("v_out", "s_out"),
          "(Tensor v, Tensor s, Tensor(a!) v_out, Tensor(b!) s_out) -> ()"),
-        ("append_paged_kv_cache", append_impl, append_fake, ("k_cache", "v_cache"),
-         "(Tensor append_key, Tensor append_value, Tensor batch_indices, Tensor positions, Tensor(a!) k_cache, "
-         "Tensor(b!) v_cache, Tensor kv_indices, Tensor kv_indptr, Tensor kv_last_page_len, int layout) -> ()"),
+        ("append_paged_kv_cache", append_impl, append_fake, ("cache", "v_cache"),
+         "(Tensor append_key, Tensor append_value, Tensor batch_indices, Tensor positions, Tensor(a!) cache, "
+         "Tensor(b!)? v_cache, Tensor kv_indices, Tensor kv_indptr, Tensor kv_last_page_len, int layout) -> ()"),
     ]
 
     custom_op = getattr(torch.library, "custom_op", None)

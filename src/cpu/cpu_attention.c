@@ -211,32 +211,42 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
 
     if (rc->rope && lo < hi) kva__cpu_rope_seek(rc->st, sc->rope, half, lo);
 
-    if (lo < hi) block_pointers(rc, rq, h, lo, (int)(hi - lo < SB ? hi - lo : SB), sc->kp, sc->vp);
-    for (int64_t j0 = lo; j0 < hi; j0 += SB) {
+    /* row pointers are double-buffered: block b+1's rows are computed and prefetched when block b starts */
+    int cur = 0;
+    if (lo < hi) {
+        const int n0 = (int)(hi - lo < SB ? hi - lo : SB);
+        block_pointers(rc, rq, h, lo, n0, sc->kp, sc->vp);
+        prefetch_rows(sc->kp, n0, (size_t)Dq * rc->kvsz);
+        prefetch_rows(sc->vp, n0, (size_t)Dv * rc->kvsz);
+    }
+    for (int64_t j0 = lo; j0 < hi; j0 += SB, cur ^= 1) {
         const int nb = (int)(hi - j0 < SB ? hi - j0 : SB);
         const int nbp = (nb + KVA__CPU_TOK_PAD - 1) / KVA__CPU_TOK_PAD * KVA__CPU_TOK_PAD;
+        const char** kp = sc->kp + cur * SB;
+        const char** vp = sc->vp + cur * SB;
+        if (j0 + SB < hi) {
+            const int nn = (int)(hi - (j0 + SB) < SB ? hi - (j0 + SB) : SB);
+            const char** kpn = sc->kp + (cur ^ 1) * SB;
+            const char** vpn = sc->vp + (cur ^ 1) * SB;
+            block_pointers(rc, rq, h, j0 + SB, nn, kpn, vpn);
+            prefetch_rows(kpn, nn, (size_t)Dq * rc->kvsz);
+            prefetch_rows(vpn, nn, (size_t)Dv * rc->kvsz);
+        }
 
         /* ---- K block -> f32 (RoPE at key position) ---- */
         if (rc->rope) kva__cpu_rope_rows(rc->st, sc->rope, half, nb, sc->cosr, sc->sinr, half);
-        for (int t = 0; t < nb; ++t) {
-            float* kr = K + (size_t)t * Dqp;
-            kern->load_row(rc->kvdt, sc->kp[t], kr, Dq, Dqp, 1.0f);
-            if (rc->rope) kva__cpu_rope_apply(kr, half, sc->cosr + (size_t)t * half, sc->sinr + (size_t)t * half);
-        }
+        kern->load_rows(rc->kvdt, kp, nb, K, Dqp, Dq, Dqp);
+        if (rc->rope)
+            for (int t = 0; t < nb; ++t)
+                kva__cpu_rope_apply(K + (size_t)t * Dqp, half, sc->cosr + (size_t)t * half, sc->sinr + (size_t)t * half);
         if (nbp > nb) memset(K + (size_t)nb * Dqp, 0, sizeof(float) * (size_t)(nbp - nb) * Dqp);
 
         /* ---- scores ---- */
         kern->scores(Q, Dqp, R, K, Dqp, nbp, Dqp, S, SB);
 
-        /* ---- V block -> f32 (load now; then prefetch the next block's rows) ---- */
-        for (int t = 0; t < nb; ++t) kern->load_row(rc->kvdt, sc->vp[t], V + (size_t)t * Dvp, Dv, Dvp, 1.0f);
+        /* ---- V block -> f32 ---- */
+        kern->load_rows(rc->kvdt, vp, nb, V, Dvp, Dv, Dvp);
         if (nbp > nb) memset(V + (size_t)nb * Dvp, 0, sizeof(float) * (size_t)(nbp - nb) * Dvp);
-        if (j0 + SB < hi) {
-            const int nn = (int)(hi - (j0 + SB) < SB ? hi - (j0 + SB) : SB);
-            block_pointers(rc, rq, h, j0 + SB, nn, sc->kp, sc->vp);
-            prefetch_rows(sc->kp, nn, (size_t)Dq * rc->kvsz);
-            prefetch_rows(sc->vp, nn, (size_t)Dv * rc->kvsz);
-        }
 
         /* ---- logits transform and mask, per row ---- */
         int masked_any = 0;

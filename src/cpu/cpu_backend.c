@@ -104,8 +104,8 @@ static int scratch_alloc(kva__cpu_scratch* sc) {
     size_t o_cos = carve(&off, F * KVA__MAX_TILE_Q * (KVA__CPU_MAX_DIM / 2));
     size_t o_sin = carve(&off, F * KVA__MAX_TILE_Q * (KVA__CPU_MAX_DIM / 2));
     size_t o_tmp = carve(&off, F * 2 * KVA__CPU_MAX_DIM);
-    size_t o_kp = carve(&off, sizeof(const char*) * KVA__CPU_KV_BLOCK);
-    size_t o_vp = carve(&off, sizeof(const char*) * KVA__CPU_KV_BLOCK);
+    size_t o_kp = carve(&off, sizeof(const char*) * 2 * KVA__CPU_KV_BLOCK);
+    size_t o_vp = carve(&off, sizeof(const char*) * 2 * KVA__CPU_KV_BLOCK);
     size_t o_rope = carve(&off, sizeof(kva__cpu_rope_cursor));
     size_t total = kva__align_up(off, KVA__CPU_ALIGN);
     char* b = (char*)aligned_alloc(KVA__CPU_ALIGN, total);

@@ -56,6 +56,8 @@ typedef struct kva__cpu_kernels {
     const char* name;
     /* dst[0..n) = scale * src (dtype dt, any KV dtype); dst[n..npad) = 0 */
     void (*load_row)(kva_dtype dt, const void* src, float* dst, int n, int npad, float scale);
+    /* rows r < nrows: dst[r*ld + 0..n) = src[r][0..n) (dtype dt, any KV dtype); dst[r*ld + n..npad) = 0 */
+    void (*load_rows)(kva_dtype dt, const char* const* src, int nrows, float* dst, int ld, int n, int npad);
     /* dst (dtype dt: f32/f16/bf16) = src * scale, n elements */
     void (*store_row)(kva_dtype dt, const float* src, void* dst, int n, float scale);
     /* S[r*lds + t] = dot(Q[r*ldq .. +D], K[t*ldk .. +D]) for r < R, t < nt; D % 16 == 0, nt % 8 == 0 */
@@ -113,7 +115,7 @@ typedef struct kva__cpu_scratch {
     float* cosr;   /* [KVA__MAX_TILE_Q][KVA__CPU_MAX_DIM/2] RoPE cos rows (tokens or query rows) */
     float* sinr;   /* same */
     float* tmp;    /* [2][KVA__CPU_MAX_DIM] */
-    const char** kp; /* [KVA__CPU_KV_BLOCK] row pointers */
+    const char** kp; /* [2][KVA__CPU_KV_BLOCK] row pointers (double-buffered) */
     const char** vp;
     kva__cpu_rope_cursor* rope; /* one cursor */
     void* block;   /* the single allocation */

@@ -92,6 +92,33 @@ static void a_load_row(kva_dtype dt, const void* src, float* dst, int n, int npa
     for (; i < npad; ++i) dst[i] = 0.0f;
 }
 
+/* one loop per dtype (the dtype switch stays out of the inner loops) */
+#define KVA__LOAD_ROWS_CASE(DT)                                                              \
+    case DT:                                                                                 \
+        for (int r = 0; r < nrows; ++r) {                                                    \
+            const void* s = src[r];                                                          \
+            float* d = dst + (size_t)r * (size_t)ld;                                         \
+            int i = 0;                                                                       \
+            for (; i + 8 <= n; i += 8) _mm256_storeu_ps(d + i, cvt8(DT, s, i));             \
+            for (; i < n; ++i) d[i] = kva__cpu_load_scalar(DT, s, i);                        \
+            for (; i < npad; ++i) d[i] = 0.0f;                                               \
+        }                                                                                    \
+        break;
+
+static void a_load_rows(kva_dtype dt, const char* const* src, int nrows, float* dst, int ld, int n, int npad) {
+    switch (dt) {
+        KVA__LOAD_ROWS_CASE(KVA_DTYPE_F32)
+        KVA__LOAD_ROWS_CASE(KVA_DTYPE_F16)
+        KVA__LOAD_ROWS_CASE(KVA_DTYPE_BF16)
+        KVA__LOAD_ROWS_CASE(KVA_DTYPE_E4M3)
+        KVA__LOAD_ROWS_CASE(KVA_DTYPE_E5M2)
+    default:
+        for (int r = 0; r < nrows; ++r) memset(dst + (size_t)r * (size_t)ld, 0, sizeof(float) * (size_t)npad);
+        break;
+    }
+}
+#undef KVA__LOAD_ROWS_CASE
+
 static inline __m128i f32_to_bf16_8(__m256 v) {
     __m256i x = _mm256_castps_si256(v);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
@@ -329,7 +356,7 @@ static void a_softcap(float* x, int n, float cap) {
 #endif
 
 const kva__cpu_kernels kva__cpu_kernels_avx2 = {
-    "avx2", a_load_row, a_store_row, a_scores, a_pv, a_row_max, a_exp_sum, a_sigmoid, a_softcap,
+    "avx2", a_load_row, a_load_rows, a_store_row, a_scores, a_pv, a_row_max, a_exp_sum, a_sigmoid, a_softcap,
 };
 
 #else

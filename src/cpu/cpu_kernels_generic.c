@@ -7,6 +7,10 @@ static void g_load_row(kva_dtype dt, const void* src, float* dst, int n, int npa
     kva__cpu_load_row_scalar(dt, src, dst, n, npad, scale);
 }
 
+static void g_load_rows(kva_dtype dt, const char* const* src, int nrows, float* dst, int ld, int n, int npad) {
+    for (int r = 0; r < nrows; ++r) kva__cpu_load_row_scalar(dt, src[r], dst + (size_t)r * (size_t)ld, n, npad, 1.0f);
+}
+
 static void g_store_row(kva_dtype dt, const float* src, void* dst, int n, float scale) {
     kva__cpu_store_row_scalar(dt, src, dst, n, scale);
 }
@@ -70,5 +74,5 @@ static void g_softcap(float* x, int n, float cap) {
 }
 
 const kva__cpu_kernels kva__cpu_kernels_generic = {
-    "generic", g_load_row, g_store_row, g_scores, g_pv, g_row_max, g_exp_sum, g_sigmoid, g_softcap,
+    "generic", g_load_row, g_load_rows, g_store_row, g_scores, g_pv, g_row_max, g_exp_sum, g_sigmoid, g_softcap,
 };

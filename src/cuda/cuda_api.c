@@ -122,7 +122,7 @@ static void kva__nv_load_once(void) {
     char cand[8][512];
     int n = 0;
     const char* env = getenv("KVATTN_NVRTC_PATH");
-    if (env && *env) snprintf(cand[n++], sizeof cand[0], "%s", env);
+    if (env && *env) snprintf(cand[n++], sizeof cand[0], "%.500s", env);
     snprintf(cand[n++], sizeof cand[0], "libnvrtc.so.13");
     snprintf(cand[n++], sizeof cand[0], "libnvrtc.so.12");
     snprintf(cand[n++], sizeof cand[0], "libnvrtc.so");
@@ -144,7 +144,7 @@ static void kva__nv_load_once(void) {
     }
     kva__nvrtc_api* v = &kva__nv;
     v->lib = lib;
-    snprintf(v->path, sizeof v->path, "%s", cand[which]);
+    snprintf(v->path, sizeof v->path, "%.500s", cand[which]);
     struct {
         const char* name;
         void* slot;

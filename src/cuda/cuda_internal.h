@@ -43,16 +43,20 @@ kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile
 /* Symbol name ("kva_dec_d128_qbf16_kvbf16_obf16_r8_rope0"; util: "kva_util") */
 void kva__kkey_name(const kva__kkey* k, char* buf, size_t size);
 /* NVRTC -D options for the key; returns the count (at most max) */
-int kva__kkey_defines(const kva__kkey* k, char (*defs)[96], int max);
+int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max);
 /* Main NVRTC source text of a key's module */
 const char* kva__kkey_source(const kva__kkey* k);
 
 /* Every kernel variant (for the NVRTC test): fills up to max keys, returns the total count. */
 int kva__kkey_enumerate(kva__kkey* keys, int max);
 
-/* Compile a key with NVRTC for arch (e.g. "sm_90a"): *cubin is malloc'd (caller frees). On failure returns
+/* Compile a key with NVRTC for arch (e.g. "sm_90a"), with one extra option (or NULL): *cubin is malloc'd (caller
+ * frees); log_out (optional) receives the malloc'd NVRTC log of a successful compile. On failure returns
  * KVA_ERR_JIT with the NVRTC log in the message. No driver or device needed. */
-kva_status kva__jit_compile(const kva__kkey* k, const char* arch, void** cubin, size_t* cubin_size);
+kva_status kva__jit_compile(const kva__kkey* k, const char* arch, const char* extra_opt, void** cubin,
+                            size_t* cubin_size, char** log_out);
+/* Magic numbers of the kernels' division by the page size (see kva_fastdiv in kva_common.cuh) */
+void kva__fastdiv_magic(int32_t d, uint32_t* mul, uint32_t* shift);
 /* The cache identity of a key for an arch (hash of sources, options, NVRTC version, arch, library version) */
 kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, size_t ident_size, char* hash_hex,
                              size_t hash_size);
@@ -113,6 +117,7 @@ typedef struct kva__cuda_state {
     char arch[16];          /* NVRTC target, e.g. "sm_90a" */
     char cache_dir[1024];   /* "" = no disk cache */
     CUmodule aot;           /* prebuilt module for this device, or NULL */
+    CUmodule util_module;   /* JIT util module when there is no prebuilt one */
     pthread_mutex_t mu;     /* guards kernels[] insertion, staging ring */
     kva__kentry kernels[KVA__MAX_KERNELS];
     int num_kernels;        /* entries [0, num_kernels) are immutable once published */

@@ -85,6 +85,14 @@ kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile
     return KVA_OK;
 }
 
+void kva__fastdiv_magic(int32_t d, uint32_t* mul, uint32_t* shift) {
+    /* n / d = (umulhi(n, m) + n) >> l for 0 <= n < 2^31, with l = ceil(log2 d), m = floor(2^32 (2^l - d) / d) + 1 */
+    uint32_t l = 0;
+    while (((uint64_t)1 << l) < (uint64_t)d) ++l;
+    *mul = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << l) - (uint64_t)d)) / (uint64_t)d + 1);
+    *shift = l;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Keys                                                                                            */
 
@@ -108,18 +116,18 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
              kva__dt(k->ot), (int)k->rows, (int)k->rope);
 }
 
-int kva__kkey_defines(const kva__kkey* k, char (*defs)[96], int max) {
+int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     if (k->family == KVA__KF_UTIL || max < 8) return 0;
     char name[96];
     kva__kkey_name(k, name, sizeof name);
-    snprintf(defs[0], 96, "-DKVA_KERNEL_NAME=%s", name);
-    snprintf(defs[1], 96, "-DKVA_DQK=%d", (int)k->dqk);
-    snprintf(defs[2], 96, "-DKVA_DVO=%d", (int)k->dvo);
-    snprintf(defs[3], 96, "-DKVA_QT=%d", (int)k->qt);
-    snprintf(defs[4], 96, "-DKVA_KT=%d", (int)k->kt);
-    snprintf(defs[5], 96, "-DKVA_OT=%d", (int)k->ot);
-    snprintf(defs[6], 96, "-DKVA_ROWS=%d", (int)k->rows);
-    snprintf(defs[7], 96, "-DKVA_ROPE=%d", (int)k->rope);
+    snprintf(defs[0], 128, "-DKVA_KERNEL_NAME=%s", name);
+    snprintf(defs[1], 128, "-DKVA_DQK=%d", (int)k->dqk);
+    snprintf(defs[2], 128, "-DKVA_DVO=%d", (int)k->dvo);
+    snprintf(defs[3], 128, "-DKVA_QT=%d", (int)k->qt);
+    snprintf(defs[4], 128, "-DKVA_KT=%d", (int)k->kt);
+    snprintf(defs[5], 128, "-DKVA_OT=%d", (int)k->ot);
+    snprintf(defs[6], 128, "-DKVA_ROWS=%d", (int)k->rows);
+    snprintf(defs[7], 128, "-DKVA_ROPE=%d", (int)k->rope);
     return 8;
 }
 
@@ -166,15 +174,15 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
 
 #define KVA__MAX_OPTS 16
 
-static int kva__jit_options(const kva__kkey* k, const char* arch, char (*store)[96], const char** opts) {
+static int kva__jit_options(const kva__kkey* k, const char* arch, char (*store)[128], const char** opts) {
     int n = 0;
-    snprintf(store[n], 96, "--gpu-architecture=%s", arch);
+    snprintf(store[n], 128, "--gpu-architecture=%s", arch);
     opts[n] = store[n];
     ++n;
-    snprintf(store[n], 96, "--std=c++17");
+    snprintf(store[n], 128, "--std=c++17");
     opts[n] = store[n];
     ++n;
-    snprintf(store[n], 96, "-DKVA_NVRTC=1");
+    snprintf(store[n], 128, "-DKVA_NVRTC=1");
     opts[n] = store[n];
     ++n;
     int nd = kva__kkey_defines(k, store + n, KVA__MAX_OPTS - n);
@@ -182,7 +190,8 @@ static int kva__jit_options(const kva__kkey* k, const char* arch, char (*store)[
     return n + nd;
 }
 
-kva_status kva__jit_compile(const kva__kkey* k, const char* arch, void** cubin, size_t* cubin_size) {
+kva_status kva__jit_compile(const kva__kkey* k, const char* arch, const char* extra_opt, void** cubin,
+                            size_t* cubin_size, char** log_out) {
     const kva__nvrtc_api* nv = kva__nvrtc_load();
     if (!nv) return KVA_ERR_JIT;
     char name[128];
@@ -198,10 +207,23 @@ kva_status kva__jit_compile(const kva__kkey* k, const char* arch, void** cubin, 
     nvrtcResult r = nv->CreateProgram(&prog, kva__kkey_source(k), name, nh, hdr_texts, hdr_names);
     KVA_RETURN_IF(r != NVRTC_SUCCESS, KVA_ERR_JIT, "compiling %s: nvrtcCreateProgram failed: %s", name,
                   nv->GetErrorString(r));
-    char store[KVA__MAX_OPTS][96];
+    char store[KVA__MAX_OPTS][128];
     const char* opts[KVA__MAX_OPTS];
     int no = kva__jit_options(k, arch, store, opts);
+    if (extra_opt && no < KVA__MAX_OPTS) opts[no++] = extra_opt;
+    if (log_out) *log_out = NULL;
     r = nv->CompileProgram(prog, no, opts);
+    if (r == NVRTC_SUCCESS && log_out) {
+        size_t ls = 0;
+        nv->GetProgramLogSize(prog, &ls);
+        char* log = (char*)malloc(ls + 1);
+        if (log) {
+            log[0] = '\0';
+            nv->GetProgramLog(prog, log);
+            log[ls] = '\0';
+        }
+        *log_out = log;
+    }
     if (r != NVRTC_SUCCESS) {
         size_t ls = 0;
         nv->GetProgramLogSize(prog, &ls);
@@ -252,7 +274,7 @@ kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, 
     }
     const char* main_src = kva__kkey_source(k);
     src = kva__fnv(src, main_src, strlen(main_src) + 1);
-    char store[KVA__MAX_OPTS][96];
+    char store[KVA__MAX_OPTS][128];
     const char* opts[KVA__MAX_OPTS];
     int no = kva__jit_options(k, arch, store, opts);
     char name[128];
@@ -395,7 +417,7 @@ kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const 
     }
     kva__log(ctx, KVA_LOG_INFO, "kvattn: compiling %s for %s (NVRTC; cache %s)...", name, arch,
              cache_dir && *cache_dir ? cache_dir : "disabled");
-    kva_status st = kva__jit_compile(k, arch, cubin, cubin_size);
+    kva_status st = kva__jit_compile(k, arch, NULL, cubin, cubin_size, NULL);
     if (st != KVA_OK) {
         kva__log(ctx, KVA_LOG_ERROR, "kvattn: %s", kva_last_error_message());
         return st;

@@ -78,7 +78,7 @@
 #if KVA_DQK != KVA_DVO
 #error "the CUDA-core kernel needs head_dim_qk == head_dim_vo"
 #endif
-#if KVA_LX < 8 || KVA_LX > 32
+#if KVA_DQK != 64 && KVA_DQK != 128 && KVA_DQK != 256
 #error "head dim must be 64, 128 or 256"
 #endif
 

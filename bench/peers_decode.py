@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""peers_decode.py - the decode peers on the shapes kva_bench_decode measured, and the combined results table.
+
+Reads the CSV written by `kva_bench_decode --csv FILE` (one row per workload, with every request's KV length)
+and times, in the same process and on the same GPU:
+  * PyTorch scaled_dot_product_attention, cuDNN backend and flash backend, on contiguous K/V
+    (q [B, Hq, 1, D], k/v [B, Hkv, L, D], enable_gqa=True); uniform-length bf16 workloads only (SDPA has no
+    ragged or fp8 decode); D7 rows are timed as CUDA-graph replays;
+  * FlashInfer BatchDecodeWithPagedKVCacheWrapper on the same paged shapes, when `import flashinfer` works.
+Cold L2 (a 512 MB buffer is overwritten before every timed call), CUDA events, median of --iters.
+Writes a markdown table (device, date, commit, then one row per workload) to --out and to stdout, table last.
+"""
+import argparse
+import csv
+import datetime
+import os
+import statistics
+import subprocess
+import sys
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--csv", required=True, help="CSV from kva_bench_decode --csv")
+    ap.add_argument("--out", default=None, help="markdown output file")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--hbm", type=float, default=0.0, help="nominal HBM TB/s (default: from the device name)")
+    args = ap.parse_args()
+
+    rows = list(csv.DictReader(open(args.csv)))
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dev = torch.device("cuda")
+    name = torch.cuda.get_device_name(0)
+    hbm = args.hbm or (4.8 if "H200" in name else 3.35 if "H100" in name else 0.0)
+    flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    try:
+        import flashinfer  # noqa: F401
+        have_fi = True
+        fi_version = getattr(flashinfer, "__version__", "?")
+    except Exception as e:  # pragma: no cover - depends on the machine
+        have_fi = False
+        fi_version = "not importable (%s)" % type(e).__name__
+
+    def time_cold(fn, iters):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        ts = []
+        for i in range(iters + 3):
+            flush.fill_(i & 0xFF)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            if i >= 3:
+                ts.append(s.elapsed_time(e) * 1000.0)
+        return statistics.median(ts)
+
+    def graphed(fn):
+        fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return g.replay
+
+    def warm_replay(fn, reps=200):
+        s = torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        fn()
+        s.record()
+        for _ in range(reps):
+            fn()
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e) * 1000.0 / reps
+
+    results = []
+    for r in rows:
+        B, hq, hkv, d, ps = int(r["batch"]), int(r["hq"]), int(r["hkv"]), int(r["d"]), int(r["page_size"])
+        lens = [int(x) for x in r["lens"].split(";")]
+        kvdt = r["kv_dtype"]
+        is_graph = r["group"] == "D7"
+        warm = "(warm)" in r["name"]
+        res = {"row": r, "cudnn": None, "flash": None, "fi": None, "note": ""}
+        uniform = len(set(lens)) == 1
+        torch.manual_seed(0)
+        # ---- SDPA on contiguous K/V ----
+        if uniform and kvdt == "bf16":
+            L = lens[0]
+            try:
+                q = torch.randn(B, hq, 1, d, device=dev, dtype=torch.bfloat16)
+                k = torch.randn(B, hkv, L, d, device=dev, dtype=torch.bfloat16)
+                v = torch.randn(B, hkv, L, d, device=dev, dtype=torch.bfloat16)
+                for key, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+                    try:
+                        def call(be=be):
+                            with sdpa_kernel([be]):
+                                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                        fn = graphed(call) if is_graph else call
+                        res[key] = warm_replay(fn) if warm else time_cold(fn, args.iters)
+                    except Exception as e:
+                        res["note"] += "%s: %s; " % (key, str(e).splitlines()[0][:60])
+                del q, k, v
+            except torch.OutOfMemoryError:
+                res["note"] += "SDPA OOM; "
+        elif not uniform:
+            res["note"] += "SDPA: ragged n/a; "
+        else:
+            res["note"] += "SDPA: fp8 KV n/a; "
+        # ---- FlashInfer on the paged shapes ----
+        if have_fi:
+            try:
+                import flashinfer
+                npg = [(l + ps - 1) // ps for l in lens]
+                indptr = torch.tensor([0] + list(__import__("itertools").accumulate(npg)), dtype=torch.int32, device=dev)
+                total = int(indptr[-1].item())
+                indices = torch.randperm(total, device=dev).to(torch.int32)
+                last = torch.tensor([l - (n - 1) * ps for l, n in zip(lens, npg)], dtype=torch.int32, device=dev)
+                kdt = torch.float8_e4m3fn if kvdt == "e4m3" else torch.bfloat16
+                kc = torch.randn(total, 2, ps, hkv, d, device=dev, dtype=torch.bfloat16).to(kdt)
+                q = torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16)
+                wsb = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(wsb, "NHD", use_cuda_graph=is_graph,
+                                                                  paged_kv_indptr_buffer=indptr if is_graph else None,
+                                                                  paged_kv_indices_buffer=indices if is_graph else None,
+                                                                  paged_kv_last_page_len_buffer=last if is_graph else None)
+                w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.bfloat16, kv_data_type=kdt)
+                fn = lambda: w.run(q, kc)
+                if is_graph:
+                    fn = graphed(fn)
+                res["fi"] = warm_replay(fn) if warm else time_cold(fn, args.iters)
+                del kc, q, wsb
+            except Exception as e:
+                res["note"] += "FlashInfer: %s; " % str(e).splitlines()[0][:80]
+        results.append(res)
+        torch.cuda.empty_cache()
+
+    commit = os.environ.get("KVA_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], stderr=subprocess.DEVNULL).decode().strip()
+        except Exception:
+            commit = "unknown"
+    lines = []
+    lines.append("# kvattn batch decode vs peers")
+    lines.append("")
+    lines.append("device: %s (nominal HBM %.2f TB/s); torch %s (CUDA %s); cuDNN %s; FlashInfer %s" % (
+        name, hbm, torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), fi_version))
+    lines.append("date: %s; commit: %s; cold L2 (512 MB overwrite before each call), CUDA events, median of %d" % (
+        datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), commit, args.iters))
+    lines.append("D7 rows: CUDA-graph replay (cold: one replay after a flush; warm: back-to-back replays)")
+    lines.append("")
+    # D4 load balance: ragged vs equal lengths of the same bytes
+    eq = {r["row"]["name"].replace("D4eq ", "D4 "): float(r["row"]["kvattn_us"]) for r in results if r["row"]["group"] == "D4eq"}
+    bal = []
+    for res in results:
+        r = res["row"]
+        if r["group"] == "D4" and r["name"] in eq:
+            bal.append("%s: ragged %.1f us vs equal %.1f us (%.2fx)" % (r["name"], float(r["kvattn_us"]), eq[r["name"]],
+                                                                        float(r["kvattn_us"]) / eq[r["name"]]))
+    if bal:
+        lines.append("D4 load balance (time ragged / time equal lengths, same bytes): " + "; ".join(bal))
+        lines.append("")
+    lines.append("| workload | shape | MB | kvattn us | TB/s | %HBM | cuDNN us | flash us | FlashInfer us | vs cuDNN | notes |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for res in results:
+        r = res["row"]
+        t = float(r["kvattn_us"])
+        by = float(r["bytes"])
+        tbs = by / (t * 1e-6) / 1e12
+        pct = "%.1f" % (100.0 * tbs / hbm) if hbm else "?"
+        f = lambda x: "%.1f" % x if x is not None else "-"
+        ratio = "%.2fx" % (res["cudnn"] / t) if res["cudnn"] else "-"
+        lines.append("| %s | %s | %.1f | %.1f | %.3f | %s | %s | %s | %s | %s | %s |" % (
+            r["name"], r["label"], by / 1e6, t, tbs, pct, f(res["cudnn"]), f(res["flash"]), f(res["fi"]), ratio,
+            res["note"].strip()))
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+    sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Paged KV cache maintenance (``flashinfer.page``)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from . import _context as C
+from . import _core
+from . import _ffi as F
+from . import _tensor as T
+from . import _torch_ops
+
+__all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
+
+_LAYOUT_CODE = {"NHD": F.KVA_LAYOUT_NHD, "HND": F.KVA_LAYOUT_HND}
+_LAYOUT_NAME = {v: k for k, v in _LAYOUT_CODE.items()}
+
+
+def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any, positions: Any,
+                          paged_kv_cache: Any, kv_indices: Any, kv_indptr: Any, kv_last_page_len: Any,
+                          kv_layout: str = "NHD") -> None:
+    """Scatter ``append_key/append_value [nnz, num_kv_heads, head_dim]`` into the paged cache: token i goes to
+    request ``batch_indices[i]`` at position ``positions[i]``. The page table (``kv_indices``, ``kv_indptr``,
+    ``kv_last_page_len``) must already include the new tokens. A token outside its request or the pool is not
+    written and raises (PageIndexOutOfRangeError)."""
+    layout = _core.parse_layout(kv_layout)
+    if isinstance(paged_kv_cache, (tuple, list)):
+        cache, v_cache = paged_kv_cache
+    else:
+        cache, v_cache = paged_kv_cache, None
+    k_view, v_view = _core.split_paged_kv(paged_kv_cache, layout)
+    dev = T.device_of(k_view)
+    for name, x in (("append_key", append_key), ("append_value", append_value), ("v_cache", v_view)):
+        if T.device_of(x) != dev:
+            raise ValueError("kvattn: append_paged_kv_cache: %s is on %s, the cache on %s"
+                             % (name, T.device_str(T.device_of(x)), T.device_str(dev)))
+    if append_key.ndim != 3 or append_value.ndim != 3:
+        raise ValueError("kvattn: append_key / append_value must be [nnz, num_kv_heads, head_dim]")
+    ints = [T.backend_int32(x, dev, name) for x, name in ((batch_indices, "batch_indices"), (positions, "positions"),
+                                                          (kv_indices, "kv_indices"), (kv_indptr, "kv_indptr"),
+                                                          (kv_last_page_len, "kv_last_page_len"))]
+    nnz = int(append_key.shape[0])
+    if int(ints[0].shape[0]) < nnz or int(ints[1].shape[0]) < nnz:
+        raise ValueError("kvattn: batch_indices and positions must have nnz = %d elements" % nnz)
+    if int(ints[3].shape[0]) != int(ints[4].shape[0]) + 1:
+        raise ValueError("kvattn: kv_indptr must have len(kv_last_page_len) + 1 elements")
+    if T.is_torch(append_key):
+        if _torch_ops.is_compiling():
+            _torch_ops.ops().append_paged_kv_cache(append_key, append_value, ints[0], ints[1], cache, v_cache,
+                                                   ints[2], ints[3], ints[4], _LAYOUT_CODE[layout])
+            return
+        _torch_ops.ensure_registered()
+    _append_impl(append_key, append_value, ints[0], ints[1], cache, v_cache, ints[2], ints[3], ints[4],
+                 _LAYOUT_CODE[layout])
+
+
+def _append_impl(append_key: Any, append_value: Any, batch_indices: Any, positions: Any, cache: Any,
+                 v_cache: Any, kv_indices: Any, kv_indptr: Any, kv_last_page_len: Any, layout: int) -> None:
+    layout_name = _LAYOUT_NAME[int(layout)]
+    k, v = _core.split_paged_kv(cache if v_cache is None else (cache, v_cache), layout_name)
+    dev = T.device_of(k)
+    kd = T.dtype_of(k, "k_cache")
+    if T.dtype_of(v, "v_cache") != kd:
+        raise TypeError("kvattn: the K and V caches must have the same dtype")
+    p = F.kva_paged_kv()
+    _core.fill_paged(p, k, v, layout_name, kd, int(k.shape[0]), T.data_ptr(kv_indices), T.data_ptr(kv_indptr),
+                     T.data_ptr(kv_last_page_len))
+    tk = T.make_tensor(append_key, "append_key")
+    tv = T.make_tensor(append_value, "append_value")
+    nnz = int(append_key.shape[0])
+    F.check(F.lib().kva_append_paged_kv_cache(C.get_context(dev), ctypes.byref(tk), ctypes.byref(tv),
+                                              T.data_ptr(batch_indices) or None, T.data_ptr(positions) or None, nnz,
+                                              ctypes.byref(p), int(kv_last_page_len.shape[0]),
+                                              C.current_stream(dev)), "append_paged_kv_cache")
+
+
+def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int, batch_indices: Any = None,
+                                positions: Any = None) -> Tuple[Any, Any]:
+    """For each appended token j (``append_indptr[b] <= j < append_indptr[b+1]``): its request b and absolute
+    position ``seq_lens[b] - append_len[b] + (j - append_indptr[b])``. Returns int32 ``(batch_indices,
+    positions)`` of length nnz (written into the given arrays when passed)."""
+    nnz = int(nnz)
+    if T.is_torch(append_indptr) or T.is_torch(seq_lens):
+        torch = T._torch()
+        ref = append_indptr if T.is_torch(append_indptr) else seq_lens
+        dev = ref.device
+        ip = torch.as_tensor(append_indptr, device=dev).to(torch.int64)
+        sl = torch.as_tensor(seq_lens, device=dev).to(torch.int64)
+        B = ip.numel() - 1
+        j = torch.arange(nnz, device=dev, dtype=torch.int64)
+        b = torch.searchsorted(ip[1:].contiguous(), j, right=True).clamp(max=max(B - 1, 0))
+        if B > 0:
+            pos = sl[b] - (ip[b + 1] - ip[b]) + (j - ip[b])
+        else:
+            pos = torch.zeros_like(j)
+        bi32, pos32 = b.to(torch.int32), pos.to(torch.int32)
+        if batch_indices is not None:
+            batch_indices[:nnz].copy_(bi32)
+            bi32 = batch_indices
+        if positions is not None:
+            positions[:nnz].copy_(pos32)
+            pos32 = positions
+        return bi32, pos32
+    ip = np.asarray(append_indptr).astype(np.int64)
+    sl = np.asarray(seq_lens).astype(np.int64)
+    B = ip.size - 1
+    j = np.arange(nnz, dtype=np.int64)
+    b = np.minimum(np.searchsorted(ip[1:], j, side="right"), max(B - 1, 0))
+    pos = sl[b] - (ip[b + 1] - ip[b]) + (j - ip[b]) if B > 0 else np.zeros_like(j)
+    bi32, pos32 = b.astype(np.int32), pos.astype(np.int32)
+    if batch_indices is not None:
+        batch_indices[:nnz] = bi32
+        bi32 = batch_indices
+    if positions is not None:
+        positions[:nnz] = pos32
+        pos32 = positions
+    return bi32, pos32
+
+
+def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
+    """KV length of each request: ``(num_pages - 1) * page_size + last_page_len``, 0 for a request without
+    pages (int32; same library/device as the inputs)."""
+    ps = int(page_size)
+    if T.is_torch(kv_indptr) or T.is_torch(kv_last_page_len):
+        torch = T._torch()
+        dev = (kv_indptr if T.is_torch(kv_indptr) else kv_last_page_len).device
+        ip = torch.as_tensor(kv_indptr, device=dev).to(torch.int64)
+        lpl = torch.as_tensor(kv_last_page_len, device=dev).to(torch.int64)
+        pages = ip[1:] - ip[:-1]
+        lens = torch.where(pages > 0, (pages - 1) * ps + lpl, torch.zeros_like(pages))
+        return lens.to(torch.int32)
+    ip = np.asarray(kv_indptr).astype(np.int64)
+    lpl = np.asarray(kv_last_page_len).astype(np.int64)
+    pages = np.diff(ip)
+    return np.where(pages > 0, (pages - 1) * ps + lpl, 0).astype(np.int32)

@@ -1,0 +1,221 @@
+"""BatchDecodeWithPagedKVCacheWrapper on the CPU backend (NumPy) against the float64 reference."""
+
+import math
+
+import numpy as np
+import pytest
+
+import kvattn
+from conftest import workspace
+from reference import TOL, assert_close, attention, gather_kv, make_paged
+
+KV_LENS = [0, 1, 16, 17, 45, 3]
+
+
+def _run_decode(rng, kv_lens, page_size, hq, hkv, d, layout="NHD", dtype=np.float32, **plan_kw):
+    cache, indptr, indices, last, _ = make_paged(rng, kv_lens, page_size, hkv, d, dtype, layout)
+    q = rng.standard_normal((len(kv_lens), hq, d)).astype(dtype)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(), kv_layout=layout)
+    w.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type=np.dtype(dtype).name, **plan_kw)
+    o, lse = w.run(q, cache, return_lse=True)
+    return q, cache, indptr, indices, o, lse
+
+
+def _check(q, cache, indptr, indices, o, lse, kv_lens, layout, dtype, **ref_kw):
+    atol, rtol = TOL[np.dtype(dtype).name]
+    for b, n in enumerate(kv_lens):
+        k, v = gather_kv(cache[:, 0], cache[:, 1], indptr, indices, b, n, layout)
+        ro, rl = attention(q[b:b + 1], k, v, **ref_kw)
+        assert_close(o[b], ro[0], atol, rtol, "o[%d]" % b)
+        assert_close(lse[b], rl[0], atol, rtol, "lse[%d]" % b)
+
+
+@pytest.mark.parametrize("group", [1, 4, 7])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_decode_gqa_pages_layouts(rng, group, page_size, layout):
+    hkv, d = 2, 32
+    res = _run_decode(rng, KV_LENS, page_size, hkv * group, hkv, d, layout)
+    _check(*res, KV_LENS, layout, np.float32)
+
+
+def test_decode_empty_request_gives_zero_and_minus_inf(rng):
+    q, cache, indptr, indices, o, lse = _run_decode(rng, [0, 5, 0], 4, 4, 2, 16)
+    assert np.all(o[0] == 0) and np.all(o[2] == 0)
+    assert np.all(np.isneginf(lse[0])) and np.all(np.isneginf(lse[2]))
+
+
+def test_decode_float16(rng):
+    res = _run_decode(rng, KV_LENS, 16, 8, 2, 64, dtype=np.float16)
+    assert res[4].dtype == np.float16
+    _check(*res, KV_LENS, "NHD", np.float16)
+
+
+@pytest.mark.parametrize("feature", [
+    dict(pos_encoding_mode="ROPE_LLAMA"),
+    dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=2.0, rope_theta=5e5),
+    dict(pos_encoding_mode="ALIBI"),
+    dict(logits_soft_cap=5.0),
+    dict(window_left=7),
+    dict(sm_scale=0.3),
+])
+def test_decode_features(rng, feature):
+    lens = [1, 9, 33, 64]
+    res = _run_decode(rng, lens, 8, 8, 2, 32, **feature)
+    ref_kw = {}
+    if "pos_encoding_mode" in feature:
+        ref_kw["pos_encoding"] = feature["pos_encoding_mode"]
+    for a, b in (("rope_scale", "rope_scale"), ("rope_theta", "rope_theta"), ("logits_soft_cap", "logits_soft_cap"),
+                 ("window_left", "window_left"), ("sm_scale", "sm_scale")):
+        if a in feature:
+            ref_kw[b] = feature[a]
+    _check(*res, lens, "NHD", np.float32, **ref_kw)
+
+
+def test_decode_strided_pool_and_query(rng):
+    """A pool with a layer dimension inside each page and padded heads; q sliced from a wider buffer."""
+    lens, ps, hq, hkv, d = [3, 20, 11], 8, 4, 2, 16
+    _, indptr, indices, last, P = make_paged(rng, lens, ps, hkv, d)
+    big = rng.standard_normal((P, 3, 2, ps, hkv, d + 8)).astype(np.float32)  # [P, layers, 2, ps, H, D+8]
+    cache = big[:, 1, :, :, :, :d]
+    assert not cache.flags["C_CONTIGUOUS"]
+    qbig = rng.standard_normal((len(lens), hq, d * 2)).astype(np.float32)
+    q = qbig[:, :, :d]
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    o = w.run(q, cache)
+    ok, ov = np.ascontiguousarray(cache[:, 0]), np.ascontiguousarray(cache[:, 1])
+    for b, n in enumerate(lens):
+        k, v = gather_kv(ok, ov, indptr, indices, b, n)
+        ro, _ = attention(q[b:b + 1], k, v)
+        assert_close(o[b], ro[0], 2e-4, 2e-4, "o[%d]" % b)
+
+
+def test_decode_kv_tuple_and_out_buffers(rng):
+    lens, ps, hq, hkv, d = [4, 30], 16, 4, 4, 16
+    cache, indptr, indices, last, _ = make_paged(rng, lens, ps, hkv, d)
+    k_cache, v_cache = np.ascontiguousarray(cache[:, 0]), np.ascontiguousarray(cache[:, 1])
+    q = rng.standard_normal((2, hq, d)).astype(np.float32)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=np.float32)
+    out = np.full((2, hq, d), np.nan, np.float32)
+    lse = np.full((2, hq), np.nan, np.float32)
+    r = w.run(q, (k_cache, v_cache), out=out, lse=lse)
+    assert r is out
+    o2 = w.run(q, cache)
+    np.testing.assert_array_equal(out, o2)
+    assert np.all(np.isfinite(lse))
+
+
+def test_decode_plan_reused_across_layers(rng):
+    """One plan, several layers (different pools and queries)."""
+    lens, ps, hq, hkv, d = [5, 19, 40], 4, 8, 2, 16
+    cache, indptr, indices, last, P = make_paged(rng, lens, ps, hkv, d)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    for layer in range(3):
+        cache_l = rng.standard_normal(cache.shape).astype(np.float32)
+        q = rng.standard_normal((3, hq, d)).astype(np.float32)
+        o, lse = w.run_return_lse(q, cache_l)
+        _check(q, cache_l, indptr, indices, o, lse, lens, "NHD", np.float32)
+
+
+def test_decode_split_kv_options(rng):
+    """Long sequences with a fixed split size (pages) and with splitting disabled give the same answer."""
+    lens, ps, hq, hkv, d = [700, 3, 260], 16, 4, 1, 16
+    cache, indptr, indices, last, _ = make_paged(rng, lens, ps, hkv, d)
+    q = rng.standard_normal((3, hq, d)).astype(np.float32)
+    outs = []
+    for kw in ({}, dict(fixed_split_size=4), dict(disable_split_kv=True)):
+        w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+        w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32", **kw)
+        if "fixed_split_size" in kw:
+            assert w.plan_info()["kv_chunk_size"] in (0, 64)  # 4 pages of 16 tokens
+        if "disable_split_kv" in kw:
+            assert w.plan_info()["kv_chunk_size"] == 0
+        o, lse = w.run(q, cache, return_lse=True)
+        _check(q, cache, indptr, indices, o, lse, lens, "NHD", np.float32)
+        outs.append(o)
+
+
+def test_decode_q_len_per_req(rng):
+    """Speculative verification: q_len_per_req rows per request, causal inside the block."""
+    lens, ps, hq, hkv, d, ql = [6, 20], 4, 4, 2, 16, 3
+    cache, indptr, indices, last, _ = make_paged(rng, lens, ps, hkv, d)
+    q = rng.standard_normal((2 * ql, hq, d)).astype(np.float32)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32", q_len_per_req=ql)
+    o = w.run(q, cache)
+    for b, n in enumerate(lens):
+        k, v = gather_kv(cache[:, 0], cache[:, 1], indptr, indices, b, n)
+        ro, _ = attention(q[b * ql:(b + 1) * ql], k, v, causal=True)
+        assert_close(o[b * ql:(b + 1) * ql], ro, 2e-4, 2e-4, "o[%d]" % b)
+
+
+def test_decode_v_scale_non_fp8_is_applied(rng):
+    lens, ps, hq, hkv, d = [5, 9], 4, 2, 2, 16
+    cache, indptr, indices, last, _ = make_paged(rng, lens, ps, hkv, d)
+    q = rng.standard_normal((2, hq, d)).astype(np.float32)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    o1 = w.run(q, cache)
+    o2 = w.run(q, cache, v_scale=0.5)
+    assert_close(o2, o1 * 0.5, 1e-6, 1e-6)
+    with pytest.raises(NotImplementedError, match="k_scale"):
+        w.run(q, cache, k_scale=0.5)
+
+
+def test_decode_deprecated_aliases(rng):
+    lens, ps, hq, hkv, d = [5, 9], 4, 2, 2, 16
+    cache, indptr, indices, last, _ = make_paged(rng, lens, ps, hkv, d)
+    q = rng.standard_normal((2, hq, d)).astype(np.float32)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.begin_forward(indptr, indices, last, hq, hkv, d, ps, data_type="float32")
+    o = w.forward(q, cache)
+    o2, lse = w.forward_return_lse(q, cache)
+    np.testing.assert_array_equal(o, o2)
+    w.end_forward()
+    # forward() with a per-call parameter honours it (a new plan), unlike FlashInfer which ignored it.
+    o3 = w.forward(q, cache, logits_soft_cap=2.0)
+    for b, n in enumerate(lens):
+        k, v = gather_kv(cache[:, 0], cache[:, 1], indptr, indices, b, n)
+        ro, _ = attention(q[b:b + 1], k, v, logits_soft_cap=2.0)
+        assert_close(o3[b], ro[0], 2e-4, 2e-4)
+    assert w.is_cuda_graph_enabled is False and w.use_tensor_cores is False
+
+
+def test_decode_workspace_size_and_too_small(rng):
+    lens, ps, hq, hkv, d = [300, 500, 7], 16, 8, 2, 64
+    cache, indptr, indices, last, _ = make_paged(rng, lens, ps, hkv, d)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(1 << 20))
+    fbytes, ibytes = w.workspace_size(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    assert fbytes > 0 and ibytes == 0
+    small = kvattn.BatchDecodeWithPagedKVCacheWrapper(np.zeros(64, np.uint8))
+    with pytest.raises(kvattn.WorkspaceTooSmallError) as ei:
+        small.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    assert ei.value.needed_bytes and ei.value.needed_bytes >= fbytes - 512
+    assert isinstance(ei.value, ValueError)
+    # exactly the reported size is enough
+    ok = kvattn.BatchDecodeWithPagedKVCacheWrapper(np.zeros(ei.value.needed_bytes, np.uint8))
+    ok.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+
+
+def test_decode_graph_mode_buffers_numpy(rng):
+    """use_cuda_graph=True semantics on the CPU backend: fixed batch, buffers filled by plan, re-plan works."""
+    ps, hq, hkv, d, B = 4, 4, 2, 16, 3
+    indptr_buf = np.zeros(B + 1, np.int32)
+    indices_buf = np.zeros(64, np.int32)
+    last_buf = np.zeros(B, np.int32)
+    w = kvattn.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(workspace(), indptr_buf, indices_buf, last_buf)
+    assert w.is_cuda_graph_enabled
+    for lens in ([3, 10, 1], [17, 0, 40]):
+        cache, indptr, indices, last, P = make_paged(rng, lens, ps, hkv, d, extra_pages=4)
+        cache = np.concatenate([cache, rng.standard_normal((60 - P,) + cache.shape[1:]).astype(np.float32)])
+        w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+        np.testing.assert_array_equal(indptr_buf, indptr)
+        np.testing.assert_array_equal(indices_buf[:len(indices)], indices)
+        q = rng.standard_normal((B, hq, d)).astype(np.float32)
+        o, lse = w.run(q, cache, return_lse=True)
+        _check(q, cache, indptr, indices, o, lse, lens, "NHD", np.float32)
+    with pytest.raises(ValueError, match="fixed"):
+        w.plan(indptr[:2], indices, last[:1], hq, hkv, d, ps, q_data_type="float32")

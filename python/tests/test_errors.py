@@ -1,0 +1,197 @@
+"""Errors: C-layer errors become KvattnError subclasses carrying kva_last_error_message(); run-time arguments
+that disagree with the plan raise; unsupported FlashInfer arguments raise clearly."""
+
+import numpy as np
+import pytest
+
+import kvattn
+from conftest import workspace
+from reference import make_paged
+
+
+def _decode_setup(rng, lens=(5, 9), ps=4, hq=4, hkv=2, d=16):
+    cache, indptr, indices, last, P = make_paged(rng, list(lens), ps, hkv, d)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float32)
+    return cache, indptr, indices, last, q
+
+
+def test_bad_indptr_raises_with_c_message(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    bad = indptr.copy()
+    bad[1], bad[2] = bad[2], bad[1]  # decreasing
+    with pytest.raises(kvattn.PageTableMalformedError) as ei:
+        w.plan(bad, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    msg = str(ei.value)
+    assert "indptr" in msg and "decreases" in msg  # the C library's message
+    assert ei.value.status_name == "KVA_ERR_PAGETABLE_MALFORMED" and ei.value.status == 4
+    assert isinstance(ei.value, ValueError) and isinstance(ei.value, kvattn.KvattnError)
+    bad0 = indptr.copy()
+    bad0[0] = 1
+    with pytest.raises(kvattn.PageTableMalformedError, match=r"indptr\[0\]"):
+        w.plan(bad0, indices, last, 4, 2, 16, 4, q_data_type="float32")
+
+
+def test_bad_last_page_len(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    bad = last.copy()
+    bad[0] = 5  # > page_size
+    with pytest.raises(kvattn.PageTableMalformedError, match="last_page_len"):
+        w.plan(indptr, indices, bad, 4, 2, 16, 4, q_data_type="float32")
+
+
+def test_page_index_out_of_range(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    w.run(q, cache)  # the wrapper learns the pool size
+    bad = indices.copy()
+    bad[-1] = cache.shape[0] + 3
+    # FlashInfer's plan never sees the pool, so an index past the pool is reported when run() gets the pool
+    w.plan(indptr, bad, last, 4, 2, 16, 4, q_data_type="float32")
+    with pytest.raises(kvattn.PageIndexOutOfRangeError, match="outside the pool"):
+        w.run(q, cache)
+    # ... or at plan time when the pool size is given (kvattn extension)
+    with pytest.raises(kvattn.PageIndexOutOfRangeError, match="outside the pool"):
+        w.plan(indptr, bad, last, 4, 2, 16, 4, q_data_type="float32", num_pages=cache.shape[0])
+    neg = indices.copy()
+    neg[0] = -1
+    with pytest.raises(kvattn.PageIndexOutOfRangeError):
+        w.plan(indptr, neg, last, 4, 2, 16, 4, q_data_type="float32")
+
+
+def test_pool_smaller_than_indices_raises_at_run(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    small = cache[: int(indices.max())]  # the largest index is now outside
+    with pytest.raises(kvattn.PageIndexOutOfRangeError):
+        w.run(q, small)
+
+
+def test_run_dtype_mismatch_raises(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4)  # q_data_type defaults to float16, like FlashInfer
+    with pytest.raises(kvattn.PlanMismatchError, match="q has dtype float32 but the plan expects float16"):
+        w.run(q, cache)
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    with pytest.raises(kvattn.PlanMismatchError, match="k_cache"):
+        w.run(q, cache.astype(np.float16))
+    with pytest.raises(kvattn.PlanMismatchError, match="out"):
+        w.run(q, cache, out=np.zeros((2, 4, 16), np.float16))
+
+
+def test_run_scalar_mismatch_raises(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", window_left=8, logits_soft_cap=30.0)
+    w.run(q, cache, window_left=8, logits_soft_cap=30.0)  # equal values are fine
+    with pytest.raises(kvattn.PlanMismatchError, match="window_left"):
+        w.run(q, cache, window_left=4)
+    with pytest.raises(kvattn.PlanMismatchError, match="logits_soft_cap"):
+        w.run(q, cache, logits_soft_cap=50.0)
+    with pytest.raises(kvattn.PlanMismatchError, match="sm_scale"):
+        w.run(q, cache, sm_scale=1.0)
+    with pytest.raises(kvattn.PlanMismatchError, match="q_len_per_req"):
+        w.run(q, cache, q_len_per_req=2)
+
+
+def test_run_shape_mismatch_raises(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    with pytest.raises(kvattn.PlanMismatchError, match="q has shape"):
+        w.run(q[:1], cache)
+    with pytest.raises(kvattn.PlanMismatchError):
+        w.run(np.zeros((2, 8, 16), np.float32), cache)
+    with pytest.raises(ValueError, match="5-D"):
+        w.run(q, cache[:, 0])
+
+
+def test_run_before_plan_and_after_reset(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    with pytest.raises(RuntimeError, match="before plan"):
+        w.run(q, cache)
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    w.reset_workspace_buffer(workspace(), None)
+    with pytest.raises(RuntimeError, match="plan"):
+        w.run(q, cache)
+
+
+def test_strides_rejected_clearly(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    with pytest.raises(ValueError, match="negative stride"):
+        w.run(q[::-1], cache)
+    qt = np.ascontiguousarray(q.transpose(0, 2, 1)).transpose(0, 2, 1)  # last dim stride != 1
+    with pytest.raises(ValueError, match="contiguous last dimension"):
+        w.run(qt, cache)
+    with pytest.raises(ValueError, match="contiguous"):
+        kvattn.single_decode_with_kv_cache(q[0], np.zeros((16, 3, 2), np.float32).transpose(0, 2, 1),
+                                           np.zeros((3, 2, 16), np.float32))
+
+
+def test_unsupported_arguments_raise(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    with pytest.raises(NotImplementedError, match="backend"):
+        kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(), backend="trtllm-gen")
+    with pytest.raises(NotImplementedError, match="jit_args"):
+        kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(), jit_args=["x"])
+    with pytest.raises(NotImplementedError, match="jit_args"):
+        kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace(), jit_kwargs={"a": 1})
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    with pytest.raises(NotImplementedError, match="block_tables"):
+        w.plan(indptr, indices, last, 4, 2, 16, 4, block_tables=np.zeros((2, 3), np.int32))
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    with pytest.raises(NotImplementedError, match="sinks"):
+        w.run(q, cache, sinks=np.zeros(4, np.float32))
+    with pytest.raises(NotImplementedError, match="positional"):
+        w.run(q, cache, 1.0)
+    p = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    qo = np.array([0, 1, 2], np.int32)
+    with pytest.raises(NotImplementedError, match="use_fp16_qk_reduction"):
+        p.plan(qo, indptr, indices, last, 4, 2, 16, 4, use_fp16_qk_reduction=True)
+    with pytest.raises(NotImplementedError, match="prefix_len_ptr"):
+        p.plan(qo, indptr, indices, last, 4, 2, 16, 4, prefix_len_ptr=np.zeros(2, np.int32))
+    with pytest.raises(ValueError, match="pos_encoding_mode"):
+        p.plan(qo, indptr, indices, last, 4, 2, 16, 4, pos_encoding_mode="ROPE_NEOX")
+    with pytest.raises(ValueError, match="kv_layout"):
+        kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace(), kv_layout="NDH")
+    with pytest.raises(TypeError, match="q_data_type"):
+        p.plan(qo, indptr, indices, last, 4, 2, 16, 4, q_data_type="int8")
+
+
+def test_bad_heads_raise(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    with pytest.raises(ValueError, match="multiple"):
+        w.plan(indptr, indices, last, 5, 2, 16, 4, q_data_type="float32")
+
+
+def test_c_status_from_library_is_keyed():
+    """error_for_status maps every kva_status to its class."""
+    from kvattn.exceptions import error_for_status
+
+    e = error_for_status(2, "no")
+    assert isinstance(e, kvattn.UnsupportedError) and isinstance(e, NotImplementedError)
+    e = error_for_status(3, "plan: ... this plan needs 4096 bytes")
+    assert isinstance(e, kvattn.WorkspaceTooSmallError) and e.needed_bytes == 4096
+    assert isinstance(error_for_status(9, "x"), RuntimeError)
+    assert isinstance(error_for_status(6, "x"), kvattn.PlanMismatchError)
+
+
+def test_int64_index_arrays_are_accepted(rng):
+    """FlashInfer requires int32 (int64 once gave wrong results); kvattn converts host arrays exactly."""
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    o1 = w.run(q, cache)
+    w.plan(indptr.astype(np.int64), indices.astype(np.int64), last.astype(np.int64), 4, 2, 16, 4,
+           q_data_type="float32")
+    np.testing.assert_array_equal(o1, w.run(q, cache))
+    with pytest.raises(TypeError, match="integer"):
+        w.plan(indptr.astype(np.float32), indices, last, 4, 2, 16, 4, q_data_type="float32")

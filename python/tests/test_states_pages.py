@@ -1,0 +1,169 @@
+"""merge_state / merge_state_in_place / merge_states, append_paged_kv_cache and the page / packbits helpers."""
+
+import numpy as np
+import pytest
+
+import kvattn
+from reference import assert_close, merge
+
+
+def _state(rng, n, h, d, empty_rows=()):
+    v = rng.standard_normal((n, h, d)).astype(np.float32)
+    s = (rng.standard_normal((n, h)) * 3).astype(np.float32)
+    for r in empty_rows:
+        v[r] = 0
+        s[r] = -np.inf
+    return v, s
+
+
+def test_merge_state(rng):
+    va, sa = _state(rng, 7, 3, 16, empty_rows=(1, 4))
+    vb, sb = _state(rng, 7, 3, 16, empty_rows=(4, 5))
+    v, s = kvattn.merge_state(va, sa, vb, sb)
+    rv, rs = merge(va, sa, vb, sb)
+    assert_close(v, rv, 1e-5, 1e-5, "v")
+    assert_close(s, rs, 1e-5, 1e-5, "s")
+    assert np.all(v[4] == 0) and np.all(np.isneginf(s[4]))  # two empty states: no NaN
+
+
+def test_merge_state_float16(rng):
+    va, sa = _state(rng, 5, 2, 32)
+    vb, sb = _state(rng, 5, 2, 32)
+    v, s = kvattn.merge_state(va.astype(np.float16), sa, vb.astype(np.float16), sb)
+    assert v.dtype == np.float16 and s.dtype == np.float32
+    rv, rs = merge(va.astype(np.float16), sa, vb.astype(np.float16), sb)
+    assert_close(v, rv, 2e-3, 2e-3)
+    assert_close(s, rs, 1e-5, 1e-5)
+
+
+def test_merge_state_in_place_with_mask(rng):
+    va, sa = _state(rng, 6, 2, 8)
+    vb, sb = _state(rng, 6, 2, 8)
+    rv, rs = merge(va, sa, vb, sb)
+    v, s = va.copy(), sa.copy()
+    mask = np.array([True, False, True, True, False, False])
+    kvattn.merge_state_in_place(v, s, vb, sb, mask=mask)
+    assert_close(v[mask], rv[mask], 1e-5, 1e-5)
+    assert_close(s[mask], rs[mask], 1e-5, 1e-5)
+    np.testing.assert_array_equal(v[~mask], va[~mask])
+    np.testing.assert_array_equal(s[~mask], sa[~mask])
+    v, s = va.copy(), sa.copy()
+    kvattn.merge_state_in_place(v, s, vb, sb)
+    assert_close(v, rv, 1e-5, 1e-5)
+
+
+def test_merge_states(rng):
+    n, k, h, d = 5, 4, 3, 8
+    v = rng.standard_normal((n, k, h, d)).astype(np.float32)
+    s = (rng.standard_normal((n, k, h)) * 2).astype(np.float32)
+    s[2, :, :] = -np.inf  # a row of empty states
+    vo, so = kvattn.merge_states(v, s)
+    rv, rs = v[:, 0].astype(np.float64), s[:, 0].astype(np.float64)
+    for i in range(1, k):
+        rv, rs = merge(rv, rs, v[:, i], s[:, i])
+    assert_close(vo, rv, 1e-5, 1e-5)
+    assert_close(so, rs, 1e-5, 1e-5)
+    assert np.all(vo[2] == 0) and np.all(np.isneginf(so[2]))
+
+
+def test_merge_of_split_attention_equals_full(rng):
+    """Attention over [0, n) == merge(attention over [0, m), attention over [m, n)) (base-2 LSE)."""
+    q = rng.standard_normal((3, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((20, 4, 16)).astype(np.float32)
+    v = rng.standard_normal((20, 4, 16)).astype(np.float32)
+    o, lse = kvattn.single_prefill_with_kv_cache(q, k, v, return_lse=True)
+    o1, l1 = kvattn.single_prefill_with_kv_cache(q, k[:7], v[:7], return_lse=True)
+    o2, l2 = kvattn.single_prefill_with_kv_cache(q, k[7:], v[7:], return_lse=True)
+    om, lm = kvattn.merge_state(o1, l1, o2, l2)
+    assert_close(om, o, 1e-5, 1e-4)
+    assert_close(lm, lse, 1e-5, 1e-4)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_append_paged_kv_cache(rng, layout, page_size):
+    hkv, d = 2, 8
+    old = [0, 5, 16, 3]
+    new = [4, 1, 7, 0]
+    total = [a + b for a, b in zip(old, new)]
+    pages = [(n + page_size - 1) // page_size for n in total]
+    P = sum(pages) + 2
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    indices = rng.permutation(P)[: indptr[-1]].astype(np.int32)
+    last = np.array([((n - 1) % page_size) + 1 if n else 1 for n in total], np.int32)
+    shape = (P, 2, page_size, hkv, d) if layout == "NHD" else (P, 2, hkv, page_size, d)
+    cache = np.zeros(shape, np.float32)
+    append_indptr = np.concatenate([[0], np.cumsum(new)]).astype(np.int32)
+    nnz = int(append_indptr[-1])
+    ak = rng.standard_normal((nnz, hkv, d)).astype(np.float32)
+    av = rng.standard_normal((nnz, hkv, d)).astype(np.float32)
+    seq_lens = kvattn.get_seq_lens(indptr, last, page_size)
+    np.testing.assert_array_equal(seq_lens, total)
+    bi, pos = kvattn.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+    kvattn.append_paged_kv_cache(ak, av, bi, pos, cache, indices, indptr, last, kv_layout=layout)
+    expect = np.zeros_like(cache)
+    for j in range(nnz):
+        b, p = int(bi[j]), int(pos[j])
+        page = indices[indptr[b] + p // page_size]
+        if layout == "NHD":
+            expect[page, 0, p % page_size] = ak[j]
+            expect[page, 1, p % page_size] = av[j]
+        else:
+            expect[page, 0, :, p % page_size] = ak[j]
+            expect[page, 1, :, p % page_size] = av[j]
+    np.testing.assert_array_equal(cache, expect)
+    # the (K, V) tuple form writes the same
+    kc, vc = np.zeros_like(cache[:, 0]), np.zeros_like(cache[:, 1])
+    kvattn.append_paged_kv_cache(ak, av, bi, pos, (kc, vc), indices, indptr, last, kv_layout=layout)
+    np.testing.assert_array_equal(kc, expect[:, 0])
+    np.testing.assert_array_equal(vc, expect[:, 1])
+
+
+def test_append_out_of_range_raises_and_writes_nothing(rng):
+    cache = np.zeros((2, 2, 4, 1, 4), np.float32)
+    indptr = np.array([0, 1], np.int32)
+    indices = np.array([5], np.int32)  # outside the pool of 2 pages
+    last = np.array([2], np.int32)
+    ak = np.ones((1, 1, 4), np.float32)
+    with pytest.raises(kvattn.PageIndexOutOfRangeError):
+        kvattn.append_paged_kv_cache(ak, ak, np.array([0], np.int32), np.array([1], np.int32), cache, indices,
+                                     indptr, last)
+    assert not cache.any()
+
+
+def test_get_batch_indices_positions():
+    append_indptr = np.array([0, 2, 2, 5], np.int32)
+    seq_lens = np.array([10, 3, 4], np.int32)
+    bi, pos = kvattn.get_batch_indices_positions(append_indptr, seq_lens, 5)
+    assert bi.dtype == np.int32 and pos.dtype == np.int32
+    assert bi.tolist() == [0, 0, 2, 2, 2]
+    assert pos.tolist() == [8, 9, 1, 2, 3]
+    bo, po = np.zeros(5, np.int32), np.zeros(5, np.int32)
+    r = kvattn.get_batch_indices_positions(append_indptr, seq_lens, 5, bo, po)
+    assert r[0] is bo and po.tolist() == [8, 9, 1, 2, 3]
+
+
+def test_get_seq_lens():
+    lens = kvattn.get_seq_lens(np.array([0, 2, 2, 3]), np.array([3, 1, 16]), 16)
+    assert lens.tolist() == [19, 0, 16]
+
+
+@pytest.mark.parametrize("bitorder", ["big", "little"])
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 77])
+def test_packbits_matches_numpy(rng, bitorder, n):
+    x = rng.random(n) < 0.5
+    np.testing.assert_array_equal(kvattn.packbits(x, bitorder=bitorder), np.packbits(x, bitorder=bitorder))
+    assert kvattn.packbits(x).tolist() == np.packbits(x).tolist()  # default "big"
+
+
+@pytest.mark.parametrize("bitorder", ["big", "little"])
+def test_segment_packbits(rng, bitorder):
+    lens = [3, 0, 8, 13, 1]
+    indptr = np.concatenate([[0], np.cumsum(lens)])
+    x = rng.random(indptr[-1]) < 0.5
+    packed, new_indptr = kvattn.segment_packbits(x, indptr, bitorder=bitorder)
+    expect = [np.packbits(x[indptr[i]:indptr[i + 1]], bitorder=bitorder) for i in range(len(lens))]
+    assert new_indptr.tolist() == np.concatenate([[0], np.cumsum([len(e) for e in expect])]).tolist()
+    np.testing.assert_array_equal(packed, np.concatenate(expect))
+    with pytest.raises(ValueError):
+        kvattn.packbits(x, bitorder="middle")

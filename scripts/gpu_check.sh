@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# gpu_check.sh - the GPU suite and the decode benchmark in one call, on the GPU machine.
+#
+# Run from the repository root with the build directory (compiled elsewhere with -DKVA_CUDA=ON) carried:
+#     bash scripts/gpu_check.sh            # BUILD=build-cuda by default; results under $OUT (or ./gpu_out)
+# Steps (each with its own time limit; the whole script stays under ~8 minutes):
+#   1. device, driver, toolkit and torch versions
+#   2. the test suite binaries with KVA_TEST_BACKEND=cuda, then kva_cuda_selftest (graph replay after re-plan,
+#      fault injection, variants) and the NVRTC covering set
+#   3. compute-sanitizer memcheck and racecheck on a small matrix
+#   4. kva_bench_decode on WORKLOADS.md D1-D7, then bench/peers_decode.py (torch SDPA cuDNN/flash, FlashInfer)
+#      -> $OUT/bench_decode.md; the results table is printed last
+set -u
+BUILD=${BUILD:-build-cuda}
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+LOG="$OUT/gpu_check.log"
+: > "$LOG"
+exec > >(tee -a "$LOG") 2>&1
+START=$(date +%s)
+export PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH="$PWD/$BUILD:$PWD/$BUILD/tests:${LD_LIBRARY_PATH:-}"
+export KVATTN_CACHE_DIR="${KVATTN_CACHE_DIR:-$OUT/.kvattn_cache_$$}"
+SUMMARY=()
+note() { SUMMARY+=("$1"); }
+section() { echo; echo "==== $* ($(( $(date +%s) - START )) s) ===="; }
+run_step() { # name timeout tail_lines(0 = all) cmd...
+    local name=$1 limit=$2 keep=$3; shift 3
+    local t0=$(date +%s) tmp="$OUT/.step_$$.txt"
+    timeout --kill-after=10 "$limit" "$@" > "$tmp" 2>&1
+    local rc=$?
+    if [ "$keep" -gt 0 ]; then tail -n "$keep" "$tmp"; else cat "$tmp"; fi
+    cat "$tmp" >> "$OUT/steps_full.log"
+    rm -f "$tmp"
+    local dt=$(( $(date +%s) - t0 ))
+    if [ $rc -eq 0 ]; then note "PASS  $name (${dt}s)"; elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then note "TIME  $name (limit ${limit}s)"; else note "FAIL  $name (rc $rc, ${dt}s)"; fi
+    return 0
+}
+
+section "1. device and versions"
+nvidia-smi || true
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv || true
+(command -v nvcc >/dev/null && nvcc --version | tail -2) || echo "nvcc: not on PATH"
+python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'cuDNN', torch.backends.cudnn.version(), torch.cuda.get_device_name(0))" || true
+python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>/dev/null || echo "flashinfer: not importable"
+git rev-parse --short HEAD 2>/dev/null && export KVA_COMMIT=$(git rev-parse --short HEAD 2>/dev/null)
+if [ ! -x "$BUILD/kva_cuda_selftest" ]; then
+    echo "no $BUILD/kva_cuda_selftest: build with cmake -S . -B $BUILD -DKVA_CUDA=ON and carry $BUILD"
+    exit 2
+fi
+# NVRTC for variants outside the prebuilt set
+if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so.1[23] '; then
+    for p in /usr/local/cuda/lib64/libnvrtc.so.13 /usr/local/cuda/lib64/libnvrtc.so.12 \
+             $(python3 -c "import nvidia.cuda_nvrtc, os; d=os.path.dirname(nvidia.cuda_nvrtc.__file__); print(d + '/lib/libnvrtc.so.13', d + '/lib/libnvrtc.so.12')" 2>/dev/null); do
+        if [ -f "$p" ]; then export KVATTN_NVRTC_PATH="$p"; break; fi
+    done
+    echo "KVATTN_NVRTC_PATH=${KVATTN_NVRTC_PATH:-unset}"
+fi
+
+section "2a. test suite with KVA_TEST_BACKEND=cuda"
+export KVA_TEST_BACKEND=cuda
+shopt -s nullglob
+for t in "$BUILD"/tests/test_*; do
+    [ -x "$t" ] && [ -f "$t" ] || continue
+    echo "--- $t"
+    run_step "$(basename "$t") [cuda]" 150 40 "$t" --backend cuda
+done
+unset KVA_TEST_BACKEND
+
+section "2b. CUDA selftest (decode matrix, prefill, graph replay after re-plan, faults, append, merges)"
+run_step "kva_cuda_selftest" 120 0 "$BUILD/kva_cuda_selftest" --verbose
+
+section "2c. NVRTC: covering set of kernel variants (sm_80, sm_90a), spill check"
+if [ -x "$BUILD/kva_cuda_jit_test" ]; then run_step "kva_cuda_jit_test" 120 20 "$BUILD/kva_cuda_jit_test"; fi
+
+section "3. compute-sanitizer"
+if [ $(( $(date +%s) - START )) -gt 300 ]; then
+    note "SKIP  compute-sanitizer (time budget: keep the benchmark inside the call)"
+elif command -v compute-sanitizer >/dev/null; then
+    run_step "memcheck selftest --quick" 150 30 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 \
+        "$BUILD/kva_cuda_selftest" --quick
+    run_step "racecheck selftest --quick" 150 30 compute-sanitizer --tool racecheck --racecheck-report hazard \
+        --error-exitcode 99 --print-limit 20 "$BUILD/kva_cuda_selftest" --quick
+    if [ -x "$BUILD/tests/test_ops" ]; then
+        run_step "memcheck test_ops (20 cases)" 120 20 compute-sanitizer --tool memcheck \
+            --error-exitcode 99 --print-limit 20 "$BUILD/tests/test_ops" --backend cuda --count 20
+    fi
+else
+    note "SKIP  compute-sanitizer (not on PATH)"
+fi
+
+section "4. decode benchmark (D1-D7) and peers"
+run_step "kva_bench_decode" 200 0 "$BUILD/kva_bench_decode" --csv "$OUT/kvattn_decode.csv"
+if [ -s "$OUT/kvattn_decode.csv" ]; then
+    run_step "peers_decode.py" 200 5 python3 bench/peers_decode.py --csv "$OUT/kvattn_decode.csv" \
+        --out "$OUT/bench_decode.md"
+fi
+rm -rf "$OUT"/.kvattn_cache_* 2>/dev/null
+
+section "summary"
+for s in "${SUMMARY[@]}"; do echo "$s"; done
+echo "total $(( $(date +%s) - START )) s; log: $LOG"
+if [ -s "$OUT/bench_decode.md" ]; then
+    echo
+    cat "$OUT/bench_decode.md"
+fi

@@ -1,0 +1,713 @@
+/*
+ * cuda_backend.c - the CUDA backend behind kvattn's C API (host code, C11, driver API through dlopen).
+ *
+ * Context: the device's primary context (pushed around every call unless already current). Kernels: a
+ * prebuilt fatbin for sm_80 / sm_90a loaded at context creation, anything else compiled at plan time by NVRTC
+ * (kva__cuda_kernel). Plans: the planner writes the int region into ws->host; finish_plan copies it into a
+ * pinned staging slot of the backend (a small ring whose slots are reused only after the event of their last
+ * copy completed, so a later plan never overwrites bytes a pending copy still reads) and issues one
+ * cuMemcpyHtoDAsync to ws->device on the caller's stream. Run: validation, then a persistent attention
+ * kernel over the work list and, when the plan splits KV (always in graph mode), the merge kernel. Run
+ * never allocates or synchronises, and its launch configuration depends only on the plan's bounds.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+/* The workspace records must match internal.h */
+_Static_assert(sizeof(kvk_request) == sizeof(kva__request), "kvk_request layout");
+_Static_assert(offsetof(kvk_request, mask_offset) == offsetof(kva__request, mask_offset), "kvk_request layout");
+_Static_assert(sizeof(kvk_work_item) == sizeof(kva__work_item), "kvk_work_item layout");
+_Static_assert(offsetof(kvk_work_item, partial) == offsetof(kva__work_item, partial), "kvk_work_item layout");
+_Static_assert(sizeof(kvk_merge_task) == sizeof(kva__merge_task), "kvk_merge_task layout");
+_Static_assert(offsetof(kvk_merge_task, num_partials) == offsetof(kva__merge_task, num_partials), "merge layout");
+_Static_assert(sizeof(kvk_counts) == sizeof(kva__counts), "kvk_counts layout");
+_Static_assert(offsetof(kvk_counts, num_merge) == offsetof(kva__counts, num_merge), "kvk_counts layout");
+_Static_assert(sizeof(kvk_status) <= KVA__STATUS_BYTES, "status region");
+_Static_assert(sizeof(kvk_merge_states_params) <= 4000, "merge_states params must fit the 4 KB parameter space");
+
+/* backend_data slots of a plan */
+enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2 };
+#define KVA__BD_MAGIC_VALUE 0x6b7661637564616eull /* "kvacudan" */
+
+static kva__cuda_state* kva__st(const kva_context* ctx) { return (kva__cuda_state*)ctx->backend_state; }
+
+static kva_status kva__enter(kva__cuda_state* st, int* pushed) {
+    CUcontext cur = NULL;
+    *pushed = 0;
+    st->cu->CtxGetCurrent(&cur);
+    if (cur == st->cuctx) return KVA_OK;
+    KVA_CU_TRY(st->cu, st->cu->CtxPushCurrent(st->cuctx), "CUDA backend: cuCtxPushCurrent");
+    *pushed = 1;
+    return KVA_OK;
+}
+static void kva__leave(kva__cuda_state* st, int pushed) {
+    if (pushed) {
+        CUcontext c;
+        st->cu->CtxPopCurrent(&c);
+    }
+}
+
+static kva_status kva__not_capturing(kva__cuda_state* st, CUstream s, const char* what) {
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = st->cu->StreamIsCapturing(s, &cs);
+    KVA_RETURN_IF(r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT || cs != CU_STREAM_CAPTURE_STATUS_NONE,
+                  KVA_ERR_CAPTURE_ACTIVE,
+                  "%s: the stream is being captured into a CUDA graph; plan (and compile) before capturing and "
+                  "capture only run",
+                  what);
+    if (r != CUDA_SUCCESS) return kva__cu_error(st->cu, r, "CUDA backend: cuStreamIsCapturing");
+    return KVA_OK;
+}
+
+static kva_status kva__launch(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned smem, CUstream s, void* params,
+                              const char* what) {
+    void* args[1] = {params};
+    KVA_CU_TRY(st->cu, st->cu->LaunchKernel(f, grid, 1, 1, KVK_THREADS, 1, 1, smem, s, args, NULL), what);
+    return KVA_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Descriptor checks and tile size                                                                 */
+
+static kva_status kva__cuda_check_desc(const kva_context* ctx, const kva_attention_desc* desc, kva_op op) {
+    (void)ctx;
+    return kva__cuda_select(desc, op, 0, 1, NULL);
+}
+
+static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
+                                       double avg_packed_qo_len, int32_t max_packed_qo_len) {
+    (void)ctx;
+    (void)avg_packed_qo_len;
+    kva__kchoice c;
+    if (kva__cuda_select(desc, op, 0, max_packed_qo_len, &c) != KVA_OK) return 8;
+    return c.tile_q;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* finish_plan                                                                                     */
+
+static kva_status kva__staging_copy(kva__cuda_state* st, const kva_workspace* ws, size_t n, CUstream s) {
+    const kva__cu_api* cu = st->cu;
+    kva_status status = KVA_OK;
+    pthread_mutex_lock(&st->mu);
+    kva__staging_slot* slot = &st->staging[st->staging_next];
+    st->staging_next = (st->staging_next + 1) % KVA__STAGING_SLOTS;
+    CUresult r = CUDA_SUCCESS;
+    if (slot->used) {
+        r = cu->EventSynchronize(slot->done); /* normally long complete: only waits if the host ran far ahead */
+        if (r != CUDA_SUCCESS) {
+            status = kva__cu_error(cu, r, "CUDA backend: waiting for a staging slot");
+            goto out;
+        }
+    }
+    if (slot->bytes < n) {
+        if (slot->host) cu->MemFreeHost(slot->host);
+        slot->host = NULL;
+        slot->bytes = 0;
+        size_t want = kva__align_up(n + n / 2, 65536);
+        r = cu->MemHostAlloc(&slot->host, want, 0);
+        if (r != CUDA_SUCCESS) {
+            slot->host = NULL;
+            status = kva__cu_error(cu, r, "CUDA backend: cuMemHostAlloc of the plan staging buffer");
+            goto out;
+        }
+        slot->bytes = want;
+    }
+    if (!slot->done) {
+        r = cu->EventCreate(&slot->done, CU_EVENT_DISABLE_TIMING);
+        if (r != CUDA_SUCCESS) {
+            slot->done = NULL;
+            status = kva__cu_error(cu, r, "CUDA backend: cuEventCreate");
+            goto out;
+        }
+    }
+    memcpy(slot->host, ws->host, n);
+    r = cu->MemcpyHtoDAsync((CUdeviceptr)(uintptr_t)ws->device, slot->host, n, s);
+    if (r != CUDA_SUCCESS) {
+        status = kva__cu_error(cu, r, "CUDA backend: copying the plan to the device workspace");
+        goto out;
+    }
+    r = cu->EventRecord(slot->done, s);
+    if (r != CUDA_SUCCESS) {
+        status = kva__cu_error(cu, r, "CUDA backend: cuEventRecord");
+        goto out;
+    }
+    slot->used = 1;
+out:
+    pthread_mutex_unlock(&st->mu);
+    return status;
+}
+
+static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, const kva_workspace* ws, void* stream) {
+    kva__cuda_state* st = kva__st(ctx);
+    int pushed;
+    KVA_FORWARD(kva__enter(st, &pushed));
+    kva_status status = kva__not_capturing(st, (CUstream)stream, "plan");
+    kva__kchoice c;
+    int index = -1;
+    if (status == KVA_OK) status = kva__cuda_select(&plan->desc, (kva_op)plan->op, plan->tile_q, 0, &c);
+    if (status == KVA_OK) status = kva__cuda_kernel(ctx, st, &c.key, &index);
+    if (status == KVA_OK) {
+        plan->backend_data[KVA__BD_KERNEL] = (uint64_t)(index + 1);
+        plan->backend_data[KVA__BD_SMEM] = (uint64_t)c.smem;
+        plan->backend_data[KVA__BD_MAGIC] = KVA__BD_MAGIC_VALUE;
+        if (plan->int_region_end > 0) {
+            if (!ws->host || !ws->device)
+                status = kva__set_error(KVA_ERR_INVALID_ARGUMENT, "plan: the CUDA backend needs workspace->device "
+                                                                  "and workspace->host");
+            else
+                status = kva__staging_copy(st, ws, plan->int_region_end, (CUstream)stream);
+        }
+    }
+    kva__leave(st, pushed);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* run                                                                                             */
+
+static bool kva__al(const void* p, size_t a) { return ((uintptr_t)p % a) == 0; }
+
+static kva_status kva__check_rows_tensor(const char* name, const kva_tensor* t, int64_t elem_mult) {
+    KVA_RETURN_IF(!t->data, KVA_ERR_INVALID_ARGUMENT, "run: %s is NULL", name);
+    KVA_RETURN_IF(t->ndim != 3 || t->stride[2] != 1, KVA_ERR_UNSUPPORTED,
+                  "run: %s must be 3-D with a unit last stride on the CUDA backend", name);
+    KVA_RETURN_IF(!kva__al(t->data, 16), KVA_ERR_ALIGNMENT,
+                  "run: %s.data = %p must be 16-byte aligned on the CUDA backend", name, t->data);
+    KVA_RETURN_IF((t->shape[0] > 1 && t->stride[0] % elem_mult != 0) || t->stride[1] % elem_mult != 0,
+                  KVA_ERR_ALIGNMENT,
+                  "run: %s strides (%lld, %lld) must be multiples of %lld elements (16-byte rows) on the CUDA backend",
+                  name, (long long)t->stride[0], (long long)t->stride[1], (long long)elem_mult);
+    KVA_RETURN_IF(t->stride[0] < 0 || t->stride[1] < 0, KVA_ERR_UNSUPPORTED, "run: %s has negative strides", name);
+    return KVA_OK;
+}
+
+static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, const kva_workspace* ws,
+                                const kva_run_args* a) {
+    kva__cuda_state* st = kva__st(ctx);
+    const kva_attention_desc* d = &pd->desc;
+    const kva_op op = (kva_op)pd->op;
+    const int idx = (int)pd->backend_data[KVA__BD_KERNEL] - 1;
+    KVA_RETURN_IF(pd->backend_data[KVA__BD_MAGIC] != KVA__BD_MAGIC_VALUE || idx < 0 ||
+                      idx >= __atomic_load_n(&st->num_kernels, __ATOMIC_ACQUIRE),
+                  KVA_ERR_PLAN_MISMATCH, "run: the plan names no kernel of this CUDA context");
+    const kva__kentry* ke = &st->kernels[idx];
+    const int es = (int)kva_dtype_size(d->kv_dtype);
+
+    /* ---- validation (before any launch) ---- */
+    KVA_FORWARD(kva__check_rows_tensor("q", &a->q, 8));
+    KVA_FORWARD(kva__check_rows_tensor("o", &a->o, d->o_dtype == KVA_DTYPE_F32 ? 4 : 8));
+    if (a->lse.data) {
+        KVA_RETURN_IF(!kva__al(a->lse.data, 4), KVA_ERR_ALIGNMENT, "run: lse.data = %p must be 4-byte aligned",
+                      a->lse.data);
+    }
+    KVA_RETURN_IF(a->alibi_slopes && !kva__al(a->alibi_slopes, 4), KVA_ERR_ALIGNMENT,
+                  "run: alibi_slopes = %p must be 4-byte aligned", (const void*)a->alibi_slopes);
+
+    kvk_attn_params p;
+    memset(&p, 0, sizeof p);
+    if (op == KVA_OP_BATCH_PREFILL_RAGGED) {
+        if (pd->total_kv_tokens > 0) {
+            KVA_FORWARD(kva__check_rows_tensor("k", &a->k, 16 / es));
+            KVA_FORWARD(kva__check_rows_tensor("v", &a->v, 16 / es));
+        }
+        p.k = a->k.data;
+        p.v = a->v.data;
+        p.k_stride_page = 0;
+        p.k_stride_token = a->k.stride[0];
+        p.k_stride_head = a->k.stride[1];
+        p.v_stride_page = 0;
+        p.v_stride_token = a->v.stride[0];
+        p.v_stride_head = a->v.stride[1];
+        p.page_size = 1;
+        p.ps_mul = 1;
+        p.ps_shift = 0;
+    } else {
+        const kva_paged_kv* pk = &a->paged;
+        if (pd->num_page_entries > 0) {
+            KVA_RETURN_IF(!kva__al(pk->k_data, 16) || !kva__al(pk->v_data, 16), KVA_ERR_ALIGNMENT,
+                          "run: paged.k_data (%p) and v_data (%p) must be 16-byte aligned on the CUDA backend",
+                          pk->k_data, pk->v_data);
+            const int64_t m = 16 / es;
+            KVA_RETURN_IF(pk->k_stride_page % m || pk->k_stride_token % m || pk->k_stride_head % m ||
+                              pk->v_stride_page % m || pk->v_stride_token % m || pk->v_stride_head % m,
+                          KVA_ERR_ALIGNMENT,
+                          "run: paged K/V strides (k: %lld, %lld, %lld; v: %lld, %lld, %lld) must be multiples of %lld "
+                          "elements (16 bytes) on the CUDA backend",
+                          (long long)pk->k_stride_page, (long long)pk->k_stride_token, (long long)pk->k_stride_head,
+                          (long long)pk->v_stride_page, (long long)pk->v_stride_token, (long long)pk->v_stride_head,
+                          (long long)m);
+            KVA_RETURN_IF(!kva__al(pk->indices, 4), KVA_ERR_ALIGNMENT, "run: paged.indices must be 4-byte aligned");
+        }
+        KVA_RETURN_IF(pk->page_size < 1, KVA_ERR_INVALID_ARGUMENT, "run: paged.page_size = %d", (int)pk->page_size);
+        p.k = pk->k_data;
+        p.v = pk->v_data;
+        p.indices = pk->indices;
+        p.k_stride_page = pk->k_stride_page;
+        p.k_stride_token = pk->k_stride_token;
+        p.k_stride_head = pk->k_stride_head;
+        p.v_stride_page = pk->v_stride_page;
+        p.v_stride_token = pk->v_stride_token;
+        p.v_stride_head = pk->v_stride_head;
+        p.num_pages = pk->num_pages;
+        p.page_size = pk->page_size;
+        kva__fastdiv_magic(pk->page_size, &p.ps_mul, &p.ps_shift);
+    }
+
+    p.q = a->q.data;
+    p.o = a->o.data;
+    p.lse = (float*)a->lse.data;
+    p.ws = (char*)ws->device;
+    p.custom_mask = a->custom_mask;
+    p.alibi_slopes = a->alibi_slopes;
+    p.off_counts = (int64_t)pd->off_counts;
+    p.off_worker_indptr = (int64_t)pd->off_worker_indptr;
+    p.off_requests = (int64_t)pd->off_requests;
+    p.off_items = (int64_t)pd->off_items;
+    p.off_partial_o = (int64_t)pd->off_partial_o;
+    p.off_partial_lse = (int64_t)pd->off_partial_lse;
+    p.q_stride_row = a->q.stride[0];
+    p.q_stride_head = a->q.stride[1];
+    p.o_stride_row = a->o.stride[0];
+    p.o_stride_head = a->o.stride[1];
+    if (a->lse.data) {
+        p.lse_stride_row = a->lse.stride[0];
+        p.lse_stride_head = a->lse.ndim > 1 ? a->lse.stride[1] : 1;
+    }
+    p.group_size = pd->group_size;
+    p.num_qo_heads = d->num_qo_heads;
+    p.tile_q = pd->tile_q;
+    p.window_left = d->window_left;
+    uint32_t flags = 0;
+    if (d->pos_encoding == KVA_POS_ALIBI) flags |= KVK_FLAG_ALIBI | KVK_FLAG_TRANSFORM;
+    if (d->logits_soft_cap > 0.0f) flags |= KVK_FLAG_SOFTCAP | KVK_FLAG_TRANSFORM;
+    if (d->score_mode == KVA_SCORE_SIGMOID) flags |= KVK_FLAG_SIGMOID;
+    if (d->mask_mode == KVA_MASK_CAUSAL) flags |= KVK_FLAG_CAUSAL;
+    if (d->mask_mode == KVA_MASK_CUSTOM) flags |= KVK_FLAG_CUSTOM;
+    if (d->window_left >= 0) flags |= KVK_FLAG_WINDOW;
+    if (op == KVA_OP_BATCH_PREFILL_RAGGED) flags |= KVK_FLAG_RAGGED;
+    p.flags = flags;
+    const float log2e = 1.4426950408889634f;
+    p.q_scale = d->sm_scale * a->k_scale * ((flags & KVK_FLAG_TRANSFORM) ? 1.0f : log2e);
+    p.v_scale = a->v_scale;
+    p.softcap = d->logits_soft_cap;
+    p.sigmoid_bias = d->sigmoid_bias * log2e;
+    p.rope_rcp_scale = 1.0f / d->rope_scale;
+    p.rope_log2_theta = (float)log2((double)d->rope_theta);
+
+    kvk_merge_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.o = a->o.data;
+    mp.lse = (float*)a->lse.data;
+    mp.ws = (char*)ws->device;
+    mp.off_counts = (int64_t)pd->off_counts;
+    mp.off_requests = (int64_t)pd->off_requests;
+    mp.off_merge = (int64_t)pd->off_merge;
+    mp.off_partial_o = (int64_t)pd->off_partial_o;
+    mp.off_partial_lse = (int64_t)pd->off_partial_lse;
+    mp.o_stride_row = p.o_stride_row;
+    mp.o_stride_head = p.o_stride_head;
+    mp.lse_stride_row = p.lse_stride_row;
+    mp.lse_stride_head = p.lse_stride_head;
+    mp.dvo = d->head_dim_vo;
+    mp.o_dtype = d->o_dtype;
+    mp.group_size = pd->group_size;
+    mp.tile_q = pd->tile_q;
+    mp.sigmoid = d->score_mode == KVA_SCORE_SIGMOID;
+
+    /* ---- launches ---- */
+    int pushed;
+    KVA_FORWARD(kva__enter(st, &pushed));
+    CUstream s = (CUstream)a->stream;
+    kva_status status = KVA_OK;
+    const bool graph = pd->graph_mode != 0;
+    if (graph || pd->num_items > 0)
+        status = kva__launch(st, ke->fn, (unsigned)pd->num_workers, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
+                             "run: launching the attention kernel");
+    if (status == KVA_OK && (graph || pd->num_merge > 0)) {
+        unsigned grid = (unsigned)pd->num_workers;
+        if (!graph && pd->num_merge < pd->num_workers) grid = (unsigned)pd->num_merge;
+        status = kva__launch(st, st->fn_merge_partials, grid, 0, s, &mp, "run: launching the merge kernel");
+    }
+    kva__leave(st, pushed);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* merge_state / merge_states                                                                      */
+
+static kva_status kva__state_view(const char* name, const kva_tensor* v, const kva_tensor* s, kvk_state_view* out) {
+    memset(out, 0, sizeof *out);
+    KVA_RETURN_IF(v->stride[2] != 1, KVA_ERR_UNSUPPORTED, "%s: v must have a unit last stride", name);
+    KVA_RETURN_IF(!kva__al(v->data, kva_dtype_size(v->dtype)), KVA_ERR_ALIGNMENT, "%s: v.data is misaligned", name);
+    out->v = v->data;
+    out->v_stride_row = v->stride[0];
+    out->v_stride_head = v->stride[1];
+    out->dtype = v->dtype;
+    if (s && s->data) {
+        KVA_RETURN_IF(!kva__al(s->data, 4), KVA_ERR_ALIGNMENT, "%s: s.data is misaligned", name);
+        out->s = (float*)s->data;
+        out->s_stride_row = s->stride[0];
+        out->s_stride_head = s->ndim > 1 ? s->stride[1] : 1;
+    }
+    return KVA_OK;
+}
+
+static unsigned kva__grid_for_warps(kva__cuda_state* st, int64_t warps) {
+    int64_t ctas = (warps + 3) / 4;
+    int64_t cap = (int64_t)st->num_sms * 16;
+    if (ctas > cap) ctas = cap;
+    if (ctas < 1) ctas = 1;
+    return (unsigned)ctas;
+}
+
+static kva_status kva__cuda_merge_state(kva_context* ctx, const kva_tensor* v_a, const kva_tensor* s_a,
+                                        const kva_tensor* v_b, const kva_tensor* s_b, const kva_tensor* v_out,
+                                        const kva_tensor* s_out, const uint8_t* mask, void* stream) {
+    kva__cuda_state* st = kva__st(ctx);
+    kvk_merge_state_params p;
+    memset(&p, 0, sizeof p);
+    KVA_FORWARD(kva__state_view("merge_state: a", v_a, s_a, &p.a));
+    KVA_FORWARD(kva__state_view("merge_state: b", v_b, s_b, &p.b));
+    KVA_FORWARD(kva__state_view("merge_state: out", v_out, s_out, &p.out));
+    KVA_RETURN_IF(v_a->shape[1] > INT32_MAX || v_a->shape[2] > INT32_MAX, KVA_ERR_UNSUPPORTED,
+                  "merge_state: too many heads or dims");
+    p.mask = mask;
+    p.rows = v_a->shape[0];
+    p.heads = (int32_t)v_a->shape[1];
+    p.dim = (int32_t)v_a->shape[2];
+    if (p.rows * p.heads == 0) return KVA_OK;
+    int pushed;
+    KVA_FORWARD(kva__enter(st, &pushed));
+    kva_status status = kva__launch(st, st->fn_merge_state, kva__grid_for_warps(st, p.rows * p.heads), 0,
+                                    (CUstream)stream, &p, "merge_state: launch");
+    kva__leave(st, pushed);
+    return status;
+}
+
+static kva_status kva__cuda_merge_states(kva_context* ctx, const kva_tensor* v, const kva_tensor* s,
+                                         const int32_t* indptr, int64_t rows, const kva_tensor* v_out,
+                                         const kva_tensor* s_out, void* stream) {
+    kva__cuda_state* st = kva__st(ctx);
+    kvk_merge_states_params p;
+    memset(&p, 0, sizeof p);
+    if (v->shape[0] > 0) KVA_FORWARD(kva__state_view("merge_states: input", v, s, &p.in));
+    KVA_FORWARD(kva__state_view("merge_states: out", v_out, s_out, &p.out));
+    KVA_RETURN_IF(v_out->shape[1] > INT32_MAX || v_out->shape[2] > INT32_MAX, KVA_ERR_UNSUPPORTED,
+                  "merge_states: too many heads or dims");
+    p.heads = (int32_t)v_out->shape[1];
+    p.dim = (int32_t)v_out->shape[2];
+    if (p.heads == 0) return KVA_OK;
+    int pushed;
+    KVA_FORWARD(kva__enter(st, &pushed));
+    kva_status status = KVA_OK;
+    for (int64_t r0 = 0; r0 < rows && status == KVA_OK; r0 += KVK_MERGE_STATES_CHUNK) {
+        int32_t n = (int32_t)(rows - r0 < KVK_MERGE_STATES_CHUNK ? rows - r0 : KVK_MERGE_STATES_CHUNK);
+        p.row0 = r0;
+        p.nrows = n;
+        for (int32_t i = 0; i <= n; ++i) p.indptr[i] = indptr[r0 + i];
+        status = kva__launch(st, st->fn_merge_states, kva__grid_for_warps(st, (int64_t)n * p.heads), 0,
+                             (CUstream)stream, &p, "merge_states: launch");
+    }
+    kva__leave(st, pushed);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* append                                                                                          */
+
+static unsigned kva__pow2_align(uint64_t x) {
+    unsigned v = 16;
+    while (v > 1 && (x % v) != 0) v >>= 1;
+    return v;
+}
+
+static kva_status kva__cuda_append(kva_context* ctx, const kva_tensor* append_k, const kva_tensor* append_v,
+                                   const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
+                                   const kva_paged_kv* paged, int32_t batch_size, void* stream) {
+    kva__cuda_state* st = kva__st(ctx);
+    const size_t ses = kva_dtype_size(append_k->dtype), des = kva_dtype_size(paged->dtype);
+    KVA_RETURN_IF(ses == 0 || des == 0, KVA_ERR_UNSUPPORTED, "append: unsupported dtypes");
+    KVA_RETURN_IF(append_k->stride[2] != 1 || append_v->stride[2] != 1, KVA_ERR_UNSUPPORTED,
+                  "append: append_k and append_v need a unit last stride");
+    KVA_RETURN_IF(!kva__al(append_k->data, ses) || !kva__al(append_v->data, ses) || !kva__al(paged->k_data, des) ||
+                      !kva__al(paged->v_data, des) || !kva__al(batch_indices, 4) || !kva__al(positions, 4) ||
+                      !kva__al(paged->indices, 4) || !kva__al(paged->indptr, 4) || !kva__al(paged->last_page_len, 4),
+                  KVA_ERR_ALIGNMENT, "append: a pointer is not aligned to its element size");
+    kvk_append_params p;
+    memset(&p, 0, sizeof p);
+    p.ak = (const char*)append_k->data;
+    p.av = (const char*)append_v->data;
+    p.k = (char*)paged->k_data;
+    p.v = (char*)paged->v_data;
+    p.batch_indices = batch_indices;
+    p.positions = positions;
+    p.indices = paged->indices;
+    p.indptr = paged->indptr;
+    p.last_page_len = paged->last_page_len;
+    p.status = (kvk_status*)(uintptr_t)st->append_status;
+    p.nnz = nnz;
+    p.ak_stride_tok = append_k->stride[0] * (int64_t)ses;
+    p.ak_stride_head = append_k->stride[1] * (int64_t)ses;
+    p.av_stride_tok = append_v->stride[0] * (int64_t)ses;
+    p.av_stride_head = append_v->stride[1] * (int64_t)ses;
+    p.k_stride_page = paged->k_stride_page * (int64_t)des;
+    p.k_stride_token = paged->k_stride_token * (int64_t)des;
+    p.k_stride_head = paged->k_stride_head * (int64_t)des;
+    p.v_stride_page = paged->v_stride_page * (int64_t)des;
+    p.v_stride_token = paged->v_stride_token * (int64_t)des;
+    p.v_stride_head = paged->v_stride_head * (int64_t)des;
+    p.num_pages = paged->num_pages;
+    p.batch_size = batch_size;
+    p.page_size = paged->page_size;
+    p.heads = paged->num_heads;
+    p.k_row_bytes = (int32_t)(paged->head_dim_qk * (int64_t)des);
+    p.v_row_bytes = (int32_t)(paged->head_dim_vo * (int64_t)des);
+    p.src_dtype = append_k->dtype;
+    p.dst_dtype = paged->dtype;
+    p.head_dim_qk = paged->head_dim_qk;
+    p.head_dim_vo = paged->head_dim_vo;
+    uint64_t all = (uint64_t)(uintptr_t)p.ak | (uint64_t)(uintptr_t)p.av | (uint64_t)(uintptr_t)p.k |
+                   (uint64_t)(uintptr_t)p.v | (uint64_t)p.ak_stride_tok | (uint64_t)p.ak_stride_head |
+                   (uint64_t)p.av_stride_tok | (uint64_t)p.av_stride_head | (uint64_t)p.k_stride_page |
+                   (uint64_t)p.k_stride_token | (uint64_t)p.k_stride_head | (uint64_t)p.v_stride_page |
+                   (uint64_t)p.v_stride_token | (uint64_t)p.v_stride_head | (uint64_t)p.k_row_bytes |
+                   (uint64_t)p.v_row_bytes;
+    p.vec = (int32_t)kva__pow2_align(all);
+    if (nnz == 0 || p.heads == 0) return KVA_OK;
+    int pushed;
+    KVA_FORWARD(kva__enter(st, &pushed));
+    kva_status status = kva__launch(st, st->fn_append, kva__grid_for_warps(st, nnz * p.heads), 0, (CUstream)stream,
+                                    &p, "append: launch");
+    kva__leave(st, pushed);
+    return status;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* faults                                                                                          */
+
+static kva_status kva__cuda_read_faults(kva_context* ctx, const kva_workspace* ws, kva_fault_report* report,
+                                        void* stream) {
+    kva__cuda_state* st = kva__st(ctx);
+    const kva__cu_api* cu = st->cu;
+    CUstream s = (CUstream)stream;
+    int pushed;
+    KVA_FORWARD(kva__enter(st, &pushed));
+    kva_status status = kva__not_capturing(st, s, "kva_read_faults");
+    kvk_status a, b;
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    CUresult r = CUDA_SUCCESS;
+    if (status == KVA_OK && ws->device && ws->device_bytes >= KVA__STATUS_BYTES) {
+        r = cu->MemcpyDtoHAsync(&a, (CUdeviceptr)(uintptr_t)ws->device, sizeof a, s);
+        if (r == CUDA_SUCCESS) r = cu->MemsetD8Async((CUdeviceptr)(uintptr_t)ws->device, 0, sizeof a, s);
+    }
+    if (status == KVA_OK && r == CUDA_SUCCESS) {
+        r = cu->MemcpyDtoHAsync(&b, st->append_status, sizeof b, s);
+        if (r == CUDA_SUCCESS) r = cu->MemsetD8Async(st->append_status, 0, sizeof b, s);
+    }
+    if (status == KVA_OK && r == CUDA_SUCCESS) r = cu->StreamSynchronize(s);
+    if (status == KVA_OK && r != CUDA_SUCCESS) status = kva__cu_error(cu, r, "kva_read_faults");
+    kva__leave(st, pushed);
+    if (status != KVA_OK) return status;
+    memset(report, 0, sizeof *report);
+    report->request = -1;
+    const kvk_status* f = a.first_key || a.count ? &a : (b.first_key || b.count ? &b : NULL);
+    if (f) {
+        report->faulted = 1;
+        if (f->first_key) {
+            uint64_t key = ~f->first_key;
+            report->request = (int32_t)(key >> 32);
+            report->page_index = (int64_t)(int32_t)(uint32_t)(key & 0xffffffffu);
+        }
+    }
+    return KVA_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* init / destroy                                                                                  */
+
+static void kva__cuda_destroy(kva_context* ctx) {
+    kva__cuda_state* st = kva__st(ctx);
+    if (!st) return;
+    const kva__cu_api* cu = st->cu;
+    int pushed = 0;
+    if (kva__enter(st, &pushed) == KVA_OK) {
+        for (int i = 0; i < KVA__STAGING_SLOTS; ++i) {
+            kva__staging_slot* s = &st->staging[i];
+            if (s->done) {
+                cu->EventSynchronize(s->done);
+                cu->EventDestroy(s->done);
+            }
+            if (s->host) cu->MemFreeHost(s->host);
+        }
+        for (int i = 0; i < st->num_kernels; ++i)
+            if (st->kernels[i].module) cu->ModuleUnload(st->kernels[i].module);
+        if (st->util_module) cu->ModuleUnload(st->util_module);
+        if (st->aot) cu->ModuleUnload(st->aot);
+        if (st->append_status) cu->MemFree(st->append_status);
+        kva__leave(st, pushed);
+    }
+    cu->DevicePrimaryCtxRelease(st->dev);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+    ctx->backend_state = NULL;
+}
+
+static const kva__backend_ops kva__cuda_ops = {
+    .name = "cuda",
+    .plans_on_host_memory = false,
+    .check_desc = kva__cuda_check_desc,
+    .choose_tile_q = kva__cuda_choose_tile_q,
+    .finish_plan = kva__cuda_finish_plan,
+    .run = kva__cuda_run,
+    .merge_state = kva__cuda_merge_state,
+    .merge_states = kva__cuda_merge_states,
+    .append_paged_kv = kva__cuda_append,
+    .read_faults = kva__cuda_read_faults,
+    .destroy = kva__cuda_destroy,
+};
+
+/* The util module: prebuilt if the fatbin loaded, else NVRTC. */
+static kva_status kva__load_util(kva_context* ctx, kva__cuda_state* st) {
+    const kva__cu_api* cu = st->cu;
+    CUmodule m = st->aot;
+    if (m) {
+        CUfunction f;
+        if (cu->ModuleGetFunction(&f, m, "kva_merge_partials") != CUDA_SUCCESS) m = NULL;
+    }
+    if (!m) {
+        kva__kkey k;
+        memset(&k, 0, sizeof k);
+        k.family = KVA__KF_UTIL;
+        void* cubin = NULL;
+        size_t cs = 0;
+        KVA_FORWARD(kva__jit_cached(ctx, st->cache_dir, &k, st->arch, &cubin, &cs, NULL));
+        CUresult r = cu->ModuleLoadData(&st->util_module, cubin);
+        free(cubin);
+        if (r != CUDA_SUCCESS) {
+            st->util_module = NULL;
+            return kva__cu_error(cu, r, "CUDA backend: loading the util module");
+        }
+        m = st->util_module;
+    }
+    KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_merge_partials, m, "kva_merge_partials"), "CUDA backend: kernel");
+    KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_merge_state, m, "kva_merge_state"), "CUDA backend: kernel");
+    KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_merge_states, m, "kva_merge_states"), "CUDA backend: kernel");
+    KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_append, m, "kva_append_paged"), "CUDA backend: kernel");
+    return KVA_OK;
+}
+
+static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
+    const kva__cu_api* cu = st->cu;
+    int v;
+    KVA_CU_TRY(cu, cu->DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, st->dev), "cuDeviceGetAttribute");
+    st->num_sms = v;
+    KVA_CU_TRY(cu, cu->DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, st->dev),
+               "cuDeviceGetAttribute");
+    st->max_smem_optin = v;
+    int smem_sm = 0;
+    KVA_CU_TRY(cu, cu->DeviceGetAttribute(&smem_sm, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, st->dev),
+               "cuDeviceGetAttribute");
+    /* the largest attention kernel: ROWS = 8, any head dim (every instance has the same pipeline bytes) */
+    const int kmax = KVK_DEC_SMEM(64, 64, 2, 8) > KVK_DEC_SMEM(256, 256, 2, 8) ? KVK_DEC_SMEM(64, 64, 2, 8)
+                                                                               : KVK_DEC_SMEM(256, 256, 2, 8);
+    KVA_RETURN_IF(st->max_smem_optin < kmax, KVA_ERR_NO_DEVICE,
+                  "CUDA backend: device %d allows %d bytes of shared memory per block; the kernels need %d", (int)ctx->device,
+                  st->max_smem_optin, kmax);
+    st->ctas_per_sm = smem_sm / (kmax + 1024) >= 2 ? 2 : 1;
+    const char* env = getenv("KVATTN_CUDA_CTAS_PER_SM");
+    if (env && (env[0] == '1' || env[0] == '2') && env[1] == '\0') {
+        int want = env[0] - '0';
+        if (want <= st->ctas_per_sm) st->ctas_per_sm = want;
+    }
+    if (st->cc == 90) snprintf(st->arch, sizeof st->arch, "sm_90a");
+    else snprintf(st->arch, sizeof st->arch, "sm_%d", st->cc);
+    if (!kva__jit_cache_dir(ctx->jit_cache_dir, st->cache_dir, sizeof st->cache_dir)) {
+        st->cache_dir[0] = '\0';
+        kva__log(ctx, KVA_LOG_WARN,
+                 "kvattn: no safe kernel cache directory (a directory owned by this user, not writable by group or "
+                 "others); JIT-compiled kernels are not cached");
+    }
+    /* prebuilt kernels */
+    for (int i = 0; i < kva__num_aot_images && !st->aot; ++i) {
+        const kva__aot_image* im = &kva__aot_images[i];
+        bool match = (im->arch == 90 && st->cc == 90) || (im->arch == 80 && st->cc_major == 8);
+        if (!match) continue;
+        CUresult r = cu->ModuleLoadData(&st->aot, im->data);
+        if (r != CUDA_SUCCESS) {
+            st->aot = NULL;
+            kva__log(ctx, KVA_LOG_WARN, "kvattn: the prebuilt sm_%d kernels did not load (error %d); using NVRTC",
+                     im->arch, (int)r);
+        }
+    }
+    if (!st->aot)
+        kva__log(ctx, KVA_LOG_INFO, "kvattn: no prebuilt kernels for compute capability %d.%d; kernels are compiled "
+                                    "with NVRTC on first use",
+                 st->cc_major, st->cc_minor);
+    KVA_FORWARD(kva__load_util(ctx, st));
+    KVA_CU_TRY(cu, cu->MemAlloc(&st->append_status, KVA__STATUS_BYTES), "CUDA backend: cuMemAlloc");
+    KVA_CU_TRY(cu, cu->MemsetD8Async(st->append_status, 0, KVA__STATUS_BYTES, NULL), "CUDA backend: cuMemsetD8Async");
+    KVA_CU_TRY(cu, cu->StreamSynchronize(NULL), "CUDA backend: cuStreamSynchronize");
+    return KVA_OK;
+}
+
+kva_status kva__cuda_init(kva_context* ctx) {
+    const kva__cu_api* cu = kva__cu_load();
+    if (!cu) return KVA_ERR_NO_DEVICE;
+    int count = 0;
+    CUresult r = cu->DeviceGetCount(&count);
+    KVA_RETURN_IF(r != CUDA_SUCCESS || count == 0, KVA_ERR_NO_DEVICE, "CUDA backend: no CUDA device is visible");
+    KVA_RETURN_IF(ctx->device >= count, KVA_ERR_NO_DEVICE, "CUDA backend: device %d requested, %d visible",
+                  (int)ctx->device, count);
+    kva__cuda_state* st = (kva__cuda_state*)calloc(1, sizeof *st);
+    KVA_RETURN_IF(!st, KVA_ERR_OUT_OF_MEMORY, "CUDA backend: out of host memory");
+    st->cu = cu;
+    if (cu->DeviceGet(&st->dev, ctx->device) != CUDA_SUCCESS) {
+        free(st);
+        return kva__set_error(KVA_ERR_NO_DEVICE, "CUDA backend: cuDeviceGet(%d) failed", (int)ctx->device);
+    }
+    cu->DeviceGetAttribute(&st->cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, st->dev);
+    cu->DeviceGetAttribute(&st->cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, st->dev);
+    st->cc = st->cc_major * 10 + st->cc_minor;
+    cu->DeviceGetName(st->name, (int)sizeof st->name, st->dev);
+    if (st->cc < 80) {
+        kva__set_error(KVA_ERR_NO_DEVICE,
+                       "CUDA backend: device %d (%s) has compute capability %d.%d; 8.0 or newer is needed",
+                       (int)ctx->device, st->name, st->cc_major, st->cc_minor);
+        free(st);
+        return KVA_ERR_NO_DEVICE;
+    }
+    r = cu->DevicePrimaryCtxRetain(&st->cuctx, st->dev);
+    if (r != CUDA_SUCCESS) {
+        kva_status e = kva__cu_error(cu, r, "CUDA backend: cuDevicePrimaryCtxRetain");
+        free(st);
+        return e == KVA_ERR_BACKEND ? kva__set_error(KVA_ERR_NO_DEVICE, "%s", kva_last_error_message()) : e;
+    }
+    pthread_mutex_init(&st->mu, NULL);
+    ctx->backend_state = st;
+    int pushed = 0;
+    kva_status status = kva__enter(st, &pushed);
+    if (status == KVA_OK) {
+        status = kva__cuda_init_device(ctx, st);
+        kva__leave(st, pushed);
+    }
+    if (status != KVA_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", kva_last_error_message());
+        kva__cuda_destroy(ctx);
+        return kva__set_error(status == KVA_ERR_JIT ? KVA_ERR_JIT : KVA_ERR_NO_DEVICE, "%s", msg);
+    }
+    ctx->ops = &kva__cuda_ops;
+    ctx->num_workers = st->num_sms * st->ctas_per_sm;
+    kva__log(ctx, KVA_LOG_INFO, "kvattn: CUDA device %d: %s, compute capability %d.%d, %d SMs, %d workers, %s kernels",
+             (int)ctx->device, st->name, st->cc_major, st->cc_minor, st->num_sms, (int)ctx->num_workers,
+             st->aot ? "prebuilt + NVRTC" : "NVRTC");
+    return KVA_OK;
+}

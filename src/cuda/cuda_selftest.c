@@ -1,0 +1,1042 @@
+/*
+ * cuda_selftest.c - GPU tests of the CUDA backend that the shared harness does not cover, with an independent
+ * float64 reference:
+ *   decode   paged decode over a matrix of group sizes, page sizes, layouts, dtypes, head dims, variants,
+ *            empty / one-token / long (split-KV) requests;
+ *   prefill  small multi-row paged and ragged prefill (causal), through the same kernel;
+ *   graph    plan (graph mode) -> capture run -> re-plan with other lengths (and other splits) into the same
+ *            workspace -> replay -> equals a non-graph run of the new plan and the reference;
+ *   fault    an out-of-range page index (too large, negative) in one request, with and without split-KV:
+ *            that request's rows are o = 0, lse = -inf, the others match the reference, kva_read_faults reports
+ *            the request and the index, and the next read is clean;
+ *   capture  plan during capture -> KVA_ERR_CAPTURE_ACTIVE;
+ *   append / merge_state / merge_states small checks.
+ * Usage: kva_cuda_selftest [--quick] [--verbose]. Prints "N passed, N failed" last.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kvattn.h"
+
+static int npass, nfail, verbose, quick;
+
+#define CHECK(cond, ...)                                \
+    do {                                                \
+        if (cond) {                                     \
+            npass++;                                    \
+        } else {                                        \
+            nfail++;                                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            printf(__VA_ARGS__);                        \
+            printf("\n");                               \
+        }                                               \
+    } while (0)
+
+#define CU(call)                                                                                      \
+    do {                                                                                              \
+        cudaError_t e_ = (call);                                                                      \
+        if (e_ != cudaSuccess) {                                                                      \
+            printf("CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, #call);  \
+            printf("%d passed, %d failed\n", npass, nfail + 1);                                       \
+            exit(1);                                                                                  \
+        }                                                                                             \
+    } while (0)
+
+/* ---------------------------------------------------------------------------------------------- */
+/* RNG and dtypes                                                                                  */
+
+static uint64_t rng_s = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+    uint64_t z = (rng_s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static int rint_range(int lo, int hi) { return lo + (int)(rnd() % (uint64_t)(hi - lo + 1)); }
+static double runif(void) { return (double)(rnd() >> 11) / 9007199254740992.0; }
+
+static double dec_f16(uint16_t h) {
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : (e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25));
+    return s ? -v : v;
+}
+static double dec_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static double dec_e4m3(uint8_t b) {
+    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    double v = (e == 15 && m == 7) ? NAN : (e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10));
+    return s ? -v : v;
+}
+static double dec_e5m2(uint8_t b) { return dec_f16((uint16_t)(b << 8)); }
+static uint16_t enc_bf16(double x) {
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fff + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+static uint16_t enc_f16(double x) { /* for |x| in [2^-14, 65504] or 0; round to nearest even */
+    if (x == 0) return 0;
+    uint16_t s = x < 0 ? 0x8000 : 0;
+    double a = fabs(x);
+    int e;
+    double fr = frexp(a, &e); /* a = fr * 2^e, fr in [0.5, 1) */
+    int E = e - 1 + 15;
+    if (E < 1) return s; /* flush tiny */
+    double mant = (fr * 2 - 1) * 1024;
+    double r = nearbyint(mant);
+    int m = (int)r;
+    if (m == 1024) {
+        m = 0;
+        E++;
+    }
+    if (E >= 31) return (uint16_t)(s | 0x7c00);
+    return (uint16_t)(s | (E << 10) | m);
+}
+static size_t dsize(kva_dtype t) { return t == KVA_DTYPE_F32 ? 4 : (t == KVA_DTYPE_F16 || t == KVA_DTYPE_BF16 ? 2 : 1); }
+/* a random value of dtype, returning the decoded value and storing the bits at p */
+static double rand_val(kva_dtype t, void* p, double scale) {
+    switch (t) {
+    case KVA_DTYPE_BF16: {
+        uint16_t h = enc_bf16((runif() * 2 - 1) * scale);
+        memcpy(p, &h, 2);
+        return dec_bf16(h);
+    }
+    case KVA_DTYPE_F16: {
+        uint16_t h = enc_f16((runif() * 2 - 1) * scale);
+        memcpy(p, &h, 2);
+        return dec_f16(h);
+    }
+    case KVA_DTYPE_E4M3: { /* exponents 4..8: |x| in [2^-3, 2^2) */
+        uint8_t b = (uint8_t)((rnd() & 1) << 7 | rint_range(4, 8) << 3 | rint_range(0, 7));
+        *(uint8_t*)p = b;
+        return dec_e4m3(b);
+    }
+    case KVA_DTYPE_E5M2: {
+        uint8_t b = (uint8_t)((rnd() & 1) << 7 | rint_range(12, 16) << 2 | rint_range(0, 3));
+        *(uint8_t*)p = b;
+        return dec_e5m2(b);
+    }
+    default: {
+        float f = (float)((runif() * 2 - 1) * scale);
+        memcpy(p, &f, 4);
+        return f;
+    }
+    }
+}
+static double get_val(kva_dtype t, const void* base, size_t i) {
+    const unsigned char* p = (const unsigned char*)base + i * dsize(t);
+    uint16_t h;
+    switch (t) {
+    case KVA_DTYPE_BF16: memcpy(&h, p, 2); return dec_bf16(h);
+    case KVA_DTYPE_F16: memcpy(&h, p, 2); return dec_f16(h);
+    case KVA_DTYPE_E4M3: return dec_e4m3(*p);
+    case KVA_DTYPE_E5M2: return dec_e5m2(*p);
+    default: {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    }
+}
+static double tol_of(kva_dtype t) { return t == KVA_DTYPE_BF16 ? 1.6e-2 : (t == KVA_DTYPE_F32 ? 1e-4 : 4e-3); }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* One attention problem                                                                           */
+
+typedef struct prob {
+    kva_attention_desc d;
+    kva_op op;
+    int B;
+    int page_size;
+    kva_layout layout;
+    int* qo_len;
+    int* kv_len;
+    /* host data */
+    int* qo_indptr;  /* [B+1] */
+    int* kv_indptr;  /* pages (paged) or tokens (ragged) [B+1] */
+    int* last_len;   /* [B] */
+    int* indices;    /* page table */
+    int64_t num_pages;
+    int total_rows;
+    int64_t total_entries;
+    unsigned char *hq, *hk, *hv; /* q rows; K/V pool (paged) or ragged tensors */
+    double *kd, *vd;             /* logical K/V per request token: [sum kv][hkv][D] */
+    int64_t* kv_off;             /* first logical token of request b */
+    double *ref_o, *ref_lse;     /* [rows][hq][D], [rows][hq] */
+    float k_scale, v_scale;
+    /* device */
+    void *q, *o, *lse, *k, *v;
+    int *dind;
+    int64_t k_sp, k_st, k_sh; /* strides (elements) */
+} prob;
+
+static void ref_compute(prob* P, const float* slopes) {
+    const kva_attention_desc* d = &P->d;
+    const int D = d->head_dim_qk, g = d->num_qo_heads / d->num_kv_heads, HQ = d->num_qo_heads, HK = d->num_kv_heads;
+    const double scale = d->sm_scale > 0 ? d->sm_scale : 1.0 / sqrt((double)D);
+    P->ref_o = (double*)calloc((size_t)P->total_rows * HQ * D + 1, sizeof(double));
+    P->ref_lse = (double*)calloc((size_t)P->total_rows * HQ + 1, sizeof(double));
+    double* x = NULL;
+    for (int b = 0; b < P->B; ++b) {
+        const int L = P->kv_len[b], QL = P->qo_len[b];
+        x = (double*)realloc(x, sizeof(double) * (size_t)(L + 1));
+        for (int i = 0; i < QL; ++i) {
+            const int row = P->qo_indptr[b] + i;
+            const int64_t qpos = (int64_t)L - QL + i;
+            for (int h = 0; h < HQ; ++h) {
+                const int kh = h / g;
+                double qv[256];
+                for (int e = 0; e < D; ++e) qv[e] = get_val(d->q_dtype, P->hq, ((size_t)row * HQ + h) * D + e);
+                if (d->pos_encoding == KVA_POS_ROPE_LLAMA) {
+                    double r[256];
+                    for (int f = 0; f < D / 2; ++f) {
+                        double w = pow((double)d->rope_theta, -2.0 * f / D) / d->rope_scale;
+                        double c = cos(qpos * w), s = sin(qpos * w);
+                        r[f] = qv[f] * c - qv[f + D / 2] * s;
+                        r[f + D / 2] = qv[f + D / 2] * c + qv[f] * s;
+                    }
+                    memcpy(qv, r, sizeof(double) * D);
+                }
+                double m = -INFINITY;
+                for (int j = 0; j < L; ++j) {
+                    const double* kr = P->kd + ((size_t)(P->kv_off[b] + j) * HK + kh) * D;
+                    double kv[256];
+                    memcpy(kv, kr, sizeof(double) * D);
+                    if (d->pos_encoding == KVA_POS_ROPE_LLAMA) {
+                        for (int f = 0; f < D / 2; ++f) {
+                            double w = pow((double)d->rope_theta, -2.0 * f / D) / d->rope_scale;
+                            double c = cos(j * w), s = sin(j * w);
+                            kv[f] = kr[f] * c - kr[f + D / 2] * s;
+                            kv[f + D / 2] = kr[f + D / 2] * c + kr[f] * s;
+                        }
+                    }
+                    double dot = 0;
+                    for (int e = 0; e < D; ++e) dot += qv[e] * kv[e];
+                    double xx = scale * P->k_scale * dot;
+                    if (d->pos_encoding == KVA_POS_ALIBI) xx += slopes[h] * (double)(j - qpos);
+                    if (d->logits_soft_cap > 0) xx = d->logits_soft_cap * tanh(xx / d->logits_soft_cap);
+                    int vis = 1;
+                    if (d->mask_mode == KVA_MASK_CAUSAL && j > qpos) vis = 0;
+                    if (d->window_left >= 0 && j < qpos - d->window_left) vis = 0;
+                    x[j] = vis ? xx : -INFINITY;
+                    if (x[j] > m) m = x[j];
+                }
+                double* o = P->ref_o + ((size_t)row * HQ + h) * D;
+                double den = 0;
+                for (int j = 0; j < L; ++j) {
+                    if (x[j] == -INFINITY) continue;
+                    double w = d->score_mode == KVA_SCORE_SIGMOID ? 1.0 / (1.0 + exp(-(x[j] + d->sigmoid_bias)))
+                                                                  : exp(x[j] - m);
+                    den += w;
+                    const double* vr = P->vd + ((size_t)(P->kv_off[b] + j) * HK + kh) * D;
+                    for (int e = 0; e < D; ++e) o[e] += w * vr[e] * P->v_scale;
+                }
+                if (d->score_mode == KVA_SCORE_SIGMOID) {
+                    P->ref_lse[(size_t)row * HQ + h] = 0;
+                } else if (den > 0) {
+                    for (int e = 0; e < D; ++e) o[e] /= den;
+                    P->ref_lse[(size_t)row * HQ + h] = (m + log(den)) / log(2.0);
+                } else {
+                    P->ref_lse[(size_t)row * HQ + h] = -INFINITY;
+                }
+            }
+        }
+    }
+    free(x);
+}
+
+/* Build the host data of a problem. kv lengths and qo lengths given. */
+static void prob_build(prob* P) {
+    const kva_attention_desc* d = &P->d;
+    const int D = d->head_dim_qk, HQ = d->num_qo_heads, HK = d->num_kv_heads;
+    const size_t kes = dsize(d->kv_dtype), qes = dsize(d->q_dtype);
+    P->qo_indptr = (int*)calloc((size_t)P->B + 1, sizeof(int));
+    P->kv_indptr = (int*)calloc((size_t)P->B + 1, sizeof(int));
+    P->last_len = (int*)calloc((size_t)P->B + 1, sizeof(int));
+    P->kv_off = (int64_t*)calloc((size_t)P->B + 1, sizeof(int64_t));
+    int64_t tok = 0;
+    for (int b = 0; b < P->B; ++b) {
+        P->qo_indptr[b + 1] = P->qo_indptr[b] + P->qo_len[b];
+        P->kv_off[b] = tok;
+        tok += P->kv_len[b];
+        if (P->op == KVA_OP_BATCH_PREFILL_RAGGED) {
+            P->kv_indptr[b + 1] = P->kv_indptr[b] + P->kv_len[b];
+        } else {
+            int np = (P->kv_len[b] + P->page_size - 1) / P->page_size;
+            P->kv_indptr[b + 1] = P->kv_indptr[b] + np;
+            P->last_len[b] = np ? P->kv_len[b] - (np - 1) * P->page_size : 0;
+        }
+    }
+    P->kv_off[P->B] = tok;
+    P->total_rows = P->qo_indptr[P->B];
+    P->total_entries = P->kv_indptr[P->B];
+    P->kd = (double*)malloc(sizeof(double) * (size_t)(tok * HK * D + 1));
+    P->vd = (double*)malloc(sizeof(double) * (size_t)(tok * HK * D + 1));
+    P->hq = (unsigned char*)malloc((size_t)P->total_rows * HQ * D * qes + 16);
+    for (size_t i = 0; i < (size_t)P->total_rows * HQ * D; ++i) rand_val(d->q_dtype, P->hq + i * qes, 1.0);
+    if (P->op == KVA_OP_BATCH_PREFILL_RAGGED) {
+        P->hk = (unsigned char*)malloc((size_t)tok * HK * D * kes + 16);
+        P->hv = (unsigned char*)malloc((size_t)tok * HK * D * kes + 16);
+        for (int64_t i = 0; i < tok * HK * D; ++i) {
+            P->kd[i] = rand_val(d->kv_dtype, P->hk + i * kes, 1.0);
+            P->vd[i] = rand_val(d->kv_dtype, P->hv + i * kes, 1.0);
+        }
+        P->k_sp = 0;
+        P->k_st = (int64_t)HK * D;
+        P->k_sh = D;
+        return;
+    }
+    /* paged: pool with 3 spare pages, pages of each request scattered */
+    P->num_pages = P->total_entries + 3;
+    P->indices = (int*)malloc(sizeof(int) * (size_t)(P->total_entries + 1));
+    int* perm = (int*)malloc(sizeof(int) * (size_t)P->num_pages);
+    for (int64_t i = 0; i < P->num_pages; ++i) perm[i] = (int)i;
+    for (int64_t i = P->num_pages - 1; i > 0; --i) {
+        int64_t j = (int64_t)(rnd() % (uint64_t)(i + 1));
+        int t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    for (int64_t i = 0; i < P->total_entries; ++i) P->indices[i] = perm[i];
+    free(perm);
+    const int ps = P->page_size;
+    if (P->layout == KVA_LAYOUT_NHD) {
+        P->k_st = (int64_t)HK * D;
+        P->k_sh = D;
+    } else {
+        P->k_sh = (int64_t)ps * D;
+        P->k_st = D;
+    }
+    P->k_sp = (int64_t)ps * HK * D;
+    size_t pool = (size_t)P->num_pages * ps * HK * D;
+    P->hk = (unsigned char*)malloc(pool * kes + 16);
+    P->hv = (unsigned char*)malloc(pool * kes + 16);
+    /* poison everything (NaN-ish bytes) so unused slots would show */
+    memset(P->hk, 0x7f, pool * kes);
+    memset(P->hv, 0x7f, pool * kes);
+    if (kes == 2) {
+        for (size_t i = 0; i < pool; ++i) {
+            uint16_t nan16 = d->kv_dtype == KVA_DTYPE_BF16 ? 0x7fc1 : 0x7e01;
+            memcpy(P->hk + 2 * i, &nan16, 2);
+            memcpy(P->hv + 2 * i, &nan16, 2);
+        }
+    }
+    for (int b = 0; b < P->B; ++b)
+        for (int j = 0; j < P->kv_len[b]; ++j) {
+            int page = P->indices[P->kv_indptr[b] + j / ps], slot = j % ps;
+            for (int h = 0; h < HK; ++h)
+                for (int e = 0; e < D; ++e) {
+                    size_t at = (size_t)page * P->k_sp + (size_t)slot * P->k_st + (size_t)h * P->k_sh + e;
+                    size_t li = ((size_t)(P->kv_off[b] + j) * HK + h) * D + e;
+                    P->kd[li] = rand_val(d->kv_dtype, P->hk + at * kes, 1.0);
+                    P->vd[li] = rand_val(d->kv_dtype, P->hv + at * kes, 1.0);
+                }
+        }
+}
+
+static void prob_upload(prob* P) {
+    const kva_attention_desc* d = &P->d;
+    const int D = d->head_dim_qk, HQ = d->num_qo_heads, HK = d->num_kv_heads;
+    size_t qb = (size_t)P->total_rows * HQ * D * dsize(d->q_dtype);
+    size_t ob = (size_t)P->total_rows * HQ * D * dsize(d->o_dtype);
+    CU(cudaMalloc(&P->q, qb + 256));
+    CU(cudaMalloc(&P->o, ob + 256));
+    CU(cudaMalloc(&P->lse, (size_t)P->total_rows * HQ * 4 + 256));
+    CU(cudaMemcpy(P->q, P->hq, qb, cudaMemcpyHostToDevice));
+    size_t kb;
+    if (P->op == KVA_OP_BATCH_PREFILL_RAGGED) kb = (size_t)P->kv_off[P->B] * HK * D * dsize(d->kv_dtype);
+    else kb = (size_t)P->num_pages * P->page_size * HK * D * dsize(d->kv_dtype);
+    CU(cudaMalloc(&P->k, kb + 256));
+    CU(cudaMalloc(&P->v, kb + 256));
+    CU(cudaMemcpy(P->k, P->hk, kb, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(P->v, P->hv, kb, cudaMemcpyHostToDevice));
+    CU(cudaMalloc((void**)&P->dind, sizeof(int) * (size_t)(P->total_entries + 1)));
+    if (P->indices && P->total_entries)
+        CU(cudaMemcpy(P->dind, P->indices, sizeof(int) * (size_t)P->total_entries, cudaMemcpyHostToDevice));
+}
+
+static void prob_free(prob* P) {
+    cudaFree(P->q);
+    cudaFree(P->o);
+    cudaFree(P->lse);
+    cudaFree(P->k);
+    cudaFree(P->v);
+    cudaFree(P->dind);
+    free(P->qo_indptr);
+    free(P->kv_indptr);
+    free(P->last_len);
+    free(P->kv_off);
+    free(P->indices);
+    free(P->hq);
+    free(P->hk);
+    free(P->hv);
+    free(P->kd);
+    free(P->vd);
+    free(P->ref_o);
+    free(P->ref_lse);
+    free(P->qo_len);
+    free(P->kv_len);
+}
+
+static void fill_params(const prob* P, kva_plan_params* pp) {
+    kva_plan_params_init(pp);
+    pp->batch_size = P->B;
+    pp->qo_indptr = P->op == KVA_OP_BATCH_DECODE ? NULL : P->qo_indptr;
+    pp->kv_indptr = P->kv_indptr;
+    pp->kv_last_page_len = P->last_len;
+    pp->page_size = P->page_size;
+    pp->num_pages = P->num_pages;
+}
+
+static void fill_args(const prob* P, kva_run_args* a, void* stream, const float* dslopes) {
+    const kva_attention_desc* d = &P->d;
+    const int D = d->head_dim_qk, HQ = d->num_qo_heads, HK = d->num_kv_heads;
+    kva_run_args_init(a);
+    a->q = kva_tensor_make(P->q, d->q_dtype, 3, P->total_rows, HQ, D, 0);
+    a->o = kva_tensor_make(P->o, d->o_dtype, 3, P->total_rows, HQ, D, 0);
+    if (d->score_mode != KVA_SCORE_SIGMOID) a->lse = kva_tensor_make(P->lse, KVA_DTYPE_F32, 2, P->total_rows, HQ, 0, 0);
+    if (P->op == KVA_OP_BATCH_PREFILL_RAGGED) {
+        a->k = kva_tensor_make(P->k, d->kv_dtype, 3, P->kv_off[P->B], HK, D, 0);
+        a->v = kva_tensor_make(P->v, d->kv_dtype, 3, P->kv_off[P->B], HK, D, 0);
+    } else {
+        kva_paged_kv_init(&a->paged, P->k, P->v, d->kv_dtype, P->layout, P->num_pages, P->page_size, HK, D, D);
+        a->paged.indices = P->dind;
+    }
+    a->k_scale = P->k_scale;
+    a->v_scale = P->v_scale;
+    a->alibi_slopes = dslopes;
+    a->stream = stream;
+}
+
+/* Compare device outputs with the reference; rows of requests in `zero_reqs` (bitmask of request ids < 64)
+   must be o = 0, lse = -inf. Returns the number of mismatches. */
+static int compare(const prob* P, const char* what, uint64_t zero_reqs) {
+    const kva_attention_desc* d = &P->d;
+    const int D = d->head_dim_qk, HQ = d->num_qo_heads;
+    size_t n = (size_t)P->total_rows * HQ * D;
+    unsigned char* ho = (unsigned char*)malloc(n * dsize(d->o_dtype) + 16);
+    float* hl = (float*)malloc((size_t)P->total_rows * HQ * 4 + 16);
+    CU(cudaMemcpy(ho, P->o, n * dsize(d->o_dtype), cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hl, P->lse, (size_t)P->total_rows * HQ * 4, cudaMemcpyDeviceToHost));
+    double tol = tol_of(d->o_dtype);
+    if (tol_of(d->q_dtype) > tol) tol = tol_of(d->q_dtype);
+    if (d->kv_dtype == KVA_DTYPE_BF16) tol = 1.6e-2;
+    int bad = 0;
+    double worst = 0;
+    for (int b = 0; b < P->B; ++b) {
+        const int z = b < 64 && ((zero_reqs >> b) & 1);
+        for (int i = 0; i < P->qo_len[b]; ++i) {
+            int row = P->qo_indptr[b] + i;
+            for (int h = 0; h < HQ; ++h) {
+                double scale = 1;
+                if (d->score_mode == KVA_SCORE_SIGMOID) {
+                    for (int e = 0; e < D; ++e) {
+                        double r = fabs(P->ref_o[((size_t)row * HQ + h) * D + e]);
+                        if (r > scale) scale = r;
+                    }
+                }
+                for (int e = 0; e < D; ++e) {
+                    size_t at = ((size_t)row * HQ + h) * D + e;
+                    double got = get_val(d->o_dtype, ho, at);
+                    double ref = z ? 0.0 : P->ref_o[at];
+                    double err = fabs(got - ref);
+                    double lim = tol * scale + tol * fabs(ref);
+                    if (!(err <= lim)) {
+                        if (bad < 5)
+                            printf("  %s: req %d row %d head %d dim %d: got %.6g want %.6g\n", what, b, row, h, e,
+                                   got, ref);
+                        bad++;
+                    }
+                    if (err > worst && err == err) worst = err;
+                }
+                if (d->score_mode != KVA_SCORE_SIGMOID) {
+                    double got = hl[(size_t)row * HQ + h];
+                    double ref = z ? -INFINITY : P->ref_lse[(size_t)row * HQ + h];
+                    int ok = isinf(ref) ? got == ref : fabs(got - ref) <= 2e-3 + 1e-4 * fabs(ref);
+                    if (!ok) {
+                        if (bad < 5)
+                            printf("  %s: req %d row %d head %d: lse got %.6g want %.6g\n", what, b, row, h, got, ref);
+                        bad++;
+                    }
+                }
+            }
+        }
+    }
+    if (verbose) printf("  %s: max |err| %.3g\n", what, worst);
+    free(ho);
+    free(hl);
+    return bad;
+}
+
+typedef struct ws_t {
+    kva_workspace w;
+} ws_t;
+
+static void ws_alloc(kva_context* ctx, const kva_attention_desc* d, kva_op op, const kva_plan_params* pp, ws_t* W,
+                     int graph_bound_batch, int64_t graph_bound_rows) {
+    size_t db = 0, hb = 0;
+    kva_status st;
+    if (graph_bound_batch > 0) st = kva_workspace_bound(ctx, d, op, graph_bound_batch, graph_bound_rows, &db, &hb);
+    else st = kva_plan_workspace_size(ctx, d, op, pp, &db, &hb);
+    if (st != KVA_OK) printf("  workspace size: %s\n", kva_last_error_message());
+    memset(W, 0, sizeof *W);
+    W->w.device_bytes = db + 256;
+    W->w.host_bytes = hb + 256;
+    CU(cudaMalloc(&W->w.device, W->w.device_bytes));
+    CU(cudaMallocHost(&W->w.host, W->w.host_bytes));
+}
+static void ws_free(ws_t* W) {
+    cudaFree(W->w.device);
+    cudaFreeHost(W->w.host);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct tcase {
+    const char* name;
+    kva_op op;
+    int hq, hkv, D;
+    kva_dtype qt, kt, ot;
+    int page_size;
+    kva_layout layout;
+    int B, min_kv, max_kv, max_qo;
+    int empty_every; /* every n-th request empty (0 = none) */
+    kva_pos_encoding pos;
+    float cap;
+    int window;
+    kva_score_mode score;
+    kva_mask_mode mask;
+    int long_kv; /* one request of this length (split-KV) */
+    int fixed_split, no_split;
+} tcase;
+
+static void init_prob(prob* P, const tcase* c) {
+    memset(P, 0, sizeof *P);
+    kva_attention_desc_init(&P->d, c->hq, c->hkv, c->D, c->qt);
+    P->d.kv_dtype = c->kt;
+    P->d.o_dtype = c->ot;
+    P->d.pos_encoding = c->pos;
+    P->d.logits_soft_cap = c->cap;
+    P->d.window_left = c->window;
+    P->d.score_mode = c->score;
+    P->d.sigmoid_bias = c->score == KVA_SCORE_SIGMOID ? -1.5f : 0.0f;
+    P->d.mask_mode = c->mask;
+    if (c->pos == KVA_POS_ROPE_LLAMA) {
+        P->d.rope_theta = 5e5f;
+        P->d.rope_scale = 2.0f;
+    }
+    P->op = c->op;
+    P->B = c->B;
+    P->page_size = c->page_size;
+    P->layout = c->layout;
+    P->k_scale = (c->kt == KVA_DTYPE_E4M3 || c->kt == KVA_DTYPE_E5M2) ? 0.75f : 1.0f;
+    P->v_scale = (c->kt == KVA_DTYPE_E4M3 || c->kt == KVA_DTYPE_E5M2) ? 1.25f : 1.0f;
+    P->qo_len = (int*)calloc((size_t)c->B + 1, sizeof(int));
+    P->kv_len = (int*)calloc((size_t)c->B + 1, sizeof(int));
+    for (int b = 0; b < c->B; ++b) {
+        P->qo_len[b] = c->op == KVA_OP_BATCH_DECODE ? 1 : rint_range(1, c->max_qo);
+        P->kv_len[b] = rint_range(c->min_kv, c->max_kv);
+        if (c->empty_every && b % c->empty_every == 1) P->kv_len[b] = 0;
+        if (c->op != KVA_OP_BATCH_DECODE && P->kv_len[b] < P->qo_len[b] && c->mask == KVA_MASK_CAUSAL)
+            P->kv_len[b] = P->qo_len[b];
+    }
+    if (c->long_kv) P->kv_len[0] = c->long_kv;
+}
+
+static void run_case(kva_context* ctx, const tcase* c) {
+    prob P;
+    init_prob(&P, c);
+    prob_build(&P);
+    float* slopes = (float*)malloc(sizeof(float) * (size_t)c->hq);
+    kva_alibi_slopes(c->hq, slopes);
+    ref_compute(&P, slopes);
+    prob_upload(&P);
+    kva_plan_params pp;
+    fill_params(&P, &pp);
+    pp.fixed_split_size = c->fixed_split;
+    pp.disable_split_kv = c->no_split;
+    ws_t W;
+    ws_alloc(ctx, &P.d, c->op, &pp, &W, 0, 0);
+    kva_plan plan;
+    kva_status st = kva_plan_make(ctx, &P.d, c->op, &pp, &W.w, &plan, NULL);
+    if (st == KVA_ERR_UNSUPPORTED) {
+        printf("  %s: unsupported (%s)\n", c->name, kva_last_error_message());
+    } else {
+        CHECK(st == KVA_OK, "%s: plan: %s", c->name, kva_last_error_message());
+        if (st == KVA_OK) {
+            kva_run_args a;
+            fill_args(&P, &a, NULL, NULL);
+            CU(cudaMemset(P.o, 0xff, (size_t)P.total_rows * c->hq * c->D * dsize(c->ot)));
+            st = kva_run(ctx, &plan, &W.w, &a);
+            CHECK(st == KVA_OK, "%s: run: %s", c->name, kva_last_error_message());
+            CU(cudaDeviceSynchronize());
+            kva_plan_info info;
+            kva_plan_get_info(&plan, &info);
+            int bad = compare(&P, c->name, 0);
+            CHECK(bad == 0, "%s: %d mismatches (items %d, merges %d, tile %d, chunk %d)", c->name, bad,
+                  info.num_work_items, info.num_merge_tasks, info.tile_q, info.kv_chunk_size);
+            kva_fault_report fr;
+            CHECK(kva_read_faults(ctx, &W.w, &fr, NULL) == KVA_OK && !fr.faulted, "%s: no faults expected", c->name);
+            if (verbose)
+                printf("  %s: ok (%d items, %d merges, tile %d, chunk %d)\n", c->name, info.num_work_items,
+                       info.num_merge_tasks, info.tile_q, info.kv_chunk_size);
+        }
+    }
+    ws_free(&W);
+    free(slopes);
+    prob_free(&P);
+}
+
+static tcase base_case(const char* name) {
+    tcase c;
+    memset(&c, 0, sizeof c);
+    c.name = name;
+    c.op = KVA_OP_BATCH_DECODE;
+    c.hq = 32;
+    c.hkv = 8;
+    c.D = 128;
+    c.qt = c.kt = c.ot = KVA_DTYPE_BF16;
+    c.page_size = 16;
+    c.layout = KVA_LAYOUT_NHD;
+    c.B = 6;
+    c.min_kv = 1;
+    c.max_kv = 700;
+    c.max_qo = 1;
+    c.window = -1;
+    c.score = KVA_SCORE_SOFTMAX;
+    c.mask = KVA_MASK_NONE;
+    return c;
+}
+
+static void test_decode_matrix(kva_context* ctx) {
+    tcase cs[64];
+    int n = 0;
+    tcase c;
+    c = base_case("gqa32/8 bf16 p16 nhd");
+    cs[n++] = c;
+    c = base_case("mha f16 d64 p1 hnd");
+    c.hq = 8, c.hkv = 8, c.D = 64, c.qt = c.kt = c.ot = KVA_DTYPE_F16, c.page_size = 1, c.layout = KVA_LAYOUT_HND;
+    cs[n++] = c;
+    c = base_case("g5 bf16 d256 p3 e4m3");
+    c.hq = 10, c.hkv = 2, c.D = 256, c.kt = KVA_DTYPE_E4M3, c.page_size = 3;
+    cs[n++] = c;
+    c = base_case("g7 f16 p16 e5m2 o=f32");
+    c.hq = 14, c.hkv = 2, c.qt = KVA_DTYPE_F16, c.kt = KVA_DTYPE_E5M2, c.ot = KVA_DTYPE_F32;
+    cs[n++] = c;
+    c = base_case("g2 f16 hnd p3 empties");
+    c.hq = 4, c.hkv = 2, c.qt = c.kt = c.ot = KVA_DTYPE_F16, c.page_size = 3, c.layout = KVA_LAYOUT_HND,
+    c.empty_every = 3;
+    cs[n++] = c;
+    c = base_case("g8 bf16 long split");
+    c.hq = 16, c.hkv = 2, c.B = 3, c.long_kv = quick ? 3000 : 20000;
+    cs[n++] = c;
+    c = base_case("g16 bf16 (two tiles)");
+    c.hq = 32, c.hkv = 2;
+    cs[n++] = c;
+    c = base_case("g12 f16 p16 (tiles of 6)");
+    c.hq = 24, c.hkv = 2, c.qt = c.kt = c.ot = KVA_DTYPE_F16;
+    cs[n++] = c;
+    c = base_case("len 1 only");
+    c.min_kv = 1, c.max_kv = 1;
+    cs[n++] = c;
+    c = base_case("rope");
+    c.pos = KVA_POS_ROPE_LLAMA, c.max_kv = 2000;
+    cs[n++] = c;
+    c = base_case("rope f16 d64 e4m3");
+    c.pos = KVA_POS_ROPE_LLAMA, c.D = 64, c.qt = c.ot = KVA_DTYPE_F16, c.kt = KVA_DTYPE_E4M3;
+    cs[n++] = c;
+    c = base_case("alibi");
+    c.pos = KVA_POS_ALIBI;
+    cs[n++] = c;
+    c = base_case("softcap 30");
+    c.cap = 30.0f;
+    cs[n++] = c;
+    c = base_case("window 100");
+    c.window = 100;
+    cs[n++] = c;
+    c = base_case("sigmoid");
+    c.score = KVA_SCORE_SIGMOID;
+    cs[n++] = c;
+    c = base_case("fixed split 256");
+    c.fixed_split = 256, c.max_kv = 1500;
+    cs[n++] = c;
+    c = base_case("no split long");
+    c.no_split = 1, c.long_kv = 5000;
+    cs[n++] = c;
+    c = base_case("prefill paged causal");
+    c.op = KVA_OP_BATCH_PREFILL_PAGED, c.mask = KVA_MASK_CAUSAL, c.max_qo = 9, c.max_kv = 300, c.hq = 8, c.hkv = 2;
+    cs[n++] = c;
+    c = base_case("prefill ragged causal window");
+    c.op = KVA_OP_BATCH_PREFILL_RAGGED, c.mask = KVA_MASK_CAUSAL, c.max_qo = 5, c.max_kv = 300, c.window = 40;
+    cs[n++] = c;
+    c = base_case("prefill ragged noncausal g1");
+    c.op = KVA_OP_BATCH_PREFILL_RAGGED, c.hq = 4, c.hkv = 4, c.max_qo = 3, c.max_kv = 200;
+    cs[n++] = c;
+    int limit = quick ? 6 : n;
+    for (int i = 0; i < limit; ++i) run_case(ctx, &cs[i]);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static void test_graph(kva_context* ctx) {
+    tcase c = base_case("graph");
+    c.B = 8;
+    c.max_kv = 3000;
+    prob A, Bp;
+    init_prob(&A, &c);
+    prob_build(&A);
+    /* the second step: same batch bound, other lengths (one long request forces a split), same pool */
+    init_prob(&Bp, &c);
+    Bp.B = 5;
+    for (int b = 0; b < 5; ++b) Bp.kv_len[b] = b == 0 ? 9000 : rint_range(1, 200);
+    prob_build(&Bp);
+    ref_compute(&Bp, NULL);
+    prob_upload(&A);
+    prob_upload(&Bp);
+
+    cudaStream_t s;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    /* Step A (captured): A's lengths over B's pool (A's page table points at B's pages) */
+    kva_plan_params pp;
+    fill_params(&A, &pp);
+    pp.num_pages = Bp.num_pages;
+    pp.graph_mode = 1;
+    pp.max_batch_size = 8;
+    ws_t W;
+    ws_alloc(ctx, &A.d, KVA_OP_BATCH_DECODE, &pp, &W, 8, 8);
+    kva_plan plan;
+    kva_status st = kva_plan_make(ctx, &A.d, KVA_OP_BATCH_DECODE, &pp, &W.w, &plan, s);
+    CHECK(st == KVA_OK, "graph: plan A: %s", kva_last_error_message());
+    /* the captured run's tensors: q/o/lse of the bound (8 rows), B's pool, a page table buffer for either step */
+    kva_run_args a;
+    fill_args(&Bp, &a, s, NULL);
+    void *q8, *o8, *l8;
+    const int HQ = c.hq, D = c.D;
+    CU(cudaMalloc(&q8, (size_t)8 * HQ * D * 2));
+    CU(cudaMalloc(&o8, (size_t)8 * HQ * D * 2));
+    CU(cudaMalloc(&l8, (size_t)8 * HQ * 4));
+    CU(cudaMemset(q8, 0, (size_t)8 * HQ * D * 2));
+    CU(cudaMemcpy(q8, Bp.q, (size_t)5 * HQ * D * 2, cudaMemcpyDeviceToDevice));
+    a.q = kva_tensor_make(q8, c.qt, 3, 8, HQ, D, 0);
+    a.o = kva_tensor_make(o8, c.ot, 3, 8, HQ, D, 0);
+    a.lse = kva_tensor_make(l8, KVA_DTYPE_F32, 2, 8, HQ, 0, 0);
+    /* A's page table refers to pages of A's pool; B's pool has at least as many pages? make indices valid */
+    int* ind8;
+    int64_t nent = A.total_entries > Bp.total_entries ? A.total_entries : Bp.total_entries;
+    CU(cudaMalloc((void**)&ind8, sizeof(int) * (size_t)(nent + 1)));
+    int* hind = (int*)calloc((size_t)nent + 1, sizeof(int));
+    for (int64_t i = 0; i < A.total_entries; ++i) hind[i] = (int)(i % Bp.num_pages);
+    CU(cudaMemcpy(ind8, hind, sizeof(int) * (size_t)nent, cudaMemcpyHostToDevice));
+    a.paged.indices = ind8;
+    CU(cudaStreamSynchronize(s));
+
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    st = kva_run(ctx, &plan, &W.w, &a);
+    CHECK(st == KVA_OK, "graph: run under capture: %s", kva_last_error_message());
+    /* planning during capture is refused */
+    kva_plan plan2;
+    kva_status st2 = kva_plan_make(ctx, &A.d, KVA_OP_BATCH_DECODE, &pp, &W.w, &plan2, s);
+    CHECK(st2 == KVA_ERR_CAPTURE_ACTIVE, "graph: plan during capture returns KVA_ERR_CAPTURE_ACTIVE (got %s)",
+          kva_status_string(st2));
+    CU(cudaStreamEndCapture(s, &graph));
+    CU(cudaGraphInstantiate(&exec, graph, 0));
+    CU(cudaGraphLaunch(exec, s)); /* replay of plan A (just must not fault) */
+    CU(cudaStreamSynchronize(s));
+
+    /* re-plan with B's lengths into the same workspace, replay */
+    kva_plan_params pb;
+    fill_params(&Bp, &pb);
+    pb.graph_mode = 1;
+    pb.max_batch_size = 8;
+    kva_plan planB;
+    st = kva_plan_make(ctx, &Bp.d, KVA_OP_BATCH_DECODE, &pb, &W.w, &planB, s);
+    CHECK(st == KVA_OK, "graph: plan B: %s", kva_last_error_message());
+    kva_plan_info ib;
+    kva_plan_get_info(&planB, &ib);
+    CHECK(ib.num_merge_tasks > 0, "graph: plan B splits KV (merges %d)", ib.num_merge_tasks);
+    for (int64_t i = 0; i < Bp.total_entries; ++i) hind[i] = Bp.indices[i];
+    CU(cudaMemcpyAsync(ind8, hind, sizeof(int) * (size_t)Bp.total_entries, cudaMemcpyHostToDevice, s));
+    CU(cudaMemsetAsync(o8, 0xff, (size_t)8 * HQ * D * 2, s));
+    CU(cudaGraphLaunch(exec, s));
+    CU(cudaStreamSynchronize(s));
+    /* compare rows 0..4 of o8 with the reference of B: copy them into B's o/lse */
+    CU(cudaMemcpy(Bp.o, o8, (size_t)5 * HQ * D * 2, cudaMemcpyDeviceToDevice));
+    CU(cudaMemcpy(Bp.lse, l8, (size_t)5 * HQ * 4, cudaMemcpyDeviceToDevice));
+    int bad = compare(&Bp, "graph replay", 0);
+    CHECK(bad == 0, "graph: replay after re-plan matches the reference (%d mismatches)", bad);
+
+    /* the same step without graphs must give the same bits */
+    unsigned char* g1 = (unsigned char*)malloc((size_t)5 * HQ * D * 2);
+    unsigned char* g2 = (unsigned char*)malloc((size_t)5 * HQ * D * 2);
+    CU(cudaMemcpy(g1, o8, (size_t)5 * HQ * D * 2, cudaMemcpyDeviceToHost));
+    kva_plan_params pn;
+    fill_params(&Bp, &pn);
+    ws_t W2;
+    ws_alloc(ctx, &Bp.d, KVA_OP_BATCH_DECODE, &pn, &W2, 0, 0);
+    kva_plan planN;
+    st = kva_plan_make(ctx, &Bp.d, KVA_OP_BATCH_DECODE, &pn, &W2.w, &planN, NULL);
+    CHECK(st == KVA_OK, "graph: non-graph plan B: %s", kva_last_error_message());
+    kva_run_args an;
+    fill_args(&Bp, &an, NULL, NULL);
+    an.paged.indices = Bp.dind;
+    st = kva_run(ctx, &planN, &W2.w, &an);
+    CHECK(st == KVA_OK, "graph: non-graph run: %s", kva_last_error_message());
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(g2, Bp.o, (size_t)5 * HQ * D * 2, cudaMemcpyDeviceToHost));
+    bad = compare(&Bp, "non-graph", 0);
+    CHECK(bad == 0, "graph: non-graph run of B matches the reference");
+    kva_plan_info in;
+    kva_plan_get_info(&planN, &in);
+    if (in.kv_chunk_size == ib.kv_chunk_size)
+        CHECK(memcmp(g1, g2, (size_t)5 * HQ * D * 2) == 0, "graph replay and non-graph run agree bitwise");
+    else
+        printf("  graph: chunk sizes differ (graph %d, non-graph %d): bitwise comparison skipped\n", ib.kv_chunk_size,
+               in.kv_chunk_size);
+    free(g1);
+    free(g2);
+    free(hind);
+    ws_free(&W2);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(q8);
+    cudaFree(o8);
+    cudaFree(l8);
+    cudaFree(ind8);
+    ws_free(&W);
+    cudaStreamDestroy(s);
+    prob_free(&A);
+    prob_free(&Bp);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static void test_fault(kva_context* ctx, int split, int negative) {
+    tcase c = base_case("fault");
+    c.B = 5;
+    c.max_kv = 600;
+    prob P;
+    init_prob(&P, &c);
+    P.kv_len[2] = split ? 6000 : 500;
+    prob_build(&P);
+    ref_compute(&P, NULL);
+    /* corrupt one page entry of request 2 (device copy only; the host copy is not given to plan) */
+    int entry = P.kv_indptr[2] + (P.kv_indptr[3] - P.kv_indptr[2]) / 2;
+    int badval = negative ? -7 : (int)P.num_pages + 5;
+    int saved = P.indices[entry];
+    P.indices[entry] = badval;
+    prob_upload(&P);
+    P.indices[entry] = saved;
+    kva_plan_params pp;
+    fill_params(&P, &pp);
+    ws_t W;
+    ws_alloc(ctx, &P.d, KVA_OP_BATCH_DECODE, &pp, &W, 0, 0);
+    kva_plan plan;
+    kva_status st = kva_plan_make(ctx, &P.d, KVA_OP_BATCH_DECODE, &pp, &W.w, &plan, NULL);
+    CHECK(st == KVA_OK, "fault: plan: %s", kva_last_error_message());
+    kva_plan_info info;
+    kva_plan_get_info(&plan, &info);
+    if (split) CHECK(info.num_merge_tasks > 0, "fault: the long request is split (%d merges)", info.num_merge_tasks);
+    kva_run_args a;
+    fill_args(&P, &a, NULL, NULL);
+    st = kva_run(ctx, &plan, &W.w, &a);
+    CHECK(st == KVA_OK, "fault: run: %s", kva_last_error_message());
+    CU(cudaDeviceSynchronize());
+    int bad = compare(&P, split ? "fault (split)" : "fault", (uint64_t)1 << 2);
+    CHECK(bad == 0, "fault: request 2 zeroed, others correct (%d mismatches, split %d, negative %d)", bad, split,
+          negative);
+    kva_fault_report fr;
+    st = kva_read_faults(ctx, &W.w, &fr, NULL);
+    CHECK(st == KVA_OK && fr.faulted && fr.request == 2 && fr.page_index == badval,
+          "fault: report faulted %d request %d page %lld (want 2, %d)", fr.faulted, fr.request,
+          (long long)fr.page_index, badval);
+    st = kva_read_faults(ctx, &W.w, &fr, NULL);
+    CHECK(st == KVA_OK && !fr.faulted, "fault: the report is cleared by reading it");
+    /* run again: same outcome, deterministic */
+    st = kva_run(ctx, &plan, &W.w, &a);
+    CU(cudaDeviceSynchronize());
+    bad = compare(&P, "fault again", (uint64_t)1 << 2);
+    CHECK(st == KVA_OK && bad == 0, "fault: second run identical");
+    ws_free(&W);
+    prob_free(&P);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static void test_append_and_merge(kva_context* ctx) {
+    /* append: 3 requests, page size 4, NHD bf16, 2 heads, D 64; append 5 tokens at given positions */
+    const int HK = 2, D = 64, ps = 4, NP = 10;
+    size_t pool = (size_t)NP * ps * HK * D;
+    uint16_t* hk = (uint16_t*)calloc(pool, 2);
+    void *dk, *dv;
+    CU(cudaMalloc(&dk, pool * 2));
+    CU(cudaMalloc(&dv, pool * 2));
+    CU(cudaMemset(dk, 0, pool * 2));
+    CU(cudaMemset(dv, 0, pool * 2));
+    int indptr[4] = {0, 2, 3, 6}, last[3] = {3, 4, 1}, indices[6] = {7, 2, 9, 0, 4, 5};
+    int bidx[6] = {0, 0, 1, 2, 2, 1}, pos[6] = {4, 6, 3, 8, 0, 4 /* out of range: request 1 has 4 tokens */};
+    int *d_indptr, *d_last, *d_ind, *d_b, *d_p;
+    CU(cudaMalloc((void**)&d_indptr, sizeof indptr));
+    CU(cudaMalloc((void**)&d_last, sizeof last));
+    CU(cudaMalloc((void**)&d_ind, sizeof indices));
+    CU(cudaMalloc((void**)&d_b, sizeof bidx));
+    CU(cudaMalloc((void**)&d_p, sizeof pos));
+    CU(cudaMemcpy(d_indptr, indptr, sizeof indptr, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_last, last, sizeof last, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_ind, indices, sizeof indices, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_b, bidx, sizeof bidx, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(d_p, pos, sizeof pos, cudaMemcpyHostToDevice));
+    const int nnz = 6;
+    uint16_t* ak = (uint16_t*)malloc((size_t)nnz * HK * D * 2);
+    for (int i = 0; i < nnz * HK * D; ++i) ak[i] = enc_bf16(i * 0.001 + 0.5);
+    void *dak, *dav;
+    CU(cudaMalloc(&dak, (size_t)nnz * HK * D * 2));
+    CU(cudaMalloc(&dav, (size_t)nnz * HK * D * 2));
+    CU(cudaMemcpy(dak, ak, (size_t)nnz * HK * D * 2, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dav, ak, (size_t)nnz * HK * D * 2, cudaMemcpyHostToDevice));
+    kva_tensor tk = kva_tensor_make(dak, KVA_DTYPE_BF16, 3, nnz, HK, D, 0);
+    kva_tensor tv = kva_tensor_make(dav, KVA_DTYPE_BF16, 3, nnz, HK, D, 0);
+    kva_paged_kv pk;
+    kva_paged_kv_init(&pk, dk, dv, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, NP, ps, HK, D, D);
+    pk.indices = d_ind;
+    pk.indptr = d_indptr;
+    pk.last_page_len = d_last;
+    kva_fault_report fr;
+    kva_workspace nows;
+    memset(&nows, 0, sizeof nows);
+    kva_read_faults(ctx, &nows, &fr, NULL); /* clear */
+    kva_status st = kva_append_paged_kv_cache(ctx, &tk, &tv, d_b, d_p, nnz, &pk, 3, NULL);
+    CHECK(st == KVA_OK, "append: %s", kva_last_error_message());
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(hk, dk, pool * 2, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < nnz; ++i) {
+        int b = bidx[i], p = pos[i];
+        int len = (indptr[b + 1] - indptr[b] - 1) * ps + last[b];
+        int page = indices[indptr[b] + p / ps], slot = p % ps;
+        for (int h = 0; h < HK; ++h)
+            for (int e = 0; e < D; ++e) {
+                uint16_t got = hk[(((size_t)page * ps + slot) * HK + h) * D + e];
+                uint16_t want = p < len ? ak[((size_t)i * HK + h) * D + e] : 0;
+                if (p >= len && i == 5) continue; /* not written: the slot holds whatever was there */
+                if (got != want) bad++;
+            }
+    }
+    CHECK(bad == 0, "append: %d wrong elements", bad);
+    st = kva_read_faults(ctx, &nows, &fr, NULL);
+    CHECK(st == KVA_OK && fr.faulted && fr.request == 5, "append: the out-of-range token 5 is reported (faulted %d, token %d)",
+          fr.faulted, fr.request);
+    cudaFree(dk);
+    cudaFree(dv);
+    cudaFree(d_indptr);
+    cudaFree(d_last);
+    cudaFree(d_ind);
+    cudaFree(d_b);
+    cudaFree(d_p);
+    cudaFree(dak);
+    cudaFree(dav);
+    free(ak);
+    free(hk);
+
+    /* merge_states: 3 rows with 2, 0, 3 states; heads 2, dim 8, f32 */
+    const int R = 3, H = 2, DD = 8, T = 5;
+    int ip[4] = {0, 2, 2, 5};
+    float hv[T * H * DD], hs[T * H], mo[R * H * DD], ms[R * H];
+    for (int i = 0; i < T * H * DD; ++i) hv[i] = (float)(runif() * 2 - 1);
+    for (int i = 0; i < T * H; ++i) hs[i] = (float)(runif() * 8 - 4);
+    hs[3] = -INFINITY; /* an empty state */
+    void *dvv, *dss, *dmo, *dms;
+    CU(cudaMalloc(&dvv, sizeof hv));
+    CU(cudaMalloc(&dss, sizeof hs));
+    CU(cudaMalloc(&dmo, sizeof mo));
+    CU(cudaMalloc(&dms, sizeof ms));
+    CU(cudaMemcpy(dvv, hv, sizeof hv, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dss, hs, sizeof hs, cudaMemcpyHostToDevice));
+    kva_tensor v = kva_tensor_make(dvv, KVA_DTYPE_F32, 3, T, H, DD, 0);
+    kva_tensor s = kva_tensor_make(dss, KVA_DTYPE_F32, 2, T, H, 0, 0);
+    kva_tensor vo = kva_tensor_make(dmo, KVA_DTYPE_F32, 3, R, H, DD, 0);
+    kva_tensor so = kva_tensor_make(dms, KVA_DTYPE_F32, 2, R, H, 0, 0);
+    st = kva_merge_states(ctx, &v, &s, ip, R, &vo, &so, NULL);
+    CHECK(st == KVA_OK, "merge_states: %s", kva_last_error_message());
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(mo, dmo, sizeof mo, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(ms, dms, sizeof ms, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (int r = 0; r < R; ++r)
+        for (int h = 0; h < H; ++h) {
+            double m = -INFINITY, den = 0;
+            for (int k = ip[r]; k < ip[r + 1]; ++k) m = fmax(m, hs[k * H + h]);
+            for (int k = ip[r]; k < ip[r + 1]; ++k) den += isinf(hs[k * H + h]) ? 0 : exp2(hs[k * H + h] - m);
+            double lse = den > 0 ? m + log2(den) : -INFINITY;
+            if (isinf(lse) ? ms[r * H + h] != lse : fabs(ms[r * H + h] - lse) > 1e-4) bad++;
+            for (int e = 0; e < DD; ++e) {
+                double o = 0;
+                for (int k = ip[r]; k < ip[r + 1]; ++k)
+                    if (!isinf(hs[k * H + h])) o += exp2(hs[k * H + h] - m) / den * hv[(k * H + h) * DD + e];
+                if (fabs(mo[(r * H + h) * DD + e] - o) > 1e-4) bad++;
+            }
+        }
+    CHECK(bad == 0, "merge_states: %d mismatches", bad);
+    /* merge_state in place: state 0 (+)= state 1 */
+    kva_tensor va = kva_tensor_make(dvv, KVA_DTYPE_F32, 3, 1, H, DD, 0);
+    kva_tensor sa = kva_tensor_make(dss, KVA_DTYPE_F32, 2, 1, H, 0, 0);
+    kva_tensor vb = kva_tensor_make((float*)dvv + H * DD, KVA_DTYPE_F32, 3, 1, H, DD, 0);
+    kva_tensor sb = kva_tensor_make((float*)dss + H, KVA_DTYPE_F32, 2, 1, H, 0, 0);
+    st = kva_merge_state_in_place(ctx, &va, &sa, &vb, &sb, NULL, NULL);
+    CHECK(st == KVA_OK, "merge_state_in_place: %s", kva_last_error_message());
+    float v0[H * DD], s0[H];
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(v0, dvv, sizeof v0, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(s0, dss, sizeof s0, cudaMemcpyDeviceToHost));
+    bad = 0;
+    for (int h = 0; h < H; ++h) {
+        double m = fmax(hs[h], hs[H + h]);
+        double wa = exp2(hs[h] - m), wb = isinf(hs[H + h]) ? 0 : exp2(hs[H + h] - m);
+        if (fabs(s0[h] - (m + log2(wa + wb))) > 1e-4) bad++;
+        for (int e = 0; e < DD; ++e)
+            if (fabs(v0[h * DD + e] - (wa * hv[h * DD + e] + wb * hv[(H + h) * DD + e]) / (wa + wb)) > 1e-4) bad++;
+    }
+    CHECK(bad == 0, "merge_state_in_place: %d mismatches", bad);
+    cudaFree(dvv);
+    cudaFree(dss);
+    cudaFree(dmo);
+    cudaFree(dms);
+}
+
+int main(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) verbose = 1;
+    }
+    kva_context_options opt;
+    kva_context_options_init(&opt);
+    opt.backend = KVA_BACKEND_CUDA;
+    kva_context* ctx = NULL;
+    kva_status st = kva_context_create(&opt, &ctx);
+    if (st != KVA_OK) {
+        printf("no CUDA context: %s\n", kva_last_error_message());
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    printf("kvattn CUDA selftest: %d workers%s\n", kva_context_num_workers(ctx), quick ? " (quick)" : "");
+    test_decode_matrix(ctx);
+    test_fault(ctx, 0, 0);
+    test_fault(ctx, 1, 0);
+    test_fault(ctx, 1, 1);
+    test_graph(ctx);
+    test_append_and_merge(ctx);
+    kva_context_destroy(ctx);
+    printf("%d passed, %d failed\n", npass, nfail);
+    return nfail ? 1 : 0;
+}

@@ -1,0 +1,322 @@
+/*
+ * jit_test.c - host-side tests of the CUDA backend that need no GPU (CTest "cuda_nvrtc_variants"):
+ *   - NVRTC compiles kernel variants for sm_80 and sm_90a, spill-free (ptxas report in the NVRTC log):
+ *     a covering set by default (every value of every key axis, every row count x RoPE x head dim, every dtype
+ *     triple), the full cross product with KVATTN_JIT_TEST_FULL=1;
+ *   - the selection function (supported / unsupported, tile sizes, shared memory);
+ *   - the on-disk cache (cold miss, hit, corrupt entry, unsafe directory refused, 0700 directory);
+ *   - the kernels' fast division by the page size.
+ * Prints "N passed, N failed" last.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cuda_internal.h"
+
+static int npass, nfail;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+#define CHECK(cond, ...)                                  \
+    do {                                                  \
+        pthread_mutex_lock(&mu);                          \
+        if (cond) {                                       \
+            npass++;                                      \
+        } else {                                          \
+            nfail++;                                      \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
+            printf(__VA_ARGS__);                          \
+            printf("\n");                                 \
+        }                                                 \
+        pthread_mutex_unlock(&mu);                        \
+    } while (0)
+
+/* ---------------------------------------------------------------------------------------------- */
+
+typedef struct job {
+    kva__kkey key;
+    const char* arch;
+} job;
+
+static job* jobs;
+static int njobs;
+static int next_job;
+static int verbose;
+
+static void* worker(void* arg) {
+    (void)arg;
+    for (;;) {
+        int i = __atomic_fetch_add(&next_job, 1, __ATOMIC_RELAXED);
+        if (i >= njobs) break;
+        const job* j = &jobs[i];
+        char name[128];
+        kva__kkey_name(&j->key, name, sizeof name);
+        void* cubin = NULL;
+        size_t size = 0;
+        char* log = NULL;
+        kva_status st = kva__jit_compile(&j->key, j->arch, "--ptxas-options=-v", &cubin, &size, &log);
+        CHECK(st == KVA_OK, "NVRTC %s %s: %s", name, j->arch, kva_last_error_message());
+        if (st == KVA_OK) {
+            CHECK(size > 0, "%s %s: empty cubin", name, j->arch);
+            int spills = 0;
+            if (log) {
+                const char* p = log;
+                while ((p = strstr(p, "bytes spill")) != NULL) {
+                    /* "N bytes spill stores": N > 0 is a spill */
+                    const char* q = p;
+                    while (q > log && q[-1] == ' ') --q;
+                    while (q > log && q[-1] >= '0' && q[-1] <= '9') --q;
+                    if (atoi(q) > 0) spills = 1;
+                    p += 11;
+                }
+                const char* sf = strstr(log, "bytes stack frame");
+                if (sf) {
+                    const char* q = sf;
+                    while (q > log && q[-1] == ' ') --q;
+                    while (q > log && q[-1] >= '0' && q[-1] <= '9') --q;
+                    if (atoi(q) > 0) spills = 1;
+                }
+            }
+            CHECK(!spills, "%s %s: ptxas reports spills or a stack frame:\n%s", name, j->arch, log ? log : "");
+            if (verbose) {
+                const char* reg = log ? strstr(log, "Used ") : NULL;
+                int nreg = reg ? atoi(reg + 5) : -1;
+                pthread_mutex_lock(&mu);
+                printf("  %-48s %-7s %7zu bytes cubin, %d registers\n", name, j->arch, size, nreg);
+                pthread_mutex_unlock(&mu);
+            }
+        }
+        free(cubin);
+        free(log);
+    }
+    return NULL;
+}
+
+static int same(const kva__kkey* a, const kva__kkey* b) { return memcmp(a, b, sizeof *a) == 0; }
+
+/* covering set: a key is kept when it is D128/bf16/bf16/bf16 except along at most... (see file comment) */
+static int in_covering_set(const kva__kkey* k) {
+    if (k->family != KVA__KF_DECODE) return 1;
+    const int base_types = k->qt == KVA_DTYPE_BF16 && k->kt == KVA_DTYPE_BF16 && k->ot == KVA_DTYPE_BF16;
+    if (base_types) return 1;                                      /* every (dim, rows, rope) */
+    if (k->dqk == 128 && k->rows == 8 && k->rope == 0) return 1;    /* every dtype triple */
+    if (k->dqk == 64 && k->rows == 1 && k->rope == 1 && k->qt == KVA_DTYPE_F16 && k->ot == KVA_DTYPE_F32)
+        return 1;                                                  /* every KV dtype with RoPE, small */
+    if (k->dqk == 256 && k->rows == 4 && k->rope == 1 && k->qt == KVA_DTYPE_F16 && k->ot == KVA_DTYPE_F16)
+        return 1;                                                  /* every KV dtype with RoPE, large */
+    return 0;
+}
+
+static void test_nvrtc_variants(void) {
+    const kva__nvrtc_api* nv = kva__nvrtc_load();
+    CHECK(nv != NULL, "NVRTC not loadable: %s", kva_last_error_message());
+    if (!nv) return;
+    printf("NVRTC %d.%d (%s)\n", nv->major, nv->minor, nv->path);
+    const char* full_env = getenv("KVATTN_JIT_TEST_FULL");
+    const int full = full_env && *full_env && strcmp(full_env, "0") != 0;
+    int n = kva__kkey_enumerate(NULL, 0);
+    kva__kkey* keys = (kva__kkey*)calloc((size_t)n, sizeof *keys);
+    kva__kkey_enumerate(keys, n);
+    /* the enumeration must hold every key the selection function can produce */
+    static const kva_dtype qts[] = {KVA_DTYPE_F16, KVA_DTYPE_BF16};
+    static const kva_dtype kts[] = {KVA_DTYPE_F16, KVA_DTYPE_BF16, KVA_DTYPE_E4M3, KVA_DTYPE_E5M2};
+    static const kva_dtype ots[] = {KVA_DTYPE_F16, KVA_DTYPE_BF16, KVA_DTYPE_F32};
+    static const int dims[] = {64, 128, 256};
+    int missing = 0;
+    for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 4; ++b)
+            for (int c = 0; c < 3; ++c)
+                for (int dd = 0; dd < 3; ++dd)
+                    for (int g = 1; g <= 16; ++g)
+                        for (int rope = 0; rope < 2; ++rope)
+                            for (int op = 0; op < 3; ++op)
+                                for (int mp = 1; mp <= 12; mp += 5) {
+                                    kva_attention_desc d;
+                                    kva_attention_desc_init(&d, 2 * g, 2, dims[dd], qts[a]);
+                                    d.kv_dtype = kts[b];
+                                    d.o_dtype = ots[c];
+                                    d.pos_encoding = rope ? KVA_POS_ROPE_LLAMA : KVA_POS_NONE;
+                                    kva__kchoice ch;
+                                    if (kva__cuda_select(&d, (kva_op)op, 0, mp * g, &ch) != KVA_OK) {
+                                        missing++;
+                                        continue;
+                                    }
+                                    int found = 0;
+                                    for (int i = 0; i < n && !found; ++i) found = same(&keys[i], &ch.key);
+                                    if (!found) missing++;
+                                }
+    CHECK(missing == 0, "%d selections name a key outside kva__kkey_enumerate", missing);
+
+    static const char* archs[] = {"sm_80", "sm_90a"};
+    jobs = (job*)calloc((size_t)n * 2, sizeof *jobs);
+    njobs = 0;
+    for (int i = 0; i < n; ++i) {
+        if (!full && !in_covering_set(&keys[i])) continue;
+        for (int a = 0; a < 2; ++a) {
+            jobs[njobs].key = keys[i];
+            jobs[njobs].arch = archs[a];
+            njobs++;
+        }
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nthreads = ncpu < 1 ? 1 : (ncpu > 16 ? 16 : (int)ncpu);
+    const char* tenv = getenv("KVATTN_JIT_TEST_THREADS");
+    if (tenv && atoi(tenv) > 0) nthreads = atoi(tenv);
+    printf("compiling %d kernel variants (%s of %d keys x 2 targets) with NVRTC on %d threads\n", njobs,
+           full ? "all" : "covering set", n, nthreads);
+    fflush(stdout);
+    pthread_t th[16];
+    if (nthreads > 16) nthreads = 16;
+    for (int t = 0; t < nthreads; ++t) pthread_create(&th[t], NULL, worker, NULL);
+    for (int t = 0; t < nthreads; ++t) pthread_join(th[t], NULL);
+    free(jobs);
+    free(keys);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+
+static void test_select(void) {
+    kva_attention_desc d;
+    kva__kchoice c;
+    kva_attention_desc_init(&d, 32, 8, 128, KVA_DTYPE_BF16);
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, 4, &c) == KVA_OK, "GQA 32/8 bf16 decode");
+    CHECK(c.tile_q == 4 && c.key.rows == 4, "g=4: tile %d rows %d", c.tile_q, c.key.rows);
+    CHECK(c.smem <= 113 * 1024, "smem %zu fits two CTAs per SM", c.smem);
+    for (int g = 1; g <= 64; ++g) {
+        kva_attention_desc_init(&d, g, 1, 64, KVA_DTYPE_F16);
+        kva_status st = kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, g, &c);
+        int ntiles = (g + c.tile_q - 1) / c.tile_q;
+        CHECK(st == KVA_OK && c.tile_q >= 1 && c.tile_q <= 8 && c.key.rows >= c.tile_q &&
+                  ntiles == (g + 7) / 8,
+              "group %d: tile_q %d rows %d", g, c.tile_q, c.key.rows);
+    }
+    kva_attention_desc_init(&d, 8, 8, 128, KVA_DTYPE_F32);
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, 1, &c) == KVA_ERR_UNSUPPORTED &&
+              strstr(kva_last_error_message(), "q_dtype"),
+          "f32 q unsupported: %s", kva_last_error_message());
+    kva_attention_desc_init(&d, 8, 8, 96, KVA_DTYPE_F16);
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, 1, &c) == KVA_ERR_UNSUPPORTED &&
+              strstr(kva_last_error_message(), "head dim"),
+          "head dim 96 unsupported: %s", kva_last_error_message());
+    kva_attention_desc_init(&d, 8, 8, 128, KVA_DTYPE_F16);
+    d.kv_dtype = KVA_DTYPE_F32;
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, 1, &c) == KVA_ERR_UNSUPPORTED, "f32 KV unsupported");
+    kva_attention_desc_init(&d, 8, 8, 128, KVA_DTYPE_F16);
+    d.head_dim_vo = 64;
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, 1, &c) == KVA_ERR_UNSUPPORTED, "dqk != dvo unsupported");
+    kva_attention_desc_init(&d, 8, 8, 128, KVA_DTYPE_F16);
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_PAGED, 0, 100, &c) == KVA_OK && c.tile_q == 8, "prefill tile 8");
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_RAGGED, 0, 3, &c) == KVA_OK && c.tile_q == 3 && c.key.rows == 4,
+          "ragged tile 3");
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 9, 0, &c) == KVA_ERR_INTERNAL, "tile 9 refused");
+}
+
+static void test_fastdiv(void) {
+    int bad = 0;
+    for (int32_t d = 1; d <= 1100 && bad < 5; ++d) {
+        uint32_t m, s;
+        kva__fastdiv_magic(d, &m, &s);
+        uint32_t ns[] = {0, 1, 2, 3, (uint32_t)d - 1, (uint32_t)d, (uint32_t)d + 1, 1000, 65535, 65536, 1u << 20,
+                         (1u << 30) + 7, 0x7fffffffu, 0x7ffffffeu, 123456789u};
+        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; ++i) {
+            uint32_t n = ns[i];
+            uint32_t q = (uint32_t)(((uint64_t)n * m >> 32) + n) >> s;
+            if (q != n / (uint32_t)d) {
+                if (bad++ < 5) printf("fastdiv: %u / %d = %u, got %u\n", n, (int)d, n / (uint32_t)d, q);
+            }
+        }
+        for (uint32_t n = 0; n < 5000; ++n) {
+            uint32_t q = (uint32_t)(((uint64_t)n * m >> 32) + n) >> s;
+            if (q != n / (uint32_t)d && bad++ < 5) printf("fastdiv: %u / %d\n", n, (int)d);
+        }
+    }
+    CHECK(bad == 0, "fast division by the page size");
+}
+
+static void test_cache(void) {
+    char base[] = "/tmp/kva_jit_test_XXXXXX";
+    if (!mkdtemp(base)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    char dir[1024], got[1024];
+    snprintf(dir, sizeof dir, "%s/a/b/kvattn", base);
+    CHECK(kva__jit_cache_dir(dir, got, sizeof got) && strcmp(got, dir) == 0, "cache dir created: %s", dir);
+    struct stat sb;
+    CHECK(stat(dir, &sb) == 0 && (sb.st_mode & 0777) == 0700, "cache dir mode %o", (unsigned)(sb.st_mode & 0777));
+    char bad[1024];
+    snprintf(bad, sizeof bad, "%s/open", base);
+    mkdir(bad, 0777);
+    chmod(bad, 0777);
+    CHECK(!kva__jit_cache_dir(bad, got, sizeof got), "a world-writable cache dir is refused");
+
+    kva__kkey k;
+    memset(&k, 0, sizeof k);
+    k.family = KVA__KF_UTIL;
+    void* c1 = NULL;
+    void* c2 = NULL;
+    size_t s1 = 0, s2 = 0;
+    int hit = -1;
+    kva_status st = kva__jit_cached(NULL, dir, &k, "sm_90a", &c1, &s1, &hit);
+    CHECK(st == KVA_OK && hit == 0 && s1 > 0, "cold compile: %s", kva_last_error_message());
+    st = kva__jit_cached(NULL, dir, &k, "sm_90a", &c2, &s2, &hit);
+    CHECK(st == KVA_OK && hit == 1 && s2 == s1 && c1 && c2 && memcmp(c1, c2, s1) == 0, "cache hit, same bytes");
+    free(c2);
+    c2 = NULL;
+    /* another arch is another entry */
+    st = kva__jit_cached(NULL, dir, &k, "sm_80", &c2, &s2, &hit);
+    CHECK(st == KVA_OK && hit == 0, "sm_80 is a separate entry");
+    free(c2);
+    c2 = NULL;
+    /* corrupt the sm_90a entry: it must be recompiled, not loaded */
+    char ident[2048], hash[40], file[1200];
+    kva__jit_identity(&k, "sm_90a", ident, sizeof ident, hash, sizeof hash);
+    snprintf(file, sizeof file, "%s/%s.cubin", dir, hash);
+    FILE* f = fopen(file, "r+b");
+    CHECK(f != NULL, "cache file %s exists", file);
+    if (f) {
+        fseek(f, -5, SEEK_END);
+        fputc('X', f);
+        fclose(f);
+    }
+    st = kva__jit_cached(NULL, dir, &k, "sm_90a", &c2, &s2, &hit);
+    CHECK(st == KVA_OK && hit == 0 && s2 == s1 && memcmp(c1, c2, s1) == 0, "corrupt entry recompiled");
+    free(c2);
+    c2 = NULL;
+    st = kva__jit_cached(NULL, dir, &k, "sm_90a", &c2, &s2, &hit);
+    CHECK(st == KVA_OK && hit == 1, "rewritten entry hits");
+    CHECK(stat(file, &sb) == 0 && (sb.st_mode & 0077) == 0, "cache file mode %o", (unsigned)(sb.st_mode & 0777));
+    free(c1);
+    free(c2);
+    /* a compile error carries the NVRTC log */
+    kva__kkey badk;
+    memset(&badk, 0, sizeof badk);
+    badk.family = KVA__KF_DECODE;
+    badk.dqk = 96; /* not a supported head dim: the kernel source refuses it */
+    badk.dvo = 96;
+    badk.qt = badk.kt = badk.ot = KVA_DTYPE_F16;
+    badk.rows = 1;
+    void* cb = NULL;
+    size_t cbs = 0;
+    st = kva__jit_compile(&badk, "sm_90a", NULL, &cb, &cbs, NULL);
+    CHECK(st == KVA_ERR_JIT && strstr(kva_last_error_message(), "error"), "compile failure returns KVA_ERR_JIT with the log");
+    free(cb);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
+    if (system(cmd) != 0) printf("note: could not remove %s\n", base);
+}
+
+int main(int argc, char** argv) {
+    for (int i = 1; i < argc; ++i)
+        if (strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) verbose = 1;
+    test_select();
+    test_fastdiv();
+    test_cache();
+    test_nvrtc_variants();
+    printf("%d passed, %d failed\n", npass, nfail);
+    return nfail ? 1 : 0;
+}
