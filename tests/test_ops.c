@@ -1820,7 +1820,112 @@ static void batch_invariance(h_op op, int32_t window, int32_t fixed_split, kva_m
             fixed_split, (int)mask, line);
 }
 
+/* 64-bit pool addressing: pages beyond element offset 2^32 of an e4m3 pool (the pools are lazily mapped calloc
+ * memory, so only the pages used are touched). CPU only (device memory of that size is not worth it here). */
+static void bigpool_case(kva_layout layout) {
+    if (h_opt.backend != KVA_BACKEND_CPU) return;
+    enum { H = 2, Dm = 128, ps = 16, B = 2, hq = 8 };
+    const int64_t num_pages = ((int64_t)1 << 32) / (ps * H * Dm) + 4096;
+    const size_t bytes = (size_t)num_pages * ps * H * Dm;
+    uint8_t* kp = (uint8_t*)calloc(bytes, 1);
+    uint8_t* vp = (uint8_t*)calloc(bytes, 1);
+    if (!kp || !vp) {
+        free(kp);
+        free(vp);
+        printf("bigpool: cannot map 2 x %zu bytes; skipped\n", bytes);
+        ++h_nskip;
+        return;
+    }
+    h_rng r;
+    h_rng_seed(&r, 4242 + (uint64_t)layout);
+    int32_t kv[B] = {70, 33}, indptr[B + 1] = {0, 5, 8}, last[B] = {6, 1};
+    int32_t idx[8];
+    for (int i = 0; i < 8; ++i) idx[i] = (int32_t)(num_pages - 1 - 400 * i - (int64_t)h_rng_range(&r, 0, 300));
+    idx[3] = 5; /* one low page too */
+    kva_paged_kv pg;
+    kva_paged_kv_init(&pg, kp, vp, KVA_DTYPE_E4M3, layout, num_pages, ps, H, Dm, Dm);
+    pg.indices = idx;
+    double* kref = (double*)xcalloc((size_t)(70 + 33) * H * Dm, sizeof(double));
+    double* vref = (double*)xcalloc((size_t)(70 + 33) * H * Dm, sizeof(double));
+    int64_t off = 0;
+    for (int b = 0; b < B; ++b)
+        for (int64_t j = 0; j < kv[b]; ++j, ++off)
+            for (int32_t h = 0; h < H; ++h)
+                for (int32_t d = 0; d < Dm; ++d) {
+                    int64_t page = idx[indptr[b] + j / ps], t = j % ps;
+                    int64_t e = page * pg.k_stride_page + t * pg.k_stride_token + h * pg.k_stride_head + d;
+                    kref[(off * H + h) * Dm + d] = 0.5 * ref_encode(KVA_DTYPE_E4M3, kp, (size_t)e, h_rng_normalish(&r));
+                    vref[(off * H + h) * Dm + d] = 2.0 * ref_encode(KVA_DTYPE_E4M3, vp, (size_t)e, h_rng_normalish(&r));
+                }
+    h_buf q = h_buf_alloc(KVA_DTYPE_F16, (size_t)B * hq * Dm), o = h_buf_alloc(KVA_DTYPE_F32, (size_t)B * hq * Dm);
+    double* qref = (double*)xcalloc((size_t)B * hq * Dm, sizeof(double));
+    for (size_t i = 0; i < q.elems; ++i) qref[i] = put_rand(&q, i, &r);
+    h_buf_poison(&o);
+    kva_context* ctx = h_context(3);
+    kva_attention_desc d;
+    kva_attention_desc_init(&d, hq, H, Dm, KVA_DTYPE_F16);
+    d.kv_dtype = KVA_DTYPE_E4M3;
+    d.o_dtype = KVA_DTYPE_F32;
+    kva_plan_params pp;
+    kva_plan_params_init(&pp);
+    pp.batch_size = B;
+    pp.kv_indptr = indptr;
+    pp.kv_last_page_len = last;
+    pp.page_size = ps;
+    pp.num_pages = num_pages;
+    pp.kv_indices = idx;
+    pp.fixed_split_size = 16;
+    size_t db = 0, hb = 0;
+    int ok = 1;
+    kva_status st = kva_plan_workspace_size(ctx, &d, KVA_OP_BATCH_DECODE, &pp, &db, &hb);
+    h_ws ws;
+    h_ws_alloc(&ws, db, hb);
+    kva_plan plan;
+    if (st == KVA_OK) st = kva_plan_make(ctx, &d, KVA_OP_BATCH_DECODE, &pp, &ws.ws, &plan, NULL);
+    kva_run_args a;
+    kva_run_args_init(&a);
+    a.q = kva_tensor_make(h_buf_dp(&q), KVA_DTYPE_F16, 3, B, hq, Dm, 0);
+    a.o = kva_tensor_make(h_buf_dp(&o), KVA_DTYPE_F32, 3, B, hq, Dm, 0);
+    a.paged = pg;
+    a.k_scale = 0.5f;
+    a.v_scale = 2.0f;
+    if (st == KVA_OK) st = kva_run(ctx, &plan, &ws.ws, &a);
+    H_EXPECT(ok, st == KVA_OK, "bigpool: %s: %s", ST_NAME(st), kva_last_error_message());
+    if (st == KVA_OK) {
+        ref_attn_cfg cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.num_qo_heads = hq;
+        cfg.num_kv_heads = H;
+        cfg.head_dim_qk = cfg.head_dim_vo = Dm;
+        cfg.window_left = -1;
+        double* oref = (double*)xcalloc((size_t)hq * Dm, sizeof(double));
+        h_tol t = h_tol_out(KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_E4M3);
+        off = 0;
+        for (int b = 0; b < B; ++b) {
+            ref_attention(&cfg, 1, kv[b], qref + (size_t)b * hq * Dm, kref + off * H * Dm, vref + off * H * Dm, NULL, oref, NULL, NULL);
+            off += kv[b];
+            for (int i = 0; i < hq * Dm && ok; ++i) {
+                double got = h_buf_get(&o, (size_t)b * hq * Dm + (size_t)i);
+                H_EXPECT(ok, h_close(got, oref[i], t, 1), "bigpool: request %d element %d = %.7g, ref %.7g", b, i, got, oref[i]);
+            }
+        }
+        free(oref);
+    }
+    H_CHECK(ok, "pages beyond element offset 2^32 of a %s e4m3 pool (%lld pages)", layout == KVA_LAYOUT_NHD ? "NHD" : "HND",
+            (long long)num_pages);
+    h_ws_free(&ws);
+    h_buf_free(&q);
+    h_buf_free(&o);
+    free(qref);
+    free(kref);
+    free(vref);
+    free(kp);
+    free(vp);
+}
+
 static void suite_long(void) {
+    bigpool_case(KVA_LAYOUT_NHD);
+    bigpool_case(KVA_LAYOUT_HND);
     h_case c;
     h_case_default(&c, H_OP_DECODE);
     c.batch = 2;

@@ -11,7 +11,7 @@ $KVATTN_LIBRARY, next to this package, or in the repository's build/ directory.
 
 from . import cascade, decode, page, prefill, quantization, utils
 from ._ffi import candidate_paths, library_path
-from .cascade import merge_state, merge_state_in_place, merge_states
+from .cascade import MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states
 from .decode import (
     BatchDecodeWithPagedKVCacheWrapper,
     CUDAGraphBatchDecodeWithPagedKVCacheWrapper,
@@ -62,6 +62,7 @@ __all__ = [
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
+    "MultiLevelCascadeAttentionWrapper",
     "merge_state",
     "merge_state_in_place",
     "merge_states",

@@ -15,7 +15,7 @@ from . import _ffi as F
 from . import _tensor as T
 from . import _torch_ops
 
-__all__ = ["merge_state", "merge_state_in_place", "merge_states"]
+__all__ = ["merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper"]
 
 
 def _check_state(v: Any, s: Any, what: str, ndim_v: int = 3) -> None:
@@ -130,3 +130,82 @@ def _merge_states_impl(v: Any, s: Any, v_out: Any, s_out: Any) -> None:
     tvo, tso = T.make_tensor(v_out, "v_out"), T.make_tensor(s_out, "s_out")
     F.check(F.lib().kva_merge_states(C.get_context(dev), ctypes.byref(tv), ctypes.byref(tsv), indptr.ctypes.data, n,
                                      ctypes.byref(tvo), ctypes.byref(tso), C.current_stream(dev)), "merge_states")
+
+
+class MultiLevelCascadeAttentionWrapper:
+    """Cascade (shared-prefix) attention over one paged KV cache with ``num_levels`` levels, composed like
+    FlashInfer: one paged-prefill plan per level (each level groups the queries differently through its own
+    ``qo_indptr``; only the last level is causal), outputs combined with :func:`merge_state_in_place`.
+
+    kvattn keeps each level's schedule inside the float workspace, so the buffer is split evenly between the
+    levels (FlashInfer shares it); plan() raises WorkspaceTooSmallError with the size a level needs."""
+
+    def __init__(self, num_levels: int, float_workspace_buffer: Any, kv_layout: str = "NHD",
+                 use_cuda_graph: bool = False, qo_indptr_buf_arr: Any = None, paged_kv_indptr_buf_arr: Any = None,
+                 paged_kv_indices_buf_arr: Any = None, paged_kv_last_page_len_buf_arr: Any = None) -> None:
+        from .prefill import BatchPrefillWithPagedKVCacheWrapper
+
+        num_levels = int(num_levels)
+        if num_levels < 1:
+            raise ValueError("kvattn: num_levels=%d must be >= 1" % num_levels)
+        n = int(float_workspace_buffer.shape[0])
+        chunk = n // num_levels // 256 * 256
+        if chunk <= 0:
+            raise ValueError("kvattn: the float workspace buffer (%d bytes) is too small for %d levels"
+                             % (n, num_levels))
+        self._num_levels = num_levels
+        self._kv_layout = kv_layout
+        self._batch_prefill_wrappers = []
+        for i in range(num_levels):
+            kw = {}
+            if use_cuda_graph:
+                kw = dict(qo_indptr_buf=qo_indptr_buf_arr[i], paged_kv_indptr_buf=paged_kv_indptr_buf_arr[i],
+                          paged_kv_indices_buf=paged_kv_indices_buf_arr[i],
+                          paged_kv_last_page_len_buf=paged_kv_last_page_len_buf_arr[i])
+            self._batch_prefill_wrappers.append(BatchPrefillWithPagedKVCacheWrapper(
+                float_workspace_buffer[i * chunk:(i + 1) * chunk], kv_layout, use_cuda_graph=use_cuda_graph, **kw))
+
+    @property
+    def is_cuda_graph_enabled(self) -> bool:
+        return self._batch_prefill_wrappers[0].is_cuda_graph_enabled
+
+    def reset_workspace_buffer(self, float_workspace_buffer: Any, int_workspace_buffers: Any = None) -> None:
+        n = int(float_workspace_buffer.shape[0])
+        chunk = n // self._num_levels // 256 * 256
+        for i, w in enumerate(self._batch_prefill_wrappers):
+            w.reset_workspace_buffer(float_workspace_buffer[i * chunk:(i + 1) * chunk])
+
+    def plan(self, qo_indptr_arr: Any, paged_kv_indptr_arr: Any, paged_kv_indices_arr: Any,
+             paged_kv_last_page_len: Any, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+             causal: bool = False, pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+             sm_scale: Any = None, window_left: int = -1, logits_soft_cap: Any = None, rope_scale: Any = None,
+             rope_theta: Any = None, q_data_type: Any = "float16", kv_data_type: Any = None) -> None:
+        """Per-level arrays (lists of length num_levels): ``qo_indptr_arr[i]``, ``paged_kv_indptr_arr[i]``,
+        ``paged_kv_indices_arr[i]``, ``paged_kv_last_page_len[i]``."""
+        for name, arr in (("qo_indptr_arr", qo_indptr_arr), ("paged_kv_indptr_arr", paged_kv_indptr_arr),
+                          ("paged_kv_indices_arr", paged_kv_indices_arr),
+                          ("paged_kv_last_page_len", paged_kv_last_page_len)):
+            if len(arr) != self._num_levels:
+                raise ValueError("kvattn: %s has %d levels, the wrapper %d" % (name, len(arr), self._num_levels))
+        for i, w in enumerate(self._batch_prefill_wrappers):
+            w.plan(qo_indptr_arr[i], paged_kv_indptr_arr[i], paged_kv_indices_arr[i], paged_kv_last_page_len[i],
+                   num_qo_heads, num_kv_heads, head_dim, page_size,
+                   causal=causal if i == self._num_levels - 1 else False, pos_encoding_mode=pos_encoding_mode,
+                   use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale, window_left=window_left,
+                   logits_soft_cap=logits_soft_cap, rope_scale=rope_scale, rope_theta=rope_theta,
+                   q_data_type=q_data_type, kv_data_type=kv_data_type)
+
+    begin_forward = plan
+
+    def run(self, q: Any, paged_kv_cache: Any) -> Any:
+        """``q [nnz, num_qo_heads, head_dim]`` -> ``out [nnz, num_qo_heads, head_dim]``."""
+        out, lse = self._batch_prefill_wrappers[0].run(q, paged_kv_cache, return_lse=True)
+        for w in self._batch_prefill_wrappers[1:]:
+            o_i, s_i = w.run(q, paged_kv_cache, return_lse=True)
+            merge_state_in_place(out, lse, o_i, s_i)
+        return out
+
+    forward = run
+
+    def end_forward(self) -> None:
+        """Deprecated FlashInfer no-op."""

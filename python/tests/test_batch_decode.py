@@ -219,3 +219,19 @@ def test_decode_graph_mode_buffers_numpy(rng):
         _check(q, cache, indptr, indices, o, lse, lens, "NHD", np.float32)
     with pytest.raises(ValueError, match="fixed"):
         w.plan(indptr[:2], indices, last[:1], hq, hkv, d, ps, q_data_type="float32")
+
+
+def test_decode_bfloat16_numpy_via_ml_dtypes(rng):
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="NumPy has no bfloat16 without ml_dtypes")
+    bf16 = ml_dtypes.bfloat16
+    lens, ps, hq, hkv, d = [3, 40], 16, 8, 2, 32
+    cache, indptr, indices, last, _ = make_paged(rng, lens, ps, hkv, d)
+    cache = cache.astype(bf16)
+    q = rng.standard_normal((2, hq, d)).astype(bf16)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="bfloat16")
+    o, lse = w.run(q, cache, return_lse=True)
+    assert o.dtype == bf16
+    _check(q, cache, indptr, indices, o, lse, lens, "NHD", bf16)
+    with pytest.raises(kvattn.PlanMismatchError):
+        w.run(q.astype(np.float32), cache)

@@ -30,6 +30,8 @@ extern "C" {
 /* Errors: record (thread-local) and return. Pattern after zstd's RETURN_ERROR_IF / FORWARD_IF_ERROR. */
 
 kva_status kva__set_error(kva_status status, const char* fmt, ...) KVA_PRINTF(2, 3);
+/* keep the last message, change its status */
+kva_status kva__retag_error(kva_status status);
 
 /* if (cond) record the message and return status */
 #define KVA_RETURN_IF(cond, status, ...)                    \

@@ -256,7 +256,7 @@ static kva_status kva__check_state(const char* name, const kva_tensor* v, const 
                   kva_dtype_name(v->dtype));
     int64_t vs[3] = {rows, heads, dim};
     kva_status st = kva__check_tensor(name, v, v->dtype, 3, vs);
-    if (st == KVA_ERR_PLAN_MISMATCH) st = kva__set_error(KVA_ERR_INVALID_ARGUMENT, "%s", kva_last_error_message());
+    if (st == KVA_ERR_PLAN_MISMATCH) st = kva__retag_error(KVA_ERR_INVALID_ARGUMENT);
     KVA_FORWARD(st);
     if (!s || !s->data) {
         KVA_RETURN_IF(!s_optional, KVA_ERR_INVALID_ARGUMENT, "%s: s (lse) is NULL", name);
@@ -264,7 +264,7 @@ static kva_status kva__check_state(const char* name, const kva_tensor* v, const 
     }
     int64_t ss[2] = {rows, heads};
     st = kva__check_tensor(name, s, KVA_DTYPE_F32, 2, ss);
-    if (st == KVA_ERR_PLAN_MISMATCH) st = kva__set_error(KVA_ERR_INVALID_ARGUMENT, "%s", kva_last_error_message());
+    if (st == KVA_ERR_PLAN_MISMATCH) st = kva__retag_error(KVA_ERR_INVALID_ARGUMENT);
     return st;
 }
 
@@ -350,7 +350,7 @@ KVA_API kva_status kva_append_paged_kv_cache(kva_context* context, const kva_ten
     kva_status st = kva__check_tensor("kva_append_paged_kv_cache: append_k", append_k, append_k->dtype, 3, ks);
     if (st == KVA_OK)
         st = kva__check_tensor("kva_append_paged_kv_cache: append_v", append_v, append_k->dtype, 3, vs);
-    if (st == KVA_ERR_PLAN_MISMATCH) st = kva__set_error(KVA_ERR_INVALID_ARGUMENT, "%s", kva_last_error_message());
+    if (st == KVA_ERR_PLAN_MISMATCH) st = kva__retag_error(KVA_ERR_INVALID_ARGUMENT);
     KVA_FORWARD(st);
     return context->ops->append_paged_kv(context, append_k, append_v, batch_indices, positions, nnz, paged, batch_size,
                                          stream);

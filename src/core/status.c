@@ -18,6 +18,11 @@ kva_status kva__set_error(kva_status status, const char* fmt, ...) {
     return status;
 }
 
+kva_status kva__retag_error(kva_status status) {
+    kva__last_status = status;
+    return status;
+}
+
 KVA_API const char* kva_last_error_message(void) { return kva__msg; }
 KVA_API kva_status kva_last_error_status(void) { return kva__last_status; }
 KVA_API void kva_clear_last_error(void) {

@@ -8,6 +8,7 @@
 
 #define LOG2E_F 1.44269504088896341f
 #define KVA__ROPE_REANCHOR 512
+#define KVA__CPU_DIRECT_MAX_ROWS 8
 
 /* ---------------------------------------------------------------------------------------------- */
 /* RoPE: inv_freq in double once per (dim, theta, scale); per position cos/sin by an exact anchor every
@@ -211,6 +212,11 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
 
     if (rc->rope && lo < hi) kva__cpu_rope_seek(rc->st, sc->rope, half, lo);
 
+    /* small tiles (decode) read K/V rows straight from the cache in the products, converting in registers;
+       larger tiles convert each block to f32 once and reuse it for every row */
+    const int direct_k = R <= KVA__CPU_DIRECT_MAX_ROWS && !rc->rope && (Dq % 8) == 0;
+    const int direct_v = R <= KVA__CPU_DIRECT_MAX_ROWS && (Dv % 16) == 0;
+
     /* row pointers are double-buffered: block b+1's rows are computed and prefetched when block b starts */
     int cur = 0;
     if (lo < hi) {
@@ -233,20 +239,19 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
             prefetch_rows(vpn, nn, (size_t)Dv * rc->kvsz);
         }
 
-        /* ---- K block -> f32 (RoPE at key position) ---- */
-        if (rc->rope) kva__cpu_rope_rows(rc->st, sc->rope, half, nb, sc->cosr, sc->sinr, half);
-        kern->load_rows(rc->kvdt, kp, nb, K, Dqp, Dq, Dqp);
-        if (rc->rope)
-            for (int t = 0; t < nb; ++t)
-                kva__cpu_rope_apply(K + (size_t)t * Dqp, half, sc->cosr + (size_t)t * half, sc->sinr + (size_t)t * half);
-        if (nbp > nb) memset(K + (size_t)nb * Dqp, 0, sizeof(float) * (size_t)(nbp - nb) * Dqp);
-
-        /* ---- scores ---- */
-        kern->scores(Q, Dqp, R, K, Dqp, nbp, Dqp, S, SB);
-
-        /* ---- V block -> f32 ---- */
-        kern->load_rows(rc->kvdt, vp, nb, V, Dvp, Dv, Dvp);
-        if (nbp > nb) memset(V + (size_t)nb * Dvp, 0, sizeof(float) * (size_t)(nbp - nb) * Dvp);
+        /* ---- scores: small tiles read K straight from the cache; otherwise K block -> f32 (RoPE) ---- */
+        if (direct_k) {
+            kern->scores_kv(rc->kvdt, Q, Dqp, R, kp, nb, Dq, S, SB);
+        } else {
+            if (rc->rope) kva__cpu_rope_rows(rc->st, sc->rope, half, nb, sc->cosr, sc->sinr, half);
+            kern->load_rows(rc->kvdt, kp, nb, K, Dqp, Dq, Dqp);
+            if (rc->rope)
+                for (int t = 0; t < nb; ++t)
+                    kva__cpu_rope_apply(K + (size_t)t * Dqp, half, sc->cosr + (size_t)t * half,
+                                        sc->sinr + (size_t)t * half);
+            if (nbp > nb) memset(K + (size_t)nb * Dqp, 0, sizeof(float) * (size_t)(nbp - nb) * Dqp);
+            kern->scores(Q, Dqp, R, K, Dqp, nbp, Dqp, S, SB);
+        }
 
         /* ---- logits transform and mask, per row ---- */
         int masked_any = 0;
@@ -303,11 +308,17 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
         }
 
         /* ---- P V ---- */
-        const kva__cpu_kernels* pvk = kern;
-        /* a masked key's value must not reach the accumulators: with a non-finite V row in a block that has
-           masked entries use the generic kernel, which skips zero probabilities */
-        if (masked_any && !all_finite(V, (size_t)nb * Dvp)) pvk = &kva__cpu_kernels_generic;
-        pvk->pv(S, SB, R, V, Dvp, nbp, Dvp, acc, Dvp, rc->sigmoid ? NULL : alpha);
+        if (direct_v && !masked_any) {
+            kern->pv_kv(rc->kvdt, S, SB, R, vp, nb, Dv, acc, Dvp, rc->sigmoid ? NULL : alpha);
+        } else {
+            kern->load_rows(rc->kvdt, vp, nb, V, Dvp, Dv, Dvp);
+            if (nbp > nb) memset(V + (size_t)nb * Dvp, 0, sizeof(float) * (size_t)(nbp - nb) * Dvp);
+            /* a masked key's value must not reach the accumulators: with a non-finite V row in a block that has
+               masked entries use the generic kernel, which skips zero probabilities */
+            const kva__cpu_kernels* pvk = kern;
+            if (masked_any && !all_finite(V, (size_t)nb * Dvp)) pvk = &kva__cpu_kernels_generic;
+            pvk->pv(S, SB, R, V, Dvp, nbp, Dvp, acc, Dvp, rc->sigmoid ? NULL : alpha);
+        }
     }
 
     /* ---- write o/lse or the partial slot ---- */

@@ -65,6 +65,12 @@ typedef struct kva__cpu_kernels {
     /* acc[r] = acc[r] * alpha[r] (alpha may be NULL = 1) + sum_t P[r*ldp + t] V[t]; D % 16 == 0 */
     void (*pv)(const float* P, int ldp, int R, const float* V, int ldv, int nt, int D, float* acc, int lda,
                const float* alpha);
+    /* scores_kv / pv_kv: the same products reading K / V rows straight from the cache (dtype dt, row r of the
+       block at kp[r]), converting in registers. scores_kv: D % 8 == 0, writes t < nt. pv_kv: D % 16 == 0. */
+    void (*scores_kv)(kva_dtype dt, const float* Q, int ldq, int R, const char* const* kp, int nt, int D, float* S,
+                      int lds);
+    void (*pv_kv)(kva_dtype dt, const float* P, int ldp, int R, const char* const* vp, int nt, int D, float* acc,
+                  int lda, const float* alpha);
     /* max of x[0..n) (n % 8 == 0); -inf for all -inf */
     float (*row_max)(const float* x, int n);
     /* x[t] = exp(x[t] - m) (exactly 0 where x[t] == -inf); returns the sum. m finite. n % 8 == 0 */

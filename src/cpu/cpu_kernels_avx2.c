@@ -56,7 +56,9 @@ static inline float hmax256(__m256 v) {
 /* ---------------------------------------------------------------------------------------------- */
 /* Row conversion                                                                                  */
 
-static inline __m256 cvt8(kva_dtype dt, const void* src, int i) {
+#define KVA__CVT_INLINE static inline __attribute__((always_inline))
+
+KVA__CVT_INLINE __m256 cvt8(kva_dtype dt, const void* src, int i) {
     switch (dt) {
     case KVA_DTYPE_F32: return _mm256_loadu_ps((const float*)src + i);
     case KVA_DTYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)src + i)));
@@ -307,6 +309,205 @@ static void a_pv(const float* P, int ldp, int R, const float* V, int ldv, int nt
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Direct kernels: K / V rows read from the cache and converted in registers (small tiles, e.g. decode). */
+
+#define KVA__INLINE static inline __attribute__((always_inline))
+
+KVA__INLINE void scores_kv_impl(const kva_dtype dt, const float* Q, int ldq, int R, const char* const* kp, int nt,
+                                int D, float* S, int lds) {
+    int r = 0;
+    for (; r + 4 <= R; r += 4) {
+        const float* q0 = Q + (size_t)r * ldq;
+        const float* q1 = q0 + ldq;
+        const float* q2 = q1 + ldq;
+        const float* q3 = q2 + ldq;
+        float* s0 = S + (size_t)r * lds;
+        int t = 0;
+        for (; t + 2 <= nt; t += 2) {
+            const char* k0 = kp[t];
+            const char* k1 = kp[t + 1];
+            __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(), a10 = _mm256_setzero_ps(),
+                   a11 = _mm256_setzero_ps(), a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps(),
+                   a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
+            for (int d = 0; d < D; d += 8) {
+                __m256 kv0 = cvt8(dt, k0, d), kv1 = cvt8(dt, k1, d);
+                __m256 qv = _mm256_loadu_ps(q0 + d);
+                a00 = _mm256_fmadd_ps(qv, kv0, a00);
+                a01 = _mm256_fmadd_ps(qv, kv1, a01);
+                qv = _mm256_loadu_ps(q1 + d);
+                a10 = _mm256_fmadd_ps(qv, kv0, a10);
+                a11 = _mm256_fmadd_ps(qv, kv1, a11);
+                qv = _mm256_loadu_ps(q2 + d);
+                a20 = _mm256_fmadd_ps(qv, kv0, a20);
+                a21 = _mm256_fmadd_ps(qv, kv1, a21);
+                qv = _mm256_loadu_ps(q3 + d);
+                a30 = _mm256_fmadd_ps(qv, kv0, a30);
+                a31 = _mm256_fmadd_ps(qv, kv1, a31);
+            }
+            __m256 g1 = _mm256_hadd_ps(_mm256_hadd_ps(a00, a01), _mm256_hadd_ps(a10, a11));
+            __m256 g2 = _mm256_hadd_ps(_mm256_hadd_ps(a20, a21), _mm256_hadd_ps(a30, a31));
+            __m128 s01 = _mm_add_ps(_mm256_castps256_ps128(g1), _mm256_extractf128_ps(g1, 1));
+            __m128 s23 = _mm_add_ps(_mm256_castps256_ps128(g2), _mm256_extractf128_ps(g2, 1));
+            _mm_storel_pi((__m64*)(s0 + t), s01);
+            _mm_storeh_pi((__m64*)(s0 + lds + t), s01);
+            _mm_storel_pi((__m64*)(s0 + 2 * (size_t)lds + t), s23);
+            _mm_storeh_pi((__m64*)(s0 + 3 * (size_t)lds + t), s23);
+        }
+        for (; t < nt; ++t) {
+            const char* k0 = kp[t];
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+                   a3 = _mm256_setzero_ps();
+            for (int d = 0; d < D; d += 8) {
+                __m256 kv = cvt8(dt, k0, d);
+                a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, a0);
+                a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), kv, a1);
+                a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), kv, a2);
+                a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), kv, a3);
+            }
+            __m256 g = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            __m128 v = _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1));
+            float tmp[4];
+            _mm_storeu_ps(tmp, v);
+            s0[t] = tmp[0];
+            s0[lds + t] = tmp[1];
+            s0[2 * (size_t)lds + t] = tmp[2];
+            s0[3 * (size_t)lds + t] = tmp[3];
+        }
+    }
+    for (; r < R; ++r) {
+        const float* q = Q + (size_t)r * ldq;
+        float* s = S + (size_t)r * lds;
+        int t = 0;
+        for (; t + 4 <= nt; t += 4) {
+            const char* k0 = kp[t];
+            const char* k1 = kp[t + 1];
+            const char* k2 = kp[t + 2];
+            const char* k3 = kp[t + 3];
+            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
+                   a3 = _mm256_setzero_ps();
+            for (int d = 0; d < D; d += 8) {
+                __m256 qv = _mm256_loadu_ps(q + d);
+                a0 = _mm256_fmadd_ps(qv, cvt8(dt, k0, d), a0);
+                a1 = _mm256_fmadd_ps(qv, cvt8(dt, k1, d), a1);
+                a2 = _mm256_fmadd_ps(qv, cvt8(dt, k2, d), a2);
+                a3 = _mm256_fmadd_ps(qv, cvt8(dt, k3, d), a3);
+            }
+            __m256 g = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            _mm_storeu_ps(s + t, _mm_add_ps(_mm256_castps256_ps128(g), _mm256_extractf128_ps(g, 1)));
+        }
+        for (; t < nt; ++t) {
+            const char* k0 = kp[t];
+            __m256 a0 = _mm256_setzero_ps();
+            for (int d = 0; d < D; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), cvt8(dt, k0, d), a0);
+            s[t] = hsum256(a0);
+        }
+    }
+}
+
+static void a_scores_kv(kva_dtype dt, const float* Q, int ldq, int R, const char* const* kp, int nt, int D, float* S,
+                        int lds) {
+    switch (dt) {
+    case KVA_DTYPE_F32: scores_kv_impl(KVA_DTYPE_F32, Q, ldq, R, kp, nt, D, S, lds); break;
+    case KVA_DTYPE_F16: scores_kv_impl(KVA_DTYPE_F16, Q, ldq, R, kp, nt, D, S, lds); break;
+    case KVA_DTYPE_BF16: scores_kv_impl(KVA_DTYPE_BF16, Q, ldq, R, kp, nt, D, S, lds); break;
+    case KVA_DTYPE_E4M3: scores_kv_impl(KVA_DTYPE_E4M3, Q, ldq, R, kp, nt, D, S, lds); break;
+    case KVA_DTYPE_E5M2: scores_kv_impl(KVA_DTYPE_E5M2, Q, ldq, R, kp, nt, D, S, lds); break;
+    default: break;
+    }
+}
+
+KVA__INLINE void pv_kv_impl(const kva_dtype dt, const float* P, int ldp, int R, const char* const* vp, int nt, int D,
+                            float* acc, int lda, const float* alpha) {
+    int r = 0;
+    for (; r + 4 <= R; r += 4) {
+        const float* p0 = P + (size_t)r * ldp;
+        const float* p1 = p0 + ldp;
+        const float* p2 = p1 + ldp;
+        const float* p3 = p2 + ldp;
+        float* c0 = acc + (size_t)r * lda;
+        float* c1 = c0 + lda;
+        float* c2 = c1 + lda;
+        float* c3 = c2 + lda;
+        __m256 al0 = _mm256_set1_ps(alpha ? alpha[r] : 1.0f), al1 = _mm256_set1_ps(alpha ? alpha[r + 1] : 1.0f),
+               al2 = _mm256_set1_ps(alpha ? alpha[r + 2] : 1.0f), al3 = _mm256_set1_ps(alpha ? alpha[r + 3] : 1.0f);
+        for (int d = 0; d < D; d += 16) {
+            __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(c0 + d), al0), y0 = _mm256_mul_ps(_mm256_loadu_ps(c0 + d + 8), al0);
+            __m256 x1 = _mm256_mul_ps(_mm256_loadu_ps(c1 + d), al1), y1 = _mm256_mul_ps(_mm256_loadu_ps(c1 + d + 8), al1);
+            __m256 x2 = _mm256_mul_ps(_mm256_loadu_ps(c2 + d), al2), y2 = _mm256_mul_ps(_mm256_loadu_ps(c2 + d + 8), al2);
+            __m256 x3 = _mm256_mul_ps(_mm256_loadu_ps(c3 + d), al3), y3 = _mm256_mul_ps(_mm256_loadu_ps(c3 + d + 8), al3);
+            for (int t = 0; t < nt; ++t) {
+                __m256 v0 = cvt8(dt, vp[t], d), v1 = cvt8(dt, vp[t], d + 8);
+                __m256 pb = _mm256_broadcast_ss(p0 + t);
+                x0 = _mm256_fmadd_ps(pb, v0, x0);
+                y0 = _mm256_fmadd_ps(pb, v1, y0);
+                pb = _mm256_broadcast_ss(p1 + t);
+                x1 = _mm256_fmadd_ps(pb, v0, x1);
+                y1 = _mm256_fmadd_ps(pb, v1, y1);
+                pb = _mm256_broadcast_ss(p2 + t);
+                x2 = _mm256_fmadd_ps(pb, v0, x2);
+                y2 = _mm256_fmadd_ps(pb, v1, y2);
+                pb = _mm256_broadcast_ss(p3 + t);
+                x3 = _mm256_fmadd_ps(pb, v0, x3);
+                y3 = _mm256_fmadd_ps(pb, v1, y3);
+            }
+            _mm256_storeu_ps(c0 + d, x0);
+            _mm256_storeu_ps(c0 + d + 8, y0);
+            _mm256_storeu_ps(c1 + d, x1);
+            _mm256_storeu_ps(c1 + d + 8, y1);
+            _mm256_storeu_ps(c2 + d, x2);
+            _mm256_storeu_ps(c2 + d + 8, y2);
+            _mm256_storeu_ps(c3 + d, x3);
+            _mm256_storeu_ps(c3 + d + 8, y3);
+        }
+    }
+    for (; r < R; ++r) {
+        const float* p = P + (size_t)r * ldp;
+        float* c = acc + (size_t)r * lda;
+        __m256 al = _mm256_set1_ps(alpha ? alpha[r] : 1.0f);
+        int d = 0;
+        for (; d + 32 <= D; d += 32) {
+            __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(c + d), al), x1 = _mm256_mul_ps(_mm256_loadu_ps(c + d + 8), al),
+                   x2 = _mm256_mul_ps(_mm256_loadu_ps(c + d + 16), al),
+                   x3 = _mm256_mul_ps(_mm256_loadu_ps(c + d + 24), al);
+            for (int t = 0; t < nt; ++t) {
+                __m256 pb = _mm256_broadcast_ss(p + t);
+                const char* v = vp[t];
+                x0 = _mm256_fmadd_ps(pb, cvt8(dt, v, d), x0);
+                x1 = _mm256_fmadd_ps(pb, cvt8(dt, v, d + 8), x1);
+                x2 = _mm256_fmadd_ps(pb, cvt8(dt, v, d + 16), x2);
+                x3 = _mm256_fmadd_ps(pb, cvt8(dt, v, d + 24), x3);
+            }
+            _mm256_storeu_ps(c + d, x0);
+            _mm256_storeu_ps(c + d + 8, x1);
+            _mm256_storeu_ps(c + d + 16, x2);
+            _mm256_storeu_ps(c + d + 24, x3);
+        }
+        for (; d < D; d += 16) {
+            __m256 x0 = _mm256_mul_ps(_mm256_loadu_ps(c + d), al), x1 = _mm256_mul_ps(_mm256_loadu_ps(c + d + 8), al);
+            for (int t = 0; t < nt; ++t) {
+                __m256 pb = _mm256_broadcast_ss(p + t);
+                x0 = _mm256_fmadd_ps(pb, cvt8(dt, vp[t], d), x0);
+                x1 = _mm256_fmadd_ps(pb, cvt8(dt, vp[t], d + 8), x1);
+            }
+            _mm256_storeu_ps(c + d, x0);
+            _mm256_storeu_ps(c + d + 8, x1);
+        }
+    }
+}
+
+static void a_pv_kv(kva_dtype dt, const float* P, int ldp, int R, const char* const* vp, int nt, int D, float* acc,
+                    int lda, const float* alpha) {
+    switch (dt) {
+    case KVA_DTYPE_F32: pv_kv_impl(KVA_DTYPE_F32, P, ldp, R, vp, nt, D, acc, lda, alpha); break;
+    case KVA_DTYPE_F16: pv_kv_impl(KVA_DTYPE_F16, P, ldp, R, vp, nt, D, acc, lda, alpha); break;
+    case KVA_DTYPE_BF16: pv_kv_impl(KVA_DTYPE_BF16, P, ldp, R, vp, nt, D, acc, lda, alpha); break;
+    case KVA_DTYPE_E4M3: pv_kv_impl(KVA_DTYPE_E4M3, P, ldp, R, vp, nt, D, acc, lda, alpha); break;
+    case KVA_DTYPE_E5M2: pv_kv_impl(KVA_DTYPE_E5M2, P, ldp, R, vp, nt, D, acc, lda, alpha); break;
+    default: break;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Row operations                                                                                  */
 
 static float a_row_max(const float* x, int n) {
@@ -356,7 +557,7 @@ static void a_softcap(float* x, int n, float cap) {
 #endif
 
 const kva__cpu_kernels kva__cpu_kernels_avx2 = {
-    "avx2", a_load_row, a_load_rows, a_store_row, a_scores, a_pv, a_row_max, a_exp_sum, a_sigmoid, a_softcap,
+    "avx2", a_load_row, a_load_rows, a_store_row, a_scores, a_pv, a_scores_kv, a_pv_kv, a_row_max, a_exp_sum, a_sigmoid, a_softcap,
 };
 
 #else

@@ -48,6 +48,33 @@ static void g_pv(const float* P, int ldp, int R, const float* V, int ldv, int nt
     }
 }
 
+static void g_scores_kv(kva_dtype dt, const float* Q, int ldq, int R, const char* const* kp, int nt, int D, float* S,
+                        int lds) {
+    for (int r = 0; r < R; ++r)
+        for (int t = 0; t < nt; ++t) {
+            const float* q = Q + (size_t)r * (size_t)ldq;
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int d = 0; d < D; d += 8)
+                for (int l = 0; l < 8; ++l) acc[l] += q[d + l] * kva__cpu_load_scalar(dt, kp[t], d + l);
+            S[(size_t)r * (size_t)lds + t] =
+                ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        }
+}
+
+static void g_pv_kv(kva_dtype dt, const float* P, int ldp, int R, const char* const* vp, int nt, int D, float* acc,
+                    int lda, const float* alpha) {
+    for (int r = 0; r < R; ++r) {
+        float* a = acc + (size_t)r * (size_t)lda;
+        const float* p = P + (size_t)r * (size_t)ldp;
+        if (alpha)
+            for (int d = 0; d < D; ++d) a[d] *= alpha[r];
+        for (int t = 0; t < nt; ++t) {
+            if (p[t] == 0.0f) continue;
+            for (int d = 0; d < D; ++d) a[d] += p[t] * kva__cpu_load_scalar(dt, vp[t], d);
+        }
+    }
+}
+
 static float g_row_max(const float* x, int n) {
     float m = -INFINITY;
     for (int i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
@@ -74,5 +101,5 @@ static void g_softcap(float* x, int n, float cap) {
 }
 
 const kva__cpu_kernels kva__cpu_kernels_generic = {
-    "generic", g_load_row, g_load_rows, g_store_row, g_scores, g_pv, g_row_max, g_exp_sum, g_sigmoid, g_softcap,
+    "generic", g_load_row, g_load_rows, g_store_row, g_scores, g_pv, g_scores_kv, g_pv_kv, g_row_max, g_exp_sum, g_sigmoid, g_softcap,
 };
