@@ -21,7 +21,10 @@
  *     Sliding window (window_left >= 0): key j visible iff j >= q_pos - window_left.
  *     Custom mask: bit (i * kv_len + j) of the request's segment, little bit order, 1 = visible; each
  *     request's segment starts at a byte boundary (segments in request order).
- *   - fp8 KV: the key value is k_scale * k_fp8 and the value is v_scale * v_fp8 (per-tensor scales).
+ *   - KV scales (run args k_scale, v_scale; default 1): keys are k_scale * k and values v_scale * v, for every KV
+ *     dtype (per-tensor dequantisation scales of fp8 KV; FlashInfer folds them the same way).
+ *   - A request with more query rows than keys (qo_len > kv_len) is accepted: with a causal mask its first rows
+ *     (q_pos < 0) see no key and get o = 0, lse = -inf.
  *
  * Errors: every fallible call returns a kva_status; kva_last_error_message() (thread-local) says which
  * argument or index was wrong and why. The library never aborts, exits or prints; diagnostics go to the
@@ -248,7 +251,9 @@ typedef struct kva_plan_params {
     int64_t num_pages;               /* paged ops: pool size (run checks the pool against it) */
     const int32_t* kv_indices;       /* optional host copy of the page table, checked against num_pages */
     int32_t fixed_split_size;        /* > 0: KV chunks of this many tokens regardless of the batch
-                                        (results then do not depend on other requests) */
+                                        (results then do not depend on other requests; each chunk of a split
+                                        tile takes a partial slot of tile_q rows, so very small sizes on long
+                                        requests need large workspaces: ask kva_plan_workspace_size) */
     int32_t disable_split_kv;        /* nonzero: never split KV */
     int32_t graph_mode;              /* nonzero: worker count, kernels and workspace offsets depend only on
                                         the bounds below, so a captured run replays with new plans */
@@ -386,8 +391,8 @@ KVA_API kva_status kva_merge_states(kva_context* context, const kva_tensor* v, c
 /* KV cache maintenance                                                                            */
 
 /* Scatter new K/V rows into the paged cache (FlashInfer semantics: the page table already includes the new
- * tokens). append_k [nnz, num_heads, head_dim_qk], append_v [nnz, num_heads, head_dim_vo] in the pool dtype;
- * token i goes to request batch_indices[i] at position positions[i]. paged->indices, indptr and
+ * tokens). append_k [nnz, num_heads, head_dim_qk], append_v [nnz, num_heads, head_dim_vo] (f32/f16/bf16 or the
+ * pool dtype); token i goes to request batch_indices[i] at position positions[i] (both arrays in backend memory). paged->indices, indptr and
  * last_page_len are required; batch_size is the number of requests in the page table. A token whose
  * position or page lies outside its request or the pool is not written and the call reports
  * KVA_ERR_PAGE_INDEX_OUT_OF_RANGE (CPU: detected before anything is written). */

@@ -19,7 +19,7 @@ LOG="$OUT/gpu_check.log"
 exec > >(tee -a "$LOG") 2>&1
 START=$(date +%s)
 export PYTHONUNBUFFERED=1
-export LD_LIBRARY_PATH="$PWD/$BUILD:$PWD/$BUILD/tests:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="$PWD/$BUILD:$PWD/$BUILD/tests:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
 export KVATTN_CACHE_DIR="${KVATTN_CACHE_DIR:-$OUT/.kvattn_cache_$$}"
 SUMMARY=()
 note() { SUMMARY+=("$1"); }
@@ -59,11 +59,17 @@ fi
 
 section "2a. test suite with KVA_TEST_BACKEND=cuda"
 export KVA_TEST_BACKEND=cuda
-shopt -s nullglob
-for t in "$BUILD"/tests/test_*; do
-    [ -x "$t" ] && [ -f "$t" ] || continue
-    echo "--- $t"
-    run_step "$(basename "$t") [cuda]" 150 40 "$t" --backend cuda
+if [ -x "$BUILD/tests/test_ops" ]; then
+    for suite in decode split merge append single prefill ragged fuzz long ref; do
+        echo "--- test_ops --suite $suite"
+        run_step "test_ops $suite [cuda]" 75 25 "$BUILD/tests/test_ops" --backend cuda --suite "$suite"
+    done
+fi
+for t in test_errors test_api; do
+    if [ -x "$BUILD/tests/$t" ]; then
+        echo "--- $t"
+        run_step "$t [cuda]" 60 25 "$BUILD/tests/$t" --backend cuda
+    fi
 done
 unset KVA_TEST_BACKEND
 

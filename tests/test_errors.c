@@ -3,6 +3,9 @@
  * kva_last_error_status() equal to the returned status, and that every output buffer (o, lse, the workspace, the
  * plan struct, KV pools for append) is byte-identical to before the call. docs/errors.md is the table of these.
  *
+ * Statuses are pinned to what the implementation returns (run-time tensors that disagree with the plan in shape,
+ * rank or dtype: KVA_ERR_PLAN_MISMATCH; NULL pointers and bad strides: KVA_ERR_INVALID_ARGUMENT).
+ *
  * Fixture: a paged prefill batch of 3 requests (qo 3, 2, 1; kv 10, 0, 7; page size 4; 4 query heads over 2 KV
  * heads; head dim 64; f16), plus a decode plan and a ragged plan over the same shapes.
  */
@@ -34,6 +37,7 @@ typedef struct fx {
     kva_run_args args, args_rag;
     /* snapshot of every output (host mirrors, guards included) */
     h_buf* outs[8];
+    const char* out_names[8];
     int nouts;
     unsigned char* snap[8];
     size_t snap_n[8];
@@ -59,11 +63,10 @@ static void fx_snap(void) {
 
 /* 1 if every output is byte-identical to the snapshot; names the first that changed. */
 static int fx_same(const char** which) {
-    static const char* names[] = {"o", "lse", "workspace", "decode workspace", "ragged workspace", "K pool", "V pool", "?"};
     for (int i = 0; i < F.nouts; ++i) {
         h_buf_download(F.outs[i]);
         if (memcmp(F.snap[i], F.outs[i]->host, F.snap_n[i]) != 0) {
-            *which = names[i];
+            *which = F.out_names[i];
             return 0;
         }
     }
@@ -73,6 +76,21 @@ static int fx_same(const char** which) {
         return 0;
     }
     return 1;
+}
+
+/* The buffers that must stay byte-identical across a failing call. */
+static void fx_watch(int n, h_buf* const* bufs, const char* const* names) {
+    for (int i = 0; i < n; ++i) {
+        F.outs[i] = bufs[i];
+        F.out_names[i] = names[i];
+    }
+    F.nouts = n;
+}
+
+static void fx_watch_default(void) {
+    h_buf* const bufs[] = {&F.o, &F.lse, &F.ws.dev, &F.ws_dec.dev, &F.ws_rag.dev, &F.kp, &F.vp};
+    const char* const names[] = {"o", "lse", "workspace", "decode workspace", "ragged workspace", "K pool", "V pool"};
+    fx_watch(7, bufs, names);
 }
 
 static void err_check(const char* what, kva_status got, kva_status want, kva_status alt) {
@@ -204,14 +222,7 @@ static void fx_init(void) {
     F.args_rag.k = t3(h_buf_dp(&F.k), KVA_DTYPE_F16, KVTOK, HKV, D);
     F.args_rag.v = t3(h_buf_dp(&F.v), KVA_DTYPE_F16, KVTOK, HKV, D);
 
-    F.outs[0] = &F.o;
-    F.outs[1] = &F.lse;
-    F.outs[2] = &F.ws.dev;
-    F.outs[3] = &F.ws_dec.dev;
-    F.outs[4] = &F.ws_rag.dev;
-    F.outs[5] = &F.kp;
-    F.outs[6] = &F.vp;
-    F.nouts = 7;
+    fx_watch_default();
 }
 
 /* The fixture's calls succeed (so each error below is caused by its one change). */
@@ -653,14 +664,9 @@ static void test_merge(void) {
     h_buf_poison(&so);
     h_buf_upload(&vo);
     h_buf_upload(&so);
-    /* the merge outputs are the ones that matter here */
-    F.outs[0] = &vo;
-    F.outs[1] = &so;
-    F.outs[2] = &va;
-    F.outs[3] = &sa;
-    F.outs[4] = &vb;
-    F.outs[5] = &sb;
-    F.nouts = 6;
+    h_buf* const watched[] = {&vo, &so, &va, &sa, &vb, &sb};
+    const char* const names[] = {"v_out", "s_out", "v_a", "s_a", "v_b", "s_b"};
+    fx_watch(6, watched, names);
     kva_tensor tva = t3(h_buf_dp(&va), KVA_DTYPE_F32, R, H, DD), tvb = t3(h_buf_dp(&vb), KVA_DTYPE_F32, R, H, DD);
     kva_tensor tvo = t3(h_buf_dp(&vo), KVA_DTYPE_F32, R, H, DD);
     kva_tensor tsa = kva_tensor_make(h_buf_dp(&sa), KVA_DTYPE_F32, 2, R, H, 0, 0);
@@ -718,15 +724,7 @@ static void test_merge(void) {
     h_buf_free(&sb);
     h_buf_free(&vo);
     h_buf_free(&so);
-    /* restore the fixture's output list */
-    F.outs[0] = &F.o;
-    F.outs[1] = &F.lse;
-    F.outs[2] = &F.ws.dev;
-    F.outs[3] = &F.ws_dec.dev;
-    F.outs[4] = &F.ws_rag.dev;
-    F.outs[5] = &F.kp;
-    F.outs[6] = &F.vp;
-    F.nouts = 7;
+    fx_watch_default();
 }
 
 /* Append: a token outside its request / the pool is refused before anything is written (CPU). */

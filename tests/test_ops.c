@@ -1978,7 +1978,7 @@ static void suite_long(void) {
 static void suite_fuzz(void) {
     h_rng r;
     h_rng_seed(&r, h_opt.seed);
-    int count = h_opt.count >= 0 ? h_opt.count : 400;
+    int count = h_opt.count >= 0 ? h_opt.count : 800;
     static const h_op ops[] = {H_OP_DECODE, H_OP_DECODE, H_OP_PREFILL, H_OP_PREFILL, H_OP_RAGGED, H_OP_RAGGED,
                                H_OP_SINGLE_DECODE, H_OP_SINGLE_PREFILL, H_OP_MERGE, H_OP_MERGE_IN_PLACE,
                                H_OP_MERGE_STATES, H_OP_APPEND};

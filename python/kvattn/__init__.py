@@ -9,7 +9,7 @@ stream; torch CPU tensors run on the CPU backend. The C library (libkvattn.so) i
 $KVATTN_LIBRARY, next to this package, or in the repository's build/ directory.
 """
 
-from . import cascade, decode, page, prefill, quantization, utils
+from . import cascade, decode, page, prefill, quantization, utils  # noqa: F401 (flashinfer.<module> paths)
 from ._ffi import candidate_paths, library_path
 from .cascade import MultiLevelCascadeAttentionWrapper, merge_state, merge_state_in_place, merge_states
 from .decode import (

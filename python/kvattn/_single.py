@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any, List, Optional
+from typing import Any, List
 
 import numpy as np
 

@@ -14,6 +14,7 @@ from ._core import BatchWrapperBase, PlanMismatchError, PlanState, commit_plan, 
 from ._single import single_attention
 
 __all__ = [
+    "fast_decode_plan",
     "single_decode_with_kv_cache",
     "BatchDecodeWithPagedKVCacheWrapper",
     "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
@@ -221,6 +222,27 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
         super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
                          paged_kv_indptr_buffer=indptr_buffer, paged_kv_indices_buffer=indices_buffer,
                          paged_kv_last_page_len_buffer=last_page_len_buffer)
+
+
+def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: Any, indices: Any, last_page_len: Any,
+                     num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+                     pos_encoding_mode: str = "NONE", window_left: int = -1, logits_soft_cap: Optional[float] = None,
+                     q_data_type: Any = None, kv_data_type: Any = None, data_type: Any = None,
+                     sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+                     rope_theta: Optional[float] = None, non_blocking: bool = True,
+                     fixed_split_size: Optional[int] = None, disable_split_kv: bool = False, q_len_per_req: int = 1,
+                     global_override_indptr_cpu: Any = None) -> None:
+    """FlashInfer's plan variant that engines monkey-patch onto the decode wrapper: the same plan, with the host
+    indptr taken from ``global_override_indptr_cpu`` when given (so a device indptr is never copied back)."""
+    if global_override_indptr_cpu is not None:
+        indptr = global_override_indptr_cpu
+    # the class's plan, not self.plan: engines install this function as the instance's plan
+    BatchDecodeWithPagedKVCacheWrapper.plan(
+        self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+        pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
+        q_data_type=q_data_type, kv_data_type=kv_data_type, data_type=data_type, sm_scale=sm_scale,
+        rope_scale=rope_scale, rope_theta=rope_theta, non_blocking=non_blocking, fixed_split_size=fixed_split_size,
+        disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ sys.path.insert(0, str(HERE))
 _pkg_root = HERE.parent
 if str(_pkg_root) not in sys.path:
     try:
-        import kvattn  # noqa: F401
+        import kvattn  # noqa: F401  (availability probe)
     except ImportError:
         sys.path.insert(0, str(_pkg_root))
 

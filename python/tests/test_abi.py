@@ -85,3 +85,22 @@ def test_enum_values_match_header():
         if m:
             assert int(m.group(1)) == getattr(F, const), const
     assert sys.byteorder == "little"
+
+
+def test_import_without_library_is_lazy_and_clear(tmp_path):
+    """The package imports without the C library (pure helpers work); the first C call raises
+    LibraryNotFoundError naming what was tried."""
+    code = (
+        "import numpy as np, kvattn\n"
+        "assert kvattn.packbits(np.array([1, 0, 1], bool)).tolist() == [160]\n"
+        "try:\n"
+        "    kvattn.single_decode_with_kv_cache(np.zeros((2, 8), np.float32), np.zeros((3, 2, 8), np.float32),\n"
+        "                                       np.zeros((3, 2, 8), np.float32))\n"
+        "except kvattn.LibraryNotFoundError as e:\n"
+        "    assert 'KVATTN_LIBRARY' in str(e) and isinstance(e, ImportError)\n"
+        "    print('OK')\n")
+    env = dict(os.environ, KVATTN_LIBRARY=str(tmp_path / "missing.so"))
+    pkg_root = str(Path(__import__("kvattn").__file__).resolve().parents[1])
+    env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "OK", r.stderr

@@ -1,7 +1,5 @@
 """BatchDecodeWithPagedKVCacheWrapper on the CPU backend (NumPy) against the float64 reference."""
 
-import math
-
 import numpy as np
 import pytest
 
@@ -235,3 +233,18 @@ def test_decode_bfloat16_numpy_via_ml_dtypes(rng):
     _check(q, cache, indptr, indices, o, lse, lens, "NHD", bf16)
     with pytest.raises(kvattn.PlanMismatchError):
         w.run(q.astype(np.float32), cache)
+
+
+def test_fast_decode_plan(rng):
+    from kvattn.decode import fast_decode_plan
+
+    lens, ps, hq, hkv, d = [5, 19], 4, 4, 2, 16
+    cache, indptr, indices, last, _ = make_paged(rng, lens, ps, hkv, d)
+    q = rng.standard_normal((2, hq, d)).astype(np.float32)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    ref = w.run(q, cache)
+    w2 = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w2.plan = fast_decode_plan.__get__(w2)  # how engines monkey-patch it
+    w2.plan(None, indices, last, hq, hkv, d, ps, q_data_type="float32", global_override_indptr_cpu=indptr)
+    np.testing.assert_array_equal(w2.run(q, cache), ref)

@@ -167,3 +167,37 @@ def test_segment_packbits(rng, bitorder):
     np.testing.assert_array_equal(packed, np.concatenate(expect))
     with pytest.raises(ValueError):
         kvattn.packbits(x, bitorder="middle")
+
+
+def test_multilevel_cascade_equals_flat(rng):
+    """Two levels (a shared prefix of whole pages + unique suffixes) == flat paged prefill over prefix+suffix."""
+    ps, hq, hkv, d = 4, 4, 2, 16
+    prefix_pages = [7, 2, 5]  # 12 prefix tokens
+    uniq_lens = [5, 9, 1]
+    qo_lens = [2, 3, 1]
+    P = 40
+    perm = rng.permutation(P).astype(np.int32)
+    uniq_pages, off = [], len(prefix_pages)
+    for n in uniq_lens:
+        k = (n + ps - 1) // ps
+        uniq_pages.append(perm[off:off + k])
+        off += k
+    cache = rng.standard_normal((P, 2, ps, hkv, d)).astype(np.float32)
+    nnz = sum(qo_lens)
+    q = rng.standard_normal((nnz, hq, d)).astype(np.float32)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    last = np.array([((n - 1) % ps) + 1 for n in uniq_lens], np.int32)
+    # level 0: every query of the batch is one "request" over the shared prefix
+    lvl0 = (np.array([0, nnz], np.int32), np.array([0, 3], np.int32), np.array(prefix_pages, np.int32),
+            np.array([ps], np.int32))
+    lvl1 = (qo_indptr, np.concatenate([[0], np.cumsum([len(p) for p in uniq_pages])]).astype(np.int32),
+            np.concatenate(uniq_pages).astype(np.int32), last)
+    w = kvattn.MultiLevelCascadeAttentionWrapper(2, np.zeros(8 << 20, np.uint8))
+    w.plan([lvl0[0], lvl1[0]], [lvl0[1], lvl1[1]], [lvl0[2], lvl1[2]], [lvl0[3], lvl1[3]], hq, hkv, d, ps,
+           causal=True, q_data_type="float32")
+    o = w.run(q, cache)
+    flat = kvattn.BatchPrefillWithPagedKVCacheWrapper(np.zeros(8 << 20, np.uint8))
+    flat_pages = [np.concatenate([prefix_pages, p]) for p in uniq_pages]
+    flat.plan(qo_indptr, np.concatenate([[0], np.cumsum([len(p) for p in flat_pages])]).astype(np.int32),
+              np.concatenate(flat_pages).astype(np.int32), last, hq, hkv, d, ps, causal=True, q_data_type="float32")
+    assert_close(o, flat.run(q, cache), 2e-5, 2e-5)

@@ -270,7 +270,9 @@ kva_status kva__check_tensor(const char* name, const kva_tensor* t, kva_dtype dt
 static inline size_t kva__align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static inline int64_t kva__ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Planner (src/plan/planner.c): pure C. */
+/* Planner (src/plan/planner.c): pure C. Fills *pd (counts and layout) without writing any workspace. */
+kva_status kva__plan_layout(kva_context* ctx, const kva_attention_desc* desc, kva_op op,
+                            const kva_plan_params* params, kva__plan_data* pd);
 typedef struct kva__plan_request_in {
     int32_t qo_len;
     int32_t kv_len;

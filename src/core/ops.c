@@ -214,6 +214,12 @@ static kva_status kva__single(kva_context* ctx, const kva_attention_desc* desc, 
     kva_plan_params p;
     int32_t qi[2], ki[2];
     kva__single_params(&p, qi, ki, qo_len, kv_len);
+    {
+        /* Check the tensors before the plan writes the caller's workspace. */
+        kva__plan_data pd;
+        KVA_FORWARD(kva__plan_layout(ctx, &nd, KVA_OP_BATCH_PREFILL_RAGGED, &p, &pd));
+        KVA_FORWARD(kva__check_run_args(&pd, &a));
+    }
     kva_workspace local;
     memset(&local, 0, sizeof local);
     void* owned = NULL;

@@ -183,7 +183,7 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
     float* dsum = sc->d;
     float* alpha = sc->alpha;
 
-    /* ---- query tile in f32, scaled by sm_scale (* k_scale for fp8), RoPE at q_pos ---- */
+    /* ---- query tile in f32, scaled by sm_scale * k_scale, RoPE at q_pos ---- */
     if (rc->rope) {
         kva__cpu_rope_seek(rc->st, sc->rope, half, base + i_first);
         kva__cpu_rope_rows(rc->st, sc->rope, half, i_last - i_first + 1, sc->cosr, sc->sinr, half);
@@ -230,18 +230,27 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
         const int nbp = (nb + KVA__CPU_TOK_PAD - 1) / KVA__CPU_TOK_PAD * KVA__CPU_TOK_PAD;
         const char** kp = sc->kp + cur * SB;
         const char** vp = sc->vp + cur * SB;
+        kva__cpu_prefetch pf = {{NULL, NULL}, 0, {0, 0}};
         if (j0 + SB < hi) {
             const int nn = (int)(hi - (j0 + SB) < SB ? hi - (j0 + SB) : SB);
             const char** kpn = sc->kp + (cur ^ 1) * SB;
             const char** vpn = sc->vp + (cur ^ 1) * SB;
             block_pointers(rc, rq, h, j0 + SB, nn, kpn, vpn);
-            prefetch_rows(kpn, nn, (size_t)Dq * rc->kvsz);
-            prefetch_rows(vpn, nn, (size_t)Dv * rc->kvsz);
+            if (direct_k) { /* prefetch the next block's K and V rows while the scores run */
+                pf.rows[0] = kpn;
+                pf.rows[1] = vpn;
+                pf.n = nn;
+                pf.bytes[0] = (int)((size_t)Dq * rc->kvsz);
+                pf.bytes[1] = (int)((size_t)Dv * rc->kvsz);
+            } else {
+                prefetch_rows(kpn, nn, (size_t)Dq * rc->kvsz);
+                prefetch_rows(vpn, nn, (size_t)Dv * rc->kvsz);
+            }
         }
 
         /* ---- scores: small tiles read K straight from the cache; otherwise K block -> f32 (RoPE) ---- */
         if (direct_k) {
-            kern->scores_kv(rc->kvdt, Q, Dqp, R, kp, nb, Dq, S, SB);
+            kern->scores_kv(rc->kvdt, Q, Dqp, R, kp, nb, Dq, S, SB, pf.n ? &pf : NULL);
         } else {
             if (rc->rope) kva__cpu_rope_rows(rc->st, sc->rope, half, nb, sc->cosr, sc->sinr, half);
             kern->load_rows(rc->kvdt, kp, nb, K, Dqp, Dq, Dqp);
@@ -568,10 +577,9 @@ kva_status kva__cpu_run(kva_context* ctx, const kva__plan_data* plan, const kva_
     rc.softcap = d->logits_soft_cap;
     rc.sigmoid_bias = d->sigmoid_bias;
     rc.paged = paged;
-    const int fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
     float sm_scale = d->sm_scale != 0.0f ? d->sm_scale : 1.0f / sqrtf((float)d->head_dim_qk);
-    rc.qscale = sm_scale * (fp8 ? args->k_scale : 1.0f);
-    rc.vscale = fp8 ? args->v_scale : 1.0f;
+    rc.qscale = sm_scale * args->k_scale; /* scales apply to every KV dtype (FlashInfer semantics) */
+    rc.vscale = args->v_scale;
     rc.alibi_slopes = args->alibi_slopes;
     rc.q = (const char*)args->q.data;
     rc.qs0 = row_stride(&args->q);

@@ -52,6 +52,13 @@ void kva__cpu_store_row_scalar(kva_dtype dt, const float* src, void* dst, int n,
 /* ---------------------------------------------------------------------------------------------- */
 /* Kernel table: one portable implementation and one AVX2 implementation.                         */
 
+/* rows to prefetch while a kernel runs (spread over its loop instead of one burst) */
+typedef struct kva__cpu_prefetch {
+    const char* const* rows[2]; /* two lists of n rows (K and V of the next block) */
+    int n;
+    int bytes[2];               /* bytes per row of each list */
+} kva__cpu_prefetch;
+
 typedef struct kva__cpu_kernels {
     const char* name;
     /* dst[0..n) = scale * src (dtype dt, any KV dtype); dst[n..npad) = 0 */
@@ -68,7 +75,7 @@ typedef struct kva__cpu_kernels {
     /* scores_kv / pv_kv: the same products reading K / V rows straight from the cache (dtype dt, row r of the
        block at kp[r]), converting in registers. scores_kv: D % 8 == 0, writes t < nt. pv_kv: D % 16 == 0. */
     void (*scores_kv)(kva_dtype dt, const float* Q, int ldq, int R, const char* const* kp, int nt, int D, float* S,
-                      int lds);
+                      int lds, const kva__cpu_prefetch* pf);
     void (*pv_kv)(kva_dtype dt, const float* P, int ldp, int R, const char* const* vp, int nt, int D, float* acc,
                   int lda, const float* alpha);
     /* max of x[0..n) (n % 8 == 0); -inf for all -inf */

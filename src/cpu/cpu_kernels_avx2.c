@@ -313,9 +313,22 @@ static void a_pv(const float* P, int ldp, int R, const float* V, int ldv, int nt
 
 #define KVA__INLINE static inline __attribute__((always_inline))
 
+/* prefetch rows [n*i/steps, n*(i+1)/steps) of the list */
+KVA__INLINE void pf_step(const kva__cpu_prefetch* pf, int i, int steps) {
+    if (!pf || i >= steps) return;
+    const int a = (int)((int64_t)pf->n * i / steps), b = (int)((int64_t)pf->n * (i + 1) / steps);
+    for (int k = a; k < b; ++k) {
+        for (int off = 0; off < pf->bytes[0]; off += 64) _mm_prefetch(pf->rows[0][k] + off, _MM_HINT_T0);
+        for (int off = 0; off < pf->bytes[1]; off += 64) _mm_prefetch(pf->rows[1][k] + off, _MM_HINT_T0);
+    }
+}
+
 KVA__INLINE void scores_kv_impl(const kva_dtype dt, const float* Q, int ldq, int R, const char* const* kp, int nt,
-                                int D, float* S, int lds) {
+                                int D, float* S, int lds, const kva__cpu_prefetch* pf) {
     int r = 0;
+    /* the prefetch list is spread over the first pass over the keys */
+    const int pf_steps = R >= 4 ? nt / 2 : nt / 4;
+    int pf_i = 0;
     for (; r + 4 <= R; r += 4) {
         const float* q0 = Q + (size_t)r * ldq;
         const float* q1 = q0 + ldq;
@@ -326,6 +339,7 @@ KVA__INLINE void scores_kv_impl(const kva_dtype dt, const float* Q, int ldq, int
         for (; t + 2 <= nt; t += 2) {
             const char* k0 = kp[t];
             const char* k1 = kp[t + 1];
+            if (r == 0) pf_step(pf, pf_i++, pf_steps);
             __m256 a00 = _mm256_setzero_ps(), a01 = _mm256_setzero_ps(), a10 = _mm256_setzero_ps(),
                    a11 = _mm256_setzero_ps(), a20 = _mm256_setzero_ps(), a21 = _mm256_setzero_ps(),
                    a30 = _mm256_setzero_ps(), a31 = _mm256_setzero_ps();
@@ -383,6 +397,7 @@ KVA__INLINE void scores_kv_impl(const kva_dtype dt, const float* Q, int ldq, int
             const char* k1 = kp[t + 1];
             const char* k2 = kp[t + 2];
             const char* k3 = kp[t + 3];
+            if (r == 0) pf_step(pf, pf_i++, pf_steps);
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
                    a3 = _mm256_setzero_ps();
             for (int d = 0; d < D; d += 8) {
@@ -405,13 +420,17 @@ KVA__INLINE void scores_kv_impl(const kva_dtype dt, const float* Q, int ldq, int
 }
 
 static void a_scores_kv(kva_dtype dt, const float* Q, int ldq, int R, const char* const* kp, int nt, int D, float* S,
-                        int lds) {
+                        int lds, const kva__cpu_prefetch* pf) {
+    if (pf && nt < 8) { /* too few steps to spread over */
+        pf_step(pf, 0, 1);
+        pf = NULL;
+    }
     switch (dt) {
-    case KVA_DTYPE_F32: scores_kv_impl(KVA_DTYPE_F32, Q, ldq, R, kp, nt, D, S, lds); break;
-    case KVA_DTYPE_F16: scores_kv_impl(KVA_DTYPE_F16, Q, ldq, R, kp, nt, D, S, lds); break;
-    case KVA_DTYPE_BF16: scores_kv_impl(KVA_DTYPE_BF16, Q, ldq, R, kp, nt, D, S, lds); break;
-    case KVA_DTYPE_E4M3: scores_kv_impl(KVA_DTYPE_E4M3, Q, ldq, R, kp, nt, D, S, lds); break;
-    case KVA_DTYPE_E5M2: scores_kv_impl(KVA_DTYPE_E5M2, Q, ldq, R, kp, nt, D, S, lds); break;
+    case KVA_DTYPE_F32: scores_kv_impl(KVA_DTYPE_F32, Q, ldq, R, kp, nt, D, S, lds, pf); break;
+    case KVA_DTYPE_F16: scores_kv_impl(KVA_DTYPE_F16, Q, ldq, R, kp, nt, D, S, lds, pf); break;
+    case KVA_DTYPE_BF16: scores_kv_impl(KVA_DTYPE_BF16, Q, ldq, R, kp, nt, D, S, lds, pf); break;
+    case KVA_DTYPE_E4M3: scores_kv_impl(KVA_DTYPE_E4M3, Q, ldq, R, kp, nt, D, S, lds, pf); break;
+    case KVA_DTYPE_E5M2: scores_kv_impl(KVA_DTYPE_E5M2, Q, ldq, R, kp, nt, D, S, lds, pf); break;
     default: break;
     }
 }

@@ -49,7 +49,8 @@ static void g_pv(const float* P, int ldp, int R, const float* V, int ldv, int nt
 }
 
 static void g_scores_kv(kva_dtype dt, const float* Q, int ldq, int R, const char* const* kp, int nt, int D, float* S,
-                        int lds) {
+                        int lds, const kva__cpu_prefetch* pf) {
+    (void)pf;
     for (int r = 0; r < R; ++r)
         for (int t = 0; t < nt; ++t) {
             const float* q = Q + (size_t)r * (size_t)ldq;

@@ -653,6 +653,11 @@ done:
     return st;
 }
 
+kva_status kva__plan_layout(kva_context* ctx, const kva_attention_desc* desc, kva_op op,
+                            const kva_plan_params* params, kva__plan_data* pd) {
+    return kva__plan_build(ctx, desc, op, params, NULL, pd, NULL);
+}
+
 KVA_API void kva_plan_params_init(kva_plan_params* params) {
     if (params) memset(params, 0, sizeof *params);
 }
