@@ -248,8 +248,9 @@ typedef struct kva_plan_params {
     const int32_t* kv_indptr;        /* host [B+1]: page indptr (paged ops) or token indptr (ragged) */
     const int32_t* kv_last_page_len; /* host [B] (paged ops) */
     int32_t page_size;               /* paged ops: >= 1; ragged: ignored */
-    int64_t num_pages;               /* paged ops: pool size (run checks the pool against it) */
-    const int32_t* kv_indices;       /* optional host copy of the page table, checked against num_pages */
+    int64_t num_pages;               /* paged ops: pool size, or 0 = known at run only (run's pool must have at
+                                        least this many pages; kernels bound-check against the run-time pool) */
+    const int32_t* kv_indices;       /* optional host copy of the page table, checked against num_pages (> 0) */
     int32_t fixed_split_size;        /* > 0: KV chunks of this many tokens regardless of the batch
                                         (results then do not depend on other requests; each chunk of a split
                                         tile takes a partial slot of tile_q rows, so very small sizes on long

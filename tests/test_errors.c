@@ -346,8 +346,8 @@ static void test_plan(void) {
     PLAN("plan: page_size 0", KVA_ERR_INVALID_ARGUMENT, &p);
     p = F.pp; p.num_pages = -1;
     PLAN("plan: num_pages -1", KVA_ERR_INVALID_ARGUMENT, &p);
-    p = F.pp; p.num_pages = 0; p.kv_indices = NULL;
-    PLAN("plan: num_pages 0 with pages in the table", KVA_ERR_INVALID_ARGUMENT, &p);
+    p = F.pp; p.num_pages = 0;
+    PLAN("plan: num_pages 0 with a host page table to check", KVA_ERR_INVALID_ARGUMENT, &p);
     p = F.pp; p.fixed_split_size = -1;
     PLAN("plan: fixed_split_size -1", KVA_ERR_INVALID_ARGUMENT, &p);
 
@@ -483,8 +483,10 @@ static void test_run(void) {
     RUN("run: paged dtype bf16 (plan f16)", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
     a = F.args; a.paged.page_size = PS * 2;
     RUN("run: paged page_size differs from plan", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
-    a = F.args; a.paged.num_pages = NPAGES + 1;
-    RUN("run: paged num_pages differs from plan", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.paged.num_pages = NPAGES - 1;
+    RUN("run: paged pool smaller than the plan's", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
+    a = F.args; a.paged.num_pages = 0;
+    RUN("run: paged num_pages 0", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
     a = F.args; a.paged.num_heads = 1;
     RUN("run: paged num_heads 1 (desc 2)", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
     a = F.args; a.paged.head_dim_vo = 32;

@@ -48,9 +48,11 @@ static kva_status kva__check_paged(const kva__plan_data* pd, const kva_paged_kv*
                   kva_dtype_name(pk->dtype), kva_dtype_name(d->kv_dtype));
     KVA_RETURN_IF(pk->page_size != pd->page_size, KVA_ERR_PLAN_MISMATCH,
                   "run: paged.page_size = %d, the plan has page_size %d", (int)pk->page_size, (int)pd->page_size);
-    KVA_RETURN_IF(pk->num_pages != pd->num_pages, KVA_ERR_PLAN_MISMATCH,
-                  "run: paged.num_pages = %lld, the plan was made for a pool of %lld pages", (long long)pk->num_pages,
-                  (long long)pd->num_pages);
+    KVA_RETURN_IF(pk->num_pages < pd->num_pages || pk->num_pages < 0, KVA_ERR_PLAN_MISMATCH,
+                  "run: paged.num_pages = %lld, but the plan checked its page table against a pool of %lld pages",
+                  (long long)pk->num_pages, (long long)pd->num_pages);
+    KVA_RETURN_IF(pd->num_page_entries > 0 && pk->num_pages < 1, KVA_ERR_INVALID_ARGUMENT,
+                  "run: paged.num_pages = %lld: the pool size bounds every page index", (long long)pk->num_pages);
     KVA_RETURN_IF(pk->num_heads != d->num_kv_heads, KVA_ERR_PLAN_MISMATCH,
                   "run: paged.num_heads = %d, the descriptor has %d KV heads", (int)pk->num_heads,
                   (int)d->num_kv_heads);

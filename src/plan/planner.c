@@ -169,8 +169,9 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
                   (long long)total_rows, (int)d->num_qo_heads);
     if (paged) {
         int64_t entries = p->kv_indptr[B];
-        KVA_RETURN_IF(entries > 0 && p->num_pages < 1, KVA_ERR_INVALID_ARGUMENT,
-                      "params->num_pages = %lld: paged ops need the pool size (page indices are checked against it)",
+        KVA_RETURN_IF(entries > 0 && p->kv_indices && p->num_pages < 1, KVA_ERR_INVALID_ARGUMENT,
+                      "params->num_pages = %lld: a host copy of the page table (kv_indices) is checked against the "
+                      "pool size, so num_pages is required with it",
                       (long long)p->num_pages);
         if (p->kv_indices) {
             for (int64_t i = 0; i < entries; ++i) {

@@ -234,6 +234,7 @@ typedef struct tcase {
     float k_scale, v_scale;
     int padded; /* pad q/o/k/v row and head strides */
     float rope_theta, rope_scale, sm_scale;
+    int poison_masked; /* custom mask: one key column masked for every row holds NaN/inf K and V */
 } tcase;
 
 static double ref_slope(int h, int n, const float* custom) { return custom ? custom[h] : kva__alibi_slope(h, n); }
@@ -387,6 +388,19 @@ static int run_attn_case(kva_context* ctx, const tcase* tc, const char* label) {
     for (int64_t i = 0; i < mask_bytes + 1; ++i) mask[i] = (uint8_t)(rnd() & rnd()); /* ~25% visible */
     float slopes[256];
     for (int h = 0; h < Hq; ++h) slopes[h] = (float)(0.05 + 0.5 * urand());
+    if (tc->poison_masked && tc->mask == KVA_MASK_CUSTOM)
+        for (int b = 0; b < B; ++b) {
+            if (tc->kv[b] == 0) continue;
+            const int jc = tc->kv[b] / 2;
+            for (int i = 0; i < tc->qo[b]; ++i) {
+                int64_t bit = (int64_t)i * tc->kv[b] + jc;
+                mask[moff[b] + bit / 8] &= (uint8_t)~(1u << (bit % 8));
+            }
+            for (int h = 0; h < Hk; ++h) {
+                for (int d = 0; d < Dq; ++d) enc(tc->kvdt, kd, KOFF(b, jc, h) + d, d % 2 ? NAN : INFINITY);
+                for (int d = 0; d < Dv; ++d) enc(tc->kvdt, vd, VOFF(b, jc, h) + d, d % 2 ? INFINITY : NAN);
+            }
+        }
 
     /* plan */
     kva_attention_desc desc;
@@ -698,6 +712,28 @@ static void test_attention(kva_context* ctx, int full) {
         run_attn_case(ctx, &tc, "D512");
         tc.Dqk = 1; tc.Dvo = 3; tc.Hq = 3; tc.Hk = 3; tc.mask = KVA_MASK_NONE;
         run_attn_case(ctx, &tc, "D1");
+    }
+    {
+        tcase tc;
+        base_case(&tc);
+        tc.Hq = 32; /* g = 16: prefill tiles of 16 packed rows hold one query row each */
+        tc.Hk = 2;
+        tc.mask = KVA_MASK_CAUSAL;
+        tc.window = 7;
+        random_lengths(&tc, 4, 40, 300, 0);
+        run_attn_case(ctx, &tc, "prefill g16 causal window");
+        tc.window = -1;
+        tc.mask = KVA_MASK_CUSTOM;
+        tc.poison_masked = 1;
+        for (int k = 0; k < 3; ++k) {
+            tc.kvdt = k == 0 ? KVA_DTYPE_F32 : k == 1 ? KVA_DTYPE_E5M2 : KVA_DTYPE_BF16;
+            tc.Hq = k == 2 ? 4 : 32; /* g = 2: 16-row tiles take the f32 block path */
+            random_lengths(&tc, 4, 40, 300, 0);
+            run_attn_case(ctx, &tc, "custom mask, NaN/inf in a fully masked key");
+        }
+        tc.op = KVA_OP_BATCH_PREFILL_RAGGED;
+        tc.Hq = 2;
+        run_attn_case(ctx, &tc, "ragged custom mask, NaN/inf in a fully masked key");
     }
     {
         tcase tc;
