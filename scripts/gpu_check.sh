@@ -20,7 +20,7 @@ exec > >(tee -a "$LOG") 2>&1
 START=$(date +%s)
 export PYTHONUNBUFFERED=1
 export LD_LIBRARY_PATH="$PWD/$BUILD:$PWD/$BUILD/tests:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
-export KVATTN_CACHE_DIR="${KVATTN_CACHE_DIR:-$OUT/.kvattn_cache_$$}"
+export KVATTN_CACHE_DIR="${KVATTN_CACHE_DIR:-/tmp/kvattn_cache_$$}"
 SUMMARY=()
 note() { SUMMARY+=("$1"); }
 section() { echo; echo "==== $* ($(( $(date +%s) - START )) s) ===="; }
@@ -101,7 +101,6 @@ if [ -s "$OUT/kvattn_decode.csv" ]; then
     run_step "peers_decode.py" 200 5 python3 bench/peers_decode.py --csv "$OUT/kvattn_decode.csv" \
         --out "$OUT/bench_decode.md"
 fi
-rm -rf "$OUT"/.kvattn_cache_* 2>/dev/null
 
 section "summary"
 for s in "${SUMMARY[@]}"; do echo "$s"; done

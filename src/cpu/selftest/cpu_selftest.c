@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
 
 #include "cpu_internal.h"
 #include "kvattn.h"
@@ -758,7 +759,7 @@ static void test_attention(kva_context* ctx, int full) {
 static void test_page_errors(kva_context* ctx) {
     const int Hq = 4, Hk = 2, D = 16, ps = 4, B = 3;
     int32_t kv_indptr[4] = {0, 2, 3, 5}, lpl[3] = {4, 1, 2}, indices[5] = {0, 1, 2, 3, 4};
-    float* pool = (float*)calloc(6 * ps * Hk * D, sizeof(float));
+    float* pool = (float*)calloc(12 * ps * Hk * D, sizeof(float));
     float q[3 * Hq * D], o[3 * Hq * D], lse[3 * Hq];
     for (int i = 0; i < 3 * Hq * D; ++i) q[i] = 0.1f, o[i] = 55.0f;
     for (int i = 0; i < 3 * Hq; ++i) lse[i] = 66.0f;
@@ -782,7 +783,7 @@ static void test_page_errors(kva_context* ctx) {
     a.q = kva_tensor_make(q, KVA_DTYPE_F32, 3, 3, Hq, D, 0);
     a.o = kva_tensor_make(o, KVA_DTYPE_F32, 3, 3, Hq, D, 0);
     a.lse = kva_tensor_make(lse, KVA_DTYPE_F32, 2, 3, Hq, 0, 0);
-    kva_paged_kv_init(&a.paged, pool, pool + 3 * ps * Hk * D, KVA_DTYPE_F32, KVA_LAYOUT_NHD, 6, ps, Hk, D, D);
+    kva_paged_kv_init(&a.paged, pool, pool + 6 * ps * Hk * D, KVA_DTYPE_F32, KVA_LAYOUT_NHD, 6, ps, Hk, D, D);
     a.paged.num_pages = 6;
     indices[4] = 6; /* out of range, used by request 2 */
     a.paged.indices = indices;
@@ -1040,6 +1041,89 @@ static void test_append(kva_context* ctx) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* two application threads sharing one context: results equal the sequential ones bit for bit      */
+
+typedef struct conc_arg {
+    kva_context* ctx;
+    const kva_plan* plan;
+    const kva_workspace* ws;
+    kva_run_args args;
+    const float* want;
+    int64_t n;
+    int bad;
+} conc_arg;
+
+static void* conc_main(void* p) {
+    conc_arg* a = (conc_arg*)p;
+    for (int it = 0; it < 30; ++it) {
+        memset(a->args.o.data, 0, sizeof(float) * (size_t)a->n);
+        if (kva_run(a->ctx, a->plan, a->ws, &a->args) != KVA_OK) a->bad = 1;
+        if (memcmp(a->args.o.data, a->want, sizeof(float) * (size_t)a->n) != 0) a->bad = 1;
+    }
+    return NULL;
+}
+
+static void test_concurrent(kva_context* ctx) {
+    const int B = 4, Hq = 8, Hk = 2, D = 64, ps = 8, kv = 700;
+    const int npb = (kv + ps - 1) / ps;
+    const int64_t NP = (int64_t)B * npb, n = (int64_t)B * Hq * D;
+    float* kp = malloc(sizeof(float) * (size_t)(NP * ps * Hk * D));
+    float* vp = malloc(sizeof(float) * (size_t)(NP * ps * Hk * D));
+    for (int64_t i = 0; i < NP * ps * Hk * D; ++i) kp[i] = (float)urand(), vp[i] = (float)urand();
+    int32_t* ind = malloc(sizeof(int32_t) * (size_t)NP);
+    for (int64_t i = 0; i < NP; ++i) ind[i] = (int32_t)i;
+    int32_t kvi[5], lpl[4];
+    for (int b = 0; b <= B; ++b) kvi[b] = b * npb;
+    for (int b = 0; b < B; ++b) lpl[b] = kv - (npb - 1) * ps;
+    kva_attention_desc d;
+    kva_attention_desc_init(&d, Hq, Hk, D, KVA_DTYPE_F32);
+    kva_plan_params pp;
+    kva_plan_params_init(&pp);
+    pp.batch_size = B;
+    pp.kv_indptr = kvi;
+    pp.kv_last_page_len = lpl;
+    pp.page_size = ps;
+    pp.num_pages = NP;
+    pp.fixed_split_size = 128; /* exercise partials and merges too */
+    size_t dev;
+    kva_plan_workspace_size(ctx, &d, KVA_OP_BATCH_DECODE, &pp, &dev, NULL);
+    kva_workspace ws = {aligned_alloc(256, kva__align_up(dev, 256)), kva__align_up(dev, 256), NULL, 0};
+    kva_plan plan;
+    CHECK(kva_plan_make(ctx, &d, KVA_OP_BATCH_DECODE, &pp, &ws, &plan, NULL) == KVA_OK, "conc plan");
+    float* q = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; ++i) q[i] = (float)urand();
+    float* want = malloc(sizeof(float) * (size_t)n);
+    conc_arg a[2];
+    for (int k = 0; k < 2; ++k) {
+        memset(&a[k], 0, sizeof a[k]);
+        a[k].ctx = ctx;
+        a[k].plan = &plan;
+        a[k].ws = &ws;
+        a[k].want = want;
+        a[k].n = n;
+        kva_run_args_init(&a[k].args);
+        a[k].args.q = kva_tensor_make(q, KVA_DTYPE_F32, 3, B, Hq, D, 0);
+        a[k].args.o = kva_tensor_make(malloc(sizeof(float) * (size_t)n), KVA_DTYPE_F32, 3, B, Hq, D, 0);
+        kva_paged_kv_init(&a[k].args.paged, kp, vp, KVA_DTYPE_F32, KVA_LAYOUT_NHD, NP, ps, Hk, D, D);
+        a[k].args.paged.indices = ind;
+    }
+    kva_run_args r0 = a[0].args;
+    r0.o.data = want;
+    CHECK(kva_run(ctx, &plan, &ws, &r0) == KVA_OK, "conc run");
+    pthread_t th[2];
+    for (int k = 0; k < 2; ++k) pthread_create(&th[k], NULL, conc_main, &a[k]);
+    for (int k = 0; k < 2; ++k) pthread_join(th[k], NULL);
+    CHECK(!a[0].bad && !a[1].bad, "concurrent runs on one context differ from the sequential result");
+    for (int k = 0; k < 2; ++k) free(a[k].args.o.data);
+    free(kp);
+    free(vp);
+    free(ind);
+    free(q);
+    free(want);
+    free(ws.device);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* benchmark                                                                                        */
 
 static double now_s(void) {
@@ -1145,6 +1229,8 @@ int main(int argc, char** argv) {
         printf("merge/page errors: %d failures\n", g_fail);
         test_append(ctx);
         printf("append: %d failures\n", g_fail);
+        test_concurrent(ctx);
+        printf("concurrent: %d failures\n", g_fail);
         test_attention(ctx, strcmp(mode, "full") == 0);
         printf("attention: %d cases, %d failures total\n", g_cases, g_fail);
     }

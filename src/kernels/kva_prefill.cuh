@@ -1,0 +1,850 @@
+/*
+ * kva_prefill.cuh - the tensor-core attention kernel family: a persistent CTA of 128 threads executes its
+ * worker's list of plan work items (src/core/internal.h) - up to TQ packed query rows of one (request, KV head)
+ * against a KV range - for batch prefill on paged or ragged KV, append, multi-token decode and decode with large
+ * GQA groups. FA2-style: mma.sync m16n8k16 (f16/bf16 in, f32 accumulate), ldmatrix, a multi-stage cp.async
+ * pipeline over XOR-swizzled shared memory, online softmax in the log2 domain.
+ *
+ * One instance per inclusion, specialised by macros (the includer's #defines or NVRTC -D options):
+ *   KVA_KERNEL_NAME  extern "C" symbol name
+ *   KVA_DQK, KVA_DVO head dims (64, 128, 256; equal)
+ *   KVA_QT, KVA_KT, KVA_OT  dtypes of q, KV, o (q: KVK_F16 / KVK_BF16; KV also KVK_E4M3 / KVK_E5M2; o also KVK_F32)
+ *   KVA_TQ           packed rows per CTA tile (16, 64, 128; 128 not at head dim 256)
+ *   KVA_ROPE         fused rotate-half RoPE on q (once, at load) and on every K tile (0 / 1)
+ *   KVA_MAINLOOP     0 (default): mma.sync mainloop (sm_80+). 1 is reserved for a Hopper (wgmma / TMA) mainloop
+ *                    that would replace kvp_mainloop_mma below with the same contract.
+ * Everything else (page size and layout via strides, ragged, causal, window, custom mask, soft cap, ALiBi,
+ * sigmoid, lse, split-KV partials) is a runtime argument of kvk_attn_params, as for kva_decode.cuh.
+ * Geometry (tiles, stages, shared memory) is in kva_prefill_geom.h.
+ *
+ * Per work item:
+ *   rows:     per tile row r: packed row p = row_start + r -> query row i = p / g, head kv_head * g + p % g,
+ *             q_pos = kv_len - qo_len + i; kept in shared memory (the masked path and the epilogue read them).
+ *   prologue: the K/V row byte offsets of the first STAGES tiles (page table lookups, one bounds check each:
+ *             a bad page zero-fills the row and marks the thread), Q tile -> shared memory (cp.async, or through
+ *             registers when RoPE or a dtype conversion applies), the first STAGES - 1 KV tiles in flight.
+ *   mainloop: per KV tile t: wait for tile t, one barrier, issue tile t + STAGES - 1, look up the offsets of
+ *             tile t + STAGES (latency hidden behind this tile's math), [fp8: convert K/V to 16-bit in shared
+ *             memory; RoPE: rotate K; one more barrier], then per warp: S = Q K^T (ldmatrix + mma), mask and
+ *             transform only on tiles that need it (causal diagonal, window edge, range end, custom mask, ALiBi,
+ *             soft cap), online softmax (or sigmoid), O += P V with P re-packed from the S accumulators.
+ *             A warp skips a tile that no row of it can see (causal / window), and warps without valid rows idle.
+ *   epilogue: unnormalised O, max and sum of each warp slice -> shared memory; merged per row (TQ 16 splits a
+ *             tile's keys over 4 warps), normalised, v_scale applied, written to o (+ lse, base 2) or to the
+ *             item's partial slot; a faulted item writes o = 0 and lse = -inf (partials: KVK_FAULT_LSE_BITS).
+ */
+#include "kva_common.cuh"
+#include "kva_prefill_geom.h"
+
+/* ============================================================================================== */
+/* Helpers shared by every instance (defined once per translation unit)                            */
+/* ============================================================================================== */
+#ifndef KVA_PREFILL_HELPERS
+#define KVA_PREFILL_HELPERS
+
+#define KVP_CAT2(a, b) a##__##b
+#define KVP_CAT(a, b) KVP_CAT2(a, b)
+#define KVP_FULL 0xffffffffu
+
+/* ldmatrix: four 8x8 b16 matrices; lane l gives the row address of matrix l / 8 */
+KVA_DEV void kvp_ldsm4(unsigned addr, unsigned* r) {
+    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+KVA_DEV void kvp_ldsm4_t(unsigned addr, unsigned* r) {
+    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+KVA_DEV void kvp_st_shared16(unsigned addr, uint4 v) {
+    asm volatile("{ st.shared.v4.u32 [%0], {%1, %2, %3, %4}; }" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+/* c += a * b, m16n8k16, f32 accumulators; ct = KVK_BF16 or KVK_F16 (a literal after inlining) */
+KVA_DEV void kvp_mma(float* c, const unsigned* a, unsigned b0, unsigned b1, int ct) {
+    if (ct == KVK_BF16) {
+        asm("{ mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3}; }"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm("{ mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3}; }"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+/* 16-bit pairs <-> floats (t = KVK_F16 / KVK_BF16, a literal) */
+KVA_DEV void kvp_unpack2(unsigned u, int t, float* a, float* b) {
+    if (t == KVK_BF16) kva_bf16x2_to_f32(u, a, b);
+    else kva_f16x2_to_f32(u, a, b);
+}
+KVA_DEV unsigned kvp_pack2(float a, float b, int t) {
+    return t == KVK_BF16 ? kva_f32x2_to_bf16x2(a, b) : kva_f32x2_to_f16x2(a, b);
+}
+/* 8 16-bit values (one 16-byte chunk) <-> floats */
+KVA_DEV void kvp_unpack8(uint4 w, int t, float* f) {
+    kvp_unpack2(w.x, t, &f[0], &f[1]);
+    kvp_unpack2(w.y, t, &f[2], &f[3]);
+    kvp_unpack2(w.z, t, &f[4], &f[5]);
+    kvp_unpack2(w.w, t, &f[6], &f[7]);
+}
+KVA_DEV uint4 kvp_pack8(const float* f, int t) {
+    uint4 w;
+    w.x = kvp_pack2(f[0], f[1], t);
+    w.y = kvp_pack2(f[2], f[3], t);
+    w.z = kvp_pack2(f[4], f[5], t);
+    w.w = kvp_pack2(f[6], f[7], t);
+    return w;
+}
+/* two fp8 values (u16, element 0 low) -> a 16-bit pair of type ct (exact: fp8 values are representable;
+   e4m3 before sm_89 yields value / 256, see KVA_E4M3_FIX) */
+KVA_DEV unsigned kvp_fp8x2_to_ct(unsigned short v, int kt, int ct) {
+    unsigned h = kt == KVK_E4M3 ? kva_e4m3x2_to_f16x2(v) : kva_e5m2x2_to_f16x2(v);
+    if (ct == KVK_F16) return h;
+    float a, b;
+    kva_f16x2_to_f32(h, &a, &b);
+    return kva_f32x2_to_bf16x2(a, b);
+}
+/* 8 fp8 values (u32 x 2) -> floats */
+KVA_DEV void kvp_fp8x8_to_f32(uint2 w, int kt, float* f) {
+    unsigned short h[4] = {(unsigned short)(w.x & 0xffffu), (unsigned short)(w.x >> 16), (unsigned short)(w.y & 0xffffu),
+                           (unsigned short)(w.y >> 16)};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        unsigned u = kt == KVK_E4M3 ? kva_e4m3x2_to_f16x2(h[i]) : kva_e5m2x2_to_f16x2(h[i]);
+        kva_f16x2_to_f32(u, &f[2 * i], &f[2 * i + 1]);
+    }
+}
+
+/* sin and cos of pos * w where the frequency w = fhi + flo is a float pair: the product is formed exactly
+   enough (hi + lo) and reduced by 2 pi in two steps, so positions up to ~2^24 keep ~1e-6 rad accuracy */
+KVA_DEV void kvp_rope_sincos(float pos, float fhi, float flo, float* s, float* c) {
+    float hi = pos * fhi;
+    float lo = fmaf(pos, fhi, -hi) + pos * flo;
+    float n = rintf(hi * 0.15915494309189535f);
+    float r = fmaf(-n, 6.28318548202514648f, hi); /* 6.283185482 = float(2 pi) */
+    r = fmaf(n, 1.7484556e-7f, r) + lo;           /* float(2 pi) - 2 pi */
+    __sincosf(r, s, c);
+}
+
+/* rotate-half on one pair of 8-element chunks (x1: dims f..f+7 of the first half, x2: the same of the second) */
+KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const float* flo) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        float sn, cs;
+        kvp_rope_sincos(pos, fhi[e], flo[e], &sn, &cs);
+        const float a = x1[e], b = x2[e];
+        x1[e] = a * cs - b * sn;
+        x2[e] = b * cs + a * sn;
+    }
+}
+
+#endif /* KVA_PREFILL_HELPERS */
+
+/* ============================================================================================== */
+/* One instance                                                                                    */
+/* ============================================================================================== */
+#ifndef KVA_KERNEL_NAME
+#error "KVA_KERNEL_NAME must be defined"
+#endif
+#ifndef KVA_MAINLOOP
+#define KVA_MAINLOOP 0
+#endif
+#if KVA_MAINLOOP != 0
+#error "KVA_MAINLOOP: only the mma.sync mainloop (0) exists; a wgmma/TMA mainloop (1) is future work"
+#endif
+#if KVA_DQK != KVA_DVO
+#error "the tensor-core kernel needs head_dim_qk == head_dim_vo"
+#endif
+#if KVA_DQK != 64 && KVA_DQK != 128 && KVA_DQK != 256
+#error "head dim must be 64, 128 or 256"
+#endif
+#if KVA_TQ != 16 && KVA_TQ != 64 && KVA_TQ != 128
+#error "KVA_TQ must be 16, 64 or 128"
+#endif
+#if KVA_TQ > KVK_PF_MAX_TQ(KVA_DQK)
+#error "KVA_TQ = 128 is not offered at head dim 256"
+#endif
+#if KVA_QT != KVK_F16 && KVA_QT != KVK_BF16
+#error "q must be f16 or bf16"
+#endif
+
+#undef KVP_FN
+#undef KVP_D
+#undef KVP_ES
+#undef KVP_CT
+#undef KVP_FP8
+#undef KVP_QCONV
+#undef KVP_MQ
+#undef KVP_WKV
+#undef KVP_WQ
+#undef KVP_RW
+#undef KVP_TKV
+#undef KVP_KW
+#undef KVP_NK
+#undef KVP_ND
+#undef KVP_KS
+#undef KVP_S
+#undef KVP_ROWB
+#undef KVP_RAWB
+#undef KVP_CPR
+#undef KVP_UK
+#undef KVP_RSTEP
+#undef KVP_QIR
+#undef KVP_KFIX
+#undef KVP_STAGE
+#undef KVP_OFF_KV
+#undef KVP_OFF_CONV
+#undef KVP_OFF_OFFS
+#undef KVP_OFF_ROWS
+#undef KVP_OFF_FREQ
+#undef KVP_LD
+#undef KVP_OES
+
+#define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
+#define KVP_D KVA_DQK
+#define KVP_ES KVK_PF_ES(KVA_KT)
+/* compute type of the tensor cores: the KV type when it is 16-bit (q is converted if it differs), else q's */
+#define KVP_CT ((KVA_KT == KVK_F16 || KVA_KT == KVK_BF16) ? KVA_KT : KVA_QT)
+#define KVP_FP8 (KVP_ES == 1)
+#define KVP_QCONV (KVA_ROPE || KVA_QT != KVP_CT) /* Q goes through registers on its way to shared memory */
+#define KVP_MQ KVK_PF_MQ(KVA_TQ)
+#define KVP_WKV KVK_PF_WKV(KVA_TQ)
+#define KVP_WQ KVK_PF_WQ(KVA_TQ)
+#define KVP_RW (16 * KVP_MQ)          /* rows per warp */
+#define KVP_TKV KVK_PF_TKV(KVA_DQK, KVA_TQ)
+#define KVP_KW (KVP_TKV / KVP_WKV)    /* keys per warp per tile */
+#define KVP_NK (KVP_KW / 8)           /* n8 blocks of S per warp */
+#define KVP_ND (KVP_D / 8)            /* n8 blocks of O; also 16-byte chunks per 16-bit row */
+#define KVP_KS (KVP_D / 16)           /* k16 steps of QK */
+#define KVP_S KVK_PF_STAGES(KVA_DQK, KVA_TQ, KVP_ES)
+#define KVP_ROWB (KVP_D * 2)          /* bytes per 16-bit shared row */
+#define KVP_RAWB (KVP_D * KVP_ES)     /* bytes per KV row as stored */
+#define KVP_CPR (KVP_RAWB / 16)       /* 16-byte chunks per KV row */
+#define KVP_UK (KVP_TKV * KVP_CPR / KVK_PF_THREADS) /* copies per thread per tile (K and V each) */
+#define KVP_RSTEP (KVK_PF_THREADS / KVP_CPR)
+#define KVP_QIR (KVP_MQ * KVP_KS <= 8) /* Q fragments live in registers (<= 32 of them) */
+#if KVA_KT == KVK_E4M3
+#define KVP_KFIX KVA_E4M3_FIX
+#else
+#define KVP_KFIX 1.0f
+#endif
+#define KVP_STAGE KVK_PF_STAGE_BYTES(KVA_DQK, KVA_TQ, KVP_ES)
+#define KVP_OFF_KV KVK_PF_Q_BYTES(KVA_DQK, KVA_TQ)
+#define KVP_OFF_CONV (KVP_OFF_KV + KVP_S * KVP_STAGE)
+#define KVP_OFF_OFFS KVK_PF_OFF_OFFS(KVA_DQK, KVA_TQ, KVP_ES)
+#define KVP_OFF_ROWS KVK_PF_OFF_ROWS(KVA_DQK, KVA_TQ, KVP_ES)
+#define KVP_OFF_FREQ KVK_PF_OFF_FREQ(KVA_DQK, KVA_TQ, KVP_ES)
+#define KVP_LD KVK_PF_EPI_LD(KVA_DQK)
+#define KVP_OES (KVA_OT == KVK_F32 ? 4 : 2)
+
+#if KVP_UK * KVK_PF_THREADS != KVP_TKV * KVP_CPR || KVP_NK % 2 != 0 || KVP_KW % 16 != 0
+#error "inconsistent prefill geometry"
+#endif
+
+/* Row facts (shared memory, TQ entries each) */
+#define KVP_S_MBIT(sm) ((long long*)((sm) + KVP_OFF_ROWS))
+#define KVP_S_QPOS(sm) ((int*)((sm) + KVP_OFF_ROWS + 8 * KVA_TQ))
+#define KVP_S_QI(sm) ((int*)((sm) + KVP_OFF_ROWS + 12 * KVA_TQ))
+#define KVP_S_QH(sm) ((int*)((sm) + KVP_OFF_ROWS + 16 * KVA_TQ))
+#define KVP_S_SLOPE(sm) ((float*)((sm) + KVP_OFF_ROWS + 20 * KVA_TQ))
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Row facts of a work item (no barrier: the mainloop's first barrier publishes them)              */
+
+KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item, const kvk_request rq, char* smem) {
+    const int g = p.group_size;
+    const int last = item.rows > 0 ? item.rows - 1 : 0;
+    for (int r = threadIdx.x; r < KVA_TQ; r += KVK_PF_THREADS) {
+        const int pr = item.row_start + (r < item.rows ? r : last);
+        const int i = pr / g;
+        const int qh = item.kv_head * g + (pr - i * g);
+        KVP_S_QPOS(smem)[r] = rq.kv_len - rq.qo_len + i;
+        KVP_S_QI(smem)[r] = rq.qo_start + i;
+        KVP_S_QH(smem)[r] = qh;
+        float sl = 0.0f;
+        if (p.flags & KVK_FLAG_ALIBI) sl = p.alibi_slopes ? p.alibi_slopes[qh] : kva_alibi_slope(qh, p.num_qo_heads);
+        KVP_S_SLOPE(smem)[r] = sl;
+        KVP_S_MBIT(smem)[r] = rq.mask_offset * 8 + (long long)i * rq.kv_len;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Q tile -> shared memory [TQ][D] (CT, swizzled); rows >= item.rows are zero                      */
+
+KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item item, char* smem) {
+    const unsigned q_s = kva_smem_addr(smem);
+    const int* s_qi = KVP_S_QI(smem);
+    const int* s_qh = KVP_S_QH(smem);
+    const unsigned short* qbase = (const unsigned short*)p.q;
+#if !KVP_QCONV
+#pragma unroll 4
+    for (int u = threadIdx.x; u < KVA_TQ * KVP_ND; u += KVK_PF_THREADS) {
+        const int r = u / KVP_ND, c = u % KVP_ND;
+        const unsigned short* src =
+            qbase + (long long)s_qi[r] * p.q_stride_row + (long long)s_qh[r] * p.q_stride_head + c * 8;
+        kva_cp_async16(q_s + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4)), src, r < item.rows ? 16u : 0u);
+    }
+#elif KVA_ROPE
+    const float* s_fhi = (const float*)(smem + KVP_OFF_FREQ);
+    const float* s_flo = s_fhi + KVP_D / 2;
+    const int* s_qpos = KVP_S_QPOS(smem);
+    for (int u = threadIdx.x; u < KVA_TQ * (KVP_ND / 2); u += KVK_PF_THREADS) {
+        const int r = u / (KVP_ND / 2), c = u % (KVP_ND / 2);
+        float x1[8], x2[8];
+        if (r < item.rows) {
+            const unsigned short* src =
+                qbase + (long long)s_qi[r] * p.q_stride_row + (long long)s_qh[r] * p.q_stride_head + c * 8;
+            kvp_unpack8(kva_ldg_nc16(src), KVA_QT, x1);
+            kvp_unpack8(kva_ldg_nc16(src + KVP_D / 2), KVA_QT, x2);
+            float fh[8], fl[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                fh[e] = s_fhi[c * 8 + e];
+                fl[e] = s_flo[c * 8 + e];
+            }
+            kvp_rope8(x1, x2, (float)s_qpos[r], fh, fl);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) x1[e] = x2[e] = 0.0f;
+        }
+        const int c2 = c + KVP_ND / 2;
+        kvp_st_shared16(q_s + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4)), kvp_pack8(x1, KVP_CT));
+        kvp_st_shared16(q_s + (unsigned)(r * KVP_ROWB + ((c2 ^ (r & 7)) << 4)), kvp_pack8(x2, KVP_CT));
+    }
+#else
+    for (int u = threadIdx.x; u < KVA_TQ * KVP_ND; u += KVK_PF_THREADS) {
+        const int r = u / KVP_ND, c = u % KVP_ND;
+        float x[8];
+        if (r < item.rows) {
+            const unsigned short* src =
+                qbase + (long long)s_qi[r] * p.q_stride_row + (long long)s_qh[r] * p.q_stride_head + c * 8;
+            kvp_unpack8(kva_ldg_nc16(src), KVA_QT, x);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) x[e] = 0.0f;
+        }
+        kvp_st_shared16(q_s + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4)), kvp_pack8(x, KVP_CT));
+    }
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* KV tile preparation after arrival: fp8 -> 16-bit (into the conversion buffer), RoPE on K.      */
+
+#if KVP_FP8 || KVA_ROPE
+KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, unsigned cv, int j0, const char* smem) {
+    const int tid = threadIdx.x;
+#if KVA_ROPE
+    const float* s_fhi = (const float*)(smem + KVP_OFF_FREQ);
+    const float* s_flo = s_fhi + KVP_D / 2;
+    /* K, rotated: units (row, chunk c of the first half) with its partner chunk c + D/16; c is fixed per thread
+       since D/16 divides the thread count */
+    {
+        const int c = tid % (KVP_ND / 2);
+        float fh[8], fl[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            fh[e] = s_fhi[c * 8 + e];
+            fl[e] = s_flo[c * 8 + e];
+        }
+        const int c2 = c + KVP_ND / 2;
+#pragma unroll 2
+        for (int r = tid / (KVP_ND / 2); r < KVP_TKV; r += KVK_PF_THREADS / (KVP_ND / 2)) {
+            float x1[8], x2[8];
+#if KVP_FP8
+            kvp_fp8x8_to_f32(kva_ld_shared8(raw_k + (unsigned)(r * KVP_RAWB + c * 8)), KVA_KT, x1);
+            kvp_fp8x8_to_f32(kva_ld_shared8(raw_k + (unsigned)(r * KVP_RAWB + c2 * 8)), KVA_KT, x2);
+            const unsigned dst = ck;
+#else
+            kvp_unpack8(kva_ld_shared16(raw_k + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4))), KVP_CT, x1);
+            kvp_unpack8(kva_ld_shared16(raw_k + (unsigned)(r * KVP_ROWB + ((c2 ^ (r & 7)) << 4))), KVP_CT, x2);
+            const unsigned dst = raw_k;
+#endif
+            kvp_rope8(x1, x2, (float)(j0 + r), fh, fl);
+            kvp_st_shared16(dst + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4)), kvp_pack8(x1, KVP_CT));
+            kvp_st_shared16(dst + (unsigned)(r * KVP_ROWB + ((c2 ^ (r & 7)) << 4)), kvp_pack8(x2, KVP_CT));
+        }
+    }
+#endif
+#if KVP_FP8
+    /* plain conversion of V (and of K without RoPE): 8 values per unit */
+#if KVA_ROPE
+    const int nmat = 1;
+#else
+    const int nmat = 2;
+#endif
+#pragma unroll
+    for (int mtx = 0; mtx < nmat; ++mtx) {
+        const unsigned src = mtx == 0 ? raw_v : raw_k;
+        const unsigned dst = mtx == 0 ? cv : ck;
+#pragma unroll 4
+        for (int u = tid; u < KVP_TKV * KVP_ND; u += KVK_PF_THREADS) {
+            const int r = u / KVP_ND, c = u % KVP_ND;
+            const uint2 w = kva_ld_shared8(src + (unsigned)(r * KVP_RAWB + c * 8));
+            uint4 o;
+            o.x = kvp_fp8x2_to_ct((unsigned short)(w.x & 0xffffu), KVA_KT, KVP_CT);
+            o.y = kvp_fp8x2_to_ct((unsigned short)(w.x >> 16), KVA_KT, KVP_CT);
+            o.z = kvp_fp8x2_to_ct((unsigned short)(w.y & 0xffffu), KVA_KT, KVP_CT);
+            o.w = kvp_fp8x2_to_ct((unsigned short)(w.y >> 16), KVA_KT, KVP_CT);
+            kvp_st_shared16(dst + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4)), o);
+        }
+    }
+#else
+    (void)raw_v;
+    (void)ck;
+    (void)cv;
+#endif
+}
+#endif
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The mma.sync mainloop. Contract (shared with any future mainloop, e.g. wgmma/TMA on sm_90a):
+ *   entry:  row facts of the item written (not yet published), no cp.async in flight, shared memory free;
+ *   exit:   after a barrier, the region holds for every KV warp slice w < WKV and tile row r < TQ the unnormalised
+ *           O row (f32 [w][r][LD]), the running max m (log2 domain, -inf if nothing was seen) and the sum d
+ *           (softmax) at [w][r]; no cp.async in flight. Returns nonzero if this thread met an out-of-range page
+ *           (*bad_key = the max of ~((req << 32) | page) it met). */
+
+KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_item item, const kvk_request rq,
+                                     char* smem, unsigned long long* bad_key) {
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int wq = warp / KVP_WKV;   /* row block of this warp */
+    const int wkv = warp % KVP_WKV;  /* key slice of this warp */
+    const int wr0 = wq * KVP_RW;     /* first tile row of this warp */
+    const unsigned sbase = kva_smem_addr(smem);
+    const unsigned q_s = sbase;
+    const unsigned kv_s = sbase + KVP_OFF_KV;
+    long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [S][TKV] */
+    long long* const s_voff = s_koff + KVP_S * KVP_TKV;
+    const int* const s_qpos = KVP_S_QPOS(smem);
+    const float* const s_slope = KVP_S_SLOPE(smem);
+    const long long* const s_mbit = KVP_S_MBIT(smem);
+
+    const unsigned flags = p.flags;
+    const bool ragged = (flags & KVK_FLAG_RAGGED) != 0;
+    const bool sigmoid = (flags & KVK_FLAG_SIGMOID) != 0;
+    const int kv0 = item.kv_start, kv1 = item.kv_end;
+    const int ntiles = kv1 > kv0 ? (kv1 - kv0 + KVP_TKV - 1) / KVP_TKV : 0;
+    const char* const kb = (const char*)p.k + (long long)item.kv_head * p.k_stride_head * KVP_ES;
+    const char* const vb = (const char*)p.v + (long long)item.kv_head * p.v_stride_head * KVP_ES;
+    const int* const pidx = ragged ? p.indices : p.indices + rq.kv_start;
+    int bad = 0;
+    unsigned long long bkey = 0ull;
+
+    /* K/V byte offsets of tile T's rows into ring slot T % S (threads < TKV, one row each) */
+#define KVP_OFFSETS(T)                                                                                 \
+    do {                                                                                               \
+        if (tid < KVP_TKV) {                                                                           \
+            const int j_ = kv0 + (T) * KVP_TKV + tid;                                                  \
+            long long ko_ = -1, vo_ = -1;                                                              \
+            if ((T) < ntiles && j_ < kv1) {                                                            \
+                if (ragged) {                                                                          \
+                    const long long tok_ = (long long)rq.kv_start + j_;                                \
+                    ko_ = tok_ * p.k_stride_token * KVP_ES;                                            \
+                    vo_ = tok_ * p.v_stride_token * KVP_ES;                                            \
+                } else {                                                                               \
+                    const int e_ = (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift);               \
+                    const int pg_ = kva_ldg_i32(pidx + e_);                                            \
+                    if ((unsigned long long)(unsigned)pg_ < (unsigned long long)p.num_pages) {         \
+                        const long long sl_ = (long long)(j_ - e_ * p.page_size);                      \
+                        ko_ = ((long long)pg_ * p.k_stride_page + sl_ * p.k_stride_token) * KVP_ES;    \
+                        vo_ = ((long long)pg_ * p.v_stride_page + sl_ * p.v_stride_token) * KVP_ES;    \
+                    } else {                                                                           \
+                        const unsigned long long k_ =                                                  \
+                            ~(((unsigned long long)(unsigned)item.req << 32) | (unsigned long long)(unsigned)pg_); \
+                        bad = 1;                                                                       \
+                        bkey = k_ > bkey ? k_ : bkey;                                                  \
+                    }                                                                                  \
+                }                                                                                      \
+            }                                                                                          \
+            s_koff[((T) % KVP_S) * KVP_TKV + tid] = ko_;                                               \
+            s_voff[((T) % KVP_S) * KVP_TKV + tid] = vo_;                                               \
+        }                                                                                              \
+    } while (0)
+
+    /* cp.async of tile T into stage T % S (rows with offset -1 are zero-filled, nothing is read) */
+#define KVP_ISSUE(T)                                                                                   \
+    do {                                                                                               \
+        if ((T) < ntiles) {                                                                            \
+            const int sl_ = (T) % KVP_S;                                                               \
+            const unsigned kd_ = kv_s + (unsigned)(sl_ * KVP_STAGE);                                   \
+            const unsigned vd_ = kd_ + (unsigned)(KVP_STAGE / 2);                                      \
+            const int col_ = tid % KVP_CPR;                                                            \
+            _Pragma("unroll") for (int u_ = 0; u_ < KVP_UK; ++u_) {                                   \
+                const int row_ = tid / KVP_CPR + u_ * KVP_RSTEP;                                       \
+                const long long ko_ = s_koff[sl_ * KVP_TKV + row_];                                    \
+                const long long vo_ = s_voff[sl_ * KVP_TKV + row_];                                    \
+                const unsigned dst_ = KVP_FP8 ? (unsigned)(row_ * KVP_RAWB + col_ * 16)                \
+                                              : (unsigned)(row_ * KVP_ROWB + ((col_ ^ (row_ & 7)) << 4)); \
+                kva_cp_async16(kd_ + dst_, kb + (ko_ < 0 ? 0ll : ko_) + col_ * 16, ko_ < 0 ? 0u : 16u); \
+                kva_cp_async16(vd_ + dst_, vb + (vo_ < 0 ? 0ll : vo_) + col_ * 16, vo_ < 0 ? 0u : 16u); \
+            }                                                                                          \
+        }                                                                                              \
+    } while (0)
+
+    /* ---- prologue ---- */
+#pragma unroll
+    for (int T = 0; T < KVP_S; ++T) KVP_OFFSETS(T);
+    __syncthreads(); /* row facts and offsets visible */
+    KVP_FN(kvp_load_q)(p, item, smem);
+    kva_cp_async_commit();
+#pragma unroll
+    for (int T = 0; T < KVP_S - 1; ++T) {
+        KVP_ISSUE(T);
+        kva_cp_async_commit();
+    }
+    KVA_CP_ASYNC_WAIT(KVP_S - 1); /* the Q group */
+    __syncthreads();
+
+    /* lane constants of the ldmatrix addresses: rows of 16-bit shared tiles are swizzled in 16-byte chunks,
+       chunk c of row r stored at c ^ (r & 7); every ldmatrix row block starts at a multiple of 8 */
+    const int lx = lane & 7;
+    const int a_xor = (lane >> 4) ^ lx;        /* Q (A) and V (B, trans): chunk 2k + (lane >> 4) */
+    const int k_xor = ((lane >> 3) & 1) ^ lx;  /* K (B): chunk 2k + ((lane >> 3) & 1) */
+    const int a_row = lane & 15;
+    const int k_row = lx + ((lane >> 4) << 3);
+    const int v_row = lx + (((lane >> 3) & 1) << 3);
+    const int qr = lane >> 2;        /* accumulator row (and row + 8) */
+    const int qc = (lane & 3) * 2;   /* accumulator column pair */
+
+    const bool wact = wr0 < item.rows;
+    const int wlast = (wr0 + KVP_RW < item.rows ? wr0 + KVP_RW : item.rows) - 1;
+    const int wqmin = s_qpos[wact ? wr0 : 0];
+    const int wqmax = s_qpos[wact ? wlast : 0];
+    const float qsc = p.q_scale * KVP_KFIX;
+    const bool causal = (flags & KVK_FLAG_CAUSAL) != 0;
+    const bool window = (flags & KVK_FLAG_WINDOW) != 0;
+    const int wl = p.window_left;
+    const bool any_transform = (flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) != 0 || !(qsc > 0.0f);
+    const float cap = p.softcap;
+    const float rcap = (flags & KVK_FLAG_SOFTCAP) ? 1.0f / p.softcap : 0.0f;
+    const float sb = p.sigmoid_bias;
+    const float neg_inf = KVA_NEG_INF;
+
+#if KVP_QIR
+    unsigned qf[KVP_MQ][KVP_KS][4];
+#pragma unroll
+    for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+        for (int ks = 0; ks < KVP_KS; ++ks)
+            kvp_ldsm4(q_s + (unsigned)((wr0 + mq * 16 + a_row) * KVP_ROWB + (((2 * ks) ^ a_xor) << 4)), qf[mq][ks]);
+#endif
+
+    float o[KVP_MQ][KVP_ND][4];
+    float m[KVP_MQ][2], d[KVP_MQ][2];
+#pragma unroll
+    for (int mq = 0; mq < KVP_MQ; ++mq) {
+#pragma unroll
+        for (int n = 0; n < KVP_ND; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[mq][n][e] = 0.0f;
+        m[mq][0] = m[mq][1] = neg_inf;
+        d[mq][0] = d[mq][1] = 0.0f;
+    }
+
+    /* ---- mainloop ---- */
+    for (int t = 0; t < ntiles; ++t) {
+        KVA_CP_ASYNC_WAIT(KVP_S - 2);
+        __syncthreads(); /* tile t landed; every warp is done with tile t - 1's stage and offsets */
+        KVP_ISSUE(t + KVP_S - 1);
+        kva_cp_async_commit();
+        KVP_OFFSETS(t + KVP_S);
+
+        const int st = t % KVP_S;
+        const int j0 = kv0 + t * KVP_TKV;
+        unsigned k_s = kv_s + (unsigned)(st * KVP_STAGE);
+        unsigned v_s = k_s + (unsigned)(KVP_STAGE / 2);
+#if KVP_FP8
+        KVP_FN(kvp_prep_tile)(k_s, v_s, sbase + KVP_OFF_CONV, sbase + KVP_OFF_CONV + KVP_TKV * KVP_ROWB, j0, smem);
+        k_s = sbase + KVP_OFF_CONV;
+        v_s = k_s + (unsigned)(KVP_TKV * KVP_ROWB);
+        __syncthreads();
+#elif KVA_ROPE
+        KVP_FN(kvp_prep_tile)(k_s, v_s, 0u, 0u, j0, smem);
+        __syncthreads();
+#endif
+
+        const int jw0 = j0 + wkv * KVP_KW; /* first key of this warp's slice */
+        const int jw1 = jw0 + KVP_KW - 1;
+        bool skip = !wact || jw0 >= kv1;
+        if (causal && jw0 > wqmax) skip = true;
+        if (window && jw1 < wqmin - wl) skip = true;
+        if (skip) continue; /* warp-uniform; no barrier below */
+
+        /* ---- S = Q K^T ---- */
+        float s[KVP_MQ][KVP_NK][4];
+#pragma unroll
+        for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+            for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.0f;
+        const unsigned k_w = k_s + (unsigned)((wkv * KVP_KW + k_row) * KVP_ROWB);
+#pragma unroll
+        for (int ks = 0; ks < KVP_KS; ++ks) {
+#if KVP_QIR
+#define KVP_QA(mq) qf[mq][ks]
+#else
+            unsigned qa[KVP_MQ][4];
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq)
+                kvp_ldsm4(q_s + (unsigned)((wr0 + mq * 16 + a_row) * KVP_ROWB + (((2 * ks) ^ a_xor) << 4)), qa[mq]);
+#define KVP_QA(mq) qa[mq]
+#endif
+#pragma unroll
+            for (int n2 = 0; n2 < KVP_NK / 2; ++n2) {
+                unsigned b[4];
+                kvp_ldsm4(k_w + (unsigned)(n2 * 16 * KVP_ROWB + (((2 * ks) ^ k_xor) << 4)), b);
+#pragma unroll
+                for (int mq = 0; mq < KVP_MQ; ++mq) {
+                    kvp_mma(s[mq][2 * n2], KVP_QA(mq), b[0], b[1], KVP_CT);
+                    kvp_mma(s[mq][2 * n2 + 1], KVP_QA(mq), b[2], b[3], KVP_CT);
+                }
+            }
+#undef KVP_QA
+        }
+
+        /* ---- mask and logits transforms (only where needed) ---- */
+        const bool full = !any_transform && jw1 < kv1 && (!causal || jw1 <= wqmin) && (!window || jw0 >= wqmax - wl);
+        float sc = qsc; /* s * sc is the log2-domain logit */
+        if (!full) {
+            sc = 1.0f;
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = wr0 + mq * 16 + qr + 8 * h;
+                    const int qpos = s_qpos[row];
+                    const float slope = (flags & KVK_FLAG_ALIBI) ? s_slope[row] : 0.0f;
+                    const long long mb = (flags & KVK_FLAG_CUSTOM) ? s_mbit[row] : 0ll;
+#pragma unroll
+                    for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int j = jw0 + n * 8 + qc + e;
+                            float x = s[mq][n][2 * h + e] * qsc;
+                            if (flags & KVK_FLAG_ALIBI) x += slope * (float)(j - qpos);
+                            if (flags & KVK_FLAG_SOFTCAP) x = cap * kva_tanh(x * rcap);
+                            if (flags & KVK_FLAG_TRANSFORM) x *= KVA_LOG2E;
+                            bool vis = j < kv1;
+                            if (causal && j > qpos) vis = false;
+                            if (window && j < qpos - wl) vis = false;
+                            if ((flags & KVK_FLAG_CUSTOM) && vis) {
+                                const long long bit = mb + j;
+                                vis = ((__ldg(p.custom_mask + (bit >> 3)) >> (bit & 7)) & 1) != 0;
+                            }
+                            s[mq][n][2 * h + e] = vis ? x : neg_inf;
+                        }
+                }
+        }
+
+        /* ---- online softmax (or sigmoid) ---- */
+        if (!sigmoid) {
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float mx = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
+#pragma unroll
+                    for (int n = 1; n < KVP_NK; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 2));
+                    mx *= sc; /* sc > 0 */
+                    const float mn = fmaxf(m[mq][h], mx);
+                    const float mu = mn == neg_inf ? 0.0f : mn;
+                    const float al = kva_exp2(m[mq][h] - mu);
+                    m[mq][h] = mn;
+                    float ps = 0.0f;
+#pragma unroll
+                    for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float pv = kva_exp2(fmaf(s[mq][n][2 * h + e], sc, -mu));
+                            s[mq][n][2 * h + e] = pv;
+                            ps += pv;
+                        }
+                    d[mq][h] = d[mq][h] * al + ps;
+#pragma unroll
+                    for (int n = 0; n < KVP_ND; ++n) {
+                        o[mq][n][2 * h] *= al;
+                        o[mq][n][2 * h + 1] *= al;
+                    }
+                }
+        } else {
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) /* masked: exp2(+inf) = inf -> 0 */
+                        s[mq][n][e] = kva_rcp(1.0f + kva_exp2(-fmaf(s[mq][n][e], sc, sb)));
+        }
+
+        /* ---- O += P V ---- */
+        const unsigned v_w = v_s + (unsigned)((wkv * KVP_KW + v_row) * KVP_ROWB);
+#pragma unroll
+        for (int kk = 0; kk < KVP_KW / 16; ++kk) {
+            unsigned pa[KVP_MQ][4];
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq) {
+                pa[mq][0] = kvp_pack2(s[mq][2 * kk][0], s[mq][2 * kk][1], KVP_CT);
+                pa[mq][1] = kvp_pack2(s[mq][2 * kk][2], s[mq][2 * kk][3], KVP_CT);
+                pa[mq][2] = kvp_pack2(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1], KVP_CT);
+                pa[mq][3] = kvp_pack2(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3], KVP_CT);
+            }
+#pragma unroll
+            for (int n2 = 0; n2 < KVP_ND / 2; ++n2) {
+                unsigned b[4];
+                kvp_ldsm4_t(v_w + (unsigned)(kk * 16 * KVP_ROWB + (((2 * n2) ^ a_xor) << 4)), b);
+#pragma unroll
+                for (int mq = 0; mq < KVP_MQ; ++mq) {
+                    kvp_mma(o[mq][2 * n2], pa[mq], b[0], b[1], KVP_CT);
+                    kvp_mma(o[mq][2 * n2 + 1], pa[mq], b[2], b[3], KVP_CT);
+                }
+            }
+        }
+    }
+
+    /* ---- hand the state to the epilogue ---- */
+    KVA_CP_ASYNC_WAIT(0);
+    __syncthreads(); /* nobody reads Q or a stage any more: the region becomes the staging area */
+    {
+        float* const s_o = (float*)smem;
+        float* const s_m = s_o + KVP_WKV * KVA_TQ * KVP_LD;
+        float* const s_d = s_m + KVP_WKV * KVA_TQ;
+#pragma unroll
+        for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = wr0 + mq * 16 + qr + 8 * h;
+                float dd = d[mq][h];
+                dd += __shfl_xor_sync(KVP_FULL, dd, 1);
+                dd += __shfl_xor_sync(KVP_FULL, dd, 2);
+                if ((lane & 3) == 0) {
+                    s_m[wkv * KVA_TQ + row] = m[mq][h];
+                    s_d[wkv * KVA_TQ + row] = dd;
+                }
+                float* const dst = s_o + (wkv * KVA_TQ + row) * KVP_LD + qc;
+#pragma unroll
+                for (int n = 0; n < KVP_ND; ++n) *(float2*)(dst + n * 8) = make_float2(o[mq][n][2 * h], o[mq][n][2 * h + 1]);
+            }
+    }
+#undef KVP_OFFSETS
+#undef KVP_ISSUE
+    *bad_key = bkey;
+    return bad;
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Epilogue: merge the warp slices of each row, normalise, store (o + lse, or the partial slot).  */
+
+KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const kvk_work_item item, const char* smem, int faulted) {
+    const float* const s_o = (const float*)smem;
+    const float* const s_m = s_o + KVP_WKV * KVA_TQ * KVP_LD;
+    const float* const s_d = s_m + KVP_WKV * KVA_TQ;
+    const int* const s_qi = KVP_S_QI(smem);
+    const int* const s_qh = KVP_S_QH(smem);
+    const bool sigmoid = (p.flags & KVK_FLAG_SIGMOID) != 0;
+    const bool to_partial = item.partial >= 0;
+    const float neg_inf = KVA_NEG_INF;
+    const float vs = p.v_scale * KVP_KFIX;
+    float* const po = (float*)(p.ws + p.off_partial_o);
+    float* const pl = (float*)(p.ws + p.off_partial_lse);
+    for (int u = threadIdx.x; u < item.rows * KVP_ND; u += KVK_PF_THREADS) {
+        const int r = u / KVP_ND, c = u % KVP_ND;
+        float mx = neg_inf;
+#pragma unroll
+        for (int w = 0; w < KVP_WKV; ++w) mx = fmaxf(mx, s_m[w * KVA_TQ + r]);
+        const float mu = mx == neg_inf ? 0.0f : mx;
+        float acc[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+        float dsum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < KVP_WKV; ++w) {
+            const float wt = sigmoid ? 1.0f : kva_exp2(s_m[w * KVA_TQ + r] - mu);
+            dsum += wt * s_d[w * KVA_TQ + r];
+            const float* src = s_o + (w * KVA_TQ + r) * KVP_LD + c * 8;
+            const float4 a = *(const float4*)src;
+            const float4 b = *(const float4*)(src + 4);
+            acc[0] = fmaf(wt, a.x, acc[0]);
+            acc[1] = fmaf(wt, a.y, acc[1]);
+            acc[2] = fmaf(wt, a.z, acc[2]);
+            acc[3] = fmaf(wt, a.w, acc[3]);
+            acc[4] = fmaf(wt, b.x, acc[4]);
+            acc[5] = fmaf(wt, b.y, acc[5]);
+            acc[6] = fmaf(wt, b.z, acc[6]);
+            acc[7] = fmaf(wt, b.w, acc[7]);
+        }
+        float scale = vs, lse = 0.0f;
+        if (!sigmoid) {
+            scale = dsum > 0.0f ? vs / dsum : 0.0f;
+            lse = dsum > 0.0f ? mu + kva_log2(dsum) : neg_inf;
+        }
+        if (faulted) {
+            scale = 0.0f;
+            lse = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : neg_inf;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] *= scale;
+        if (to_partial) {
+            float* dst = po + ((long long)item.partial * p.tile_q + r) * KVP_D + c * 8;
+            *(float4*)dst = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            *(float4*)(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+            if (c == 0) pl[(long long)item.partial * p.tile_q + r] = lse;
+        } else {
+            const long long qi = s_qi[r], qh = s_qh[r];
+            const long long off = qi * p.o_stride_row + qh * p.o_stride_head + c * 8;
+#if KVA_OT == KVK_F32
+            float* dst = (float*)p.o + off;
+            *(float4*)dst = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            *(float4*)(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
+#else
+            *(uint4*)((unsigned short*)p.o + off) = kvp_pack8(acc, KVA_OT);
+#endif
+            if (c == 0 && p.lse) p.lse[qi * p.lse_stride_row + qh * p.lse_stride_head] = lse;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* The kernel: a persistent CTA over its worker's items                                            */
+
+extern "C" __global__ void __launch_bounds__(KVK_PF_THREADS, 2) KVA_KERNEL_NAME(const kvk_attn_params p) {
+    extern __shared__ __align__(128) char kvp_smem[];
+    const kvk_work_item* const items = (const kvk_work_item*)(p.ws + p.off_items);
+    const kvk_request* const reqs = (const kvk_request*)(p.ws + p.off_requests);
+    const kvk_i32* const windptr = (const kvk_i32*)(p.ws + p.off_worker_indptr);
+    const int it_begin = windptr[blockIdx.x];
+    const int it_end = windptr[blockIdx.x + 1];
+
+#if KVA_ROPE
+    /* inverse frequencies rope_theta^(-2f/D) / rope_scale as float pairs (published by the first item's barrier) */
+    for (int f = threadIdx.x; f < KVP_D / 2; f += KVK_PF_THREADS) {
+        const double w = (double)p.rope_rcp_scale * exp2((double)p.rope_log2_theta * (-2.0 * (double)f / (double)KVP_D));
+        float* s_f = (float*)(kvp_smem + KVP_OFF_FREQ);
+        s_f[f] = (float)w;
+        s_f[KVP_D / 2 + f] = (float)(w - (double)(float)w);
+    }
+#endif
+
+    for (int it = it_begin; it < it_end; ++it) {
+        const kvk_work_item item = items[it];
+        const kvk_request rq = reqs[item.req];
+        KVP_FN(kvp_rows)(p, item, rq, kvp_smem);
+        unsigned long long bkey = 0ull;
+        const int bad = KVP_FN(kvp_mainloop_mma)(p, item, rq, kvp_smem, &bkey);
+        const int faulted = __syncthreads_or(bad); /* also publishes the staging area */
+        if (bad) atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key, bkey);
+        if (faulted && threadIdx.x == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
+        KVP_FN(kvp_epilogue)(p, item, kvp_smem, faulted);
+        __syncthreads(); /* the next item reuses the shared memory */
+    }
+}
