@@ -533,10 +533,12 @@ kva_status kva__cpu_run(kva_context* ctx, const kva__plan_data* plan, const kva_
                       d->head_dim_vo > KVA__CPU_MAX_DIM,
                   KVA_ERR_UNSUPPORTED, "CPU run: head dims %d/%d outside [1, %d]", (int)d->head_dim_qk,
                   (int)d->head_dim_vo, KVA__CPU_MAX_DIM);
-    KVA_RETURN_IF(paged && (!args->paged.indices || args->paged.page_size < 1), KVA_ERR_INVALID_ARGUMENT,
-                  "CPU run: paged KV without a page table or with page_size %d", (int)args->paged.page_size);
-    KVA_RETURN_IF(d->mask_mode == KVA_MASK_CUSTOM && !args->custom_mask, KVA_ERR_INVALID_ARGUMENT,
-                  "CPU run: custom mask mode but args->custom_mask is NULL");
+    KVA_RETURN_IF(paged && args->paged.page_size < 1, KVA_ERR_INVALID_ARGUMENT, "CPU run: paged.page_size = %d",
+                  (int)args->paged.page_size);
+    KVA_RETURN_IF(paged && plan->num_page_entries > 0 && !args->paged.indices, KVA_ERR_INVALID_ARGUMENT,
+                  "CPU run: paged.indices is NULL");
+    KVA_RETURN_IF(d->mask_mode == KVA_MASK_CUSTOM && plan->custom_mask_bytes > 0 && !args->custom_mask,
+                  KVA_ERR_INVALID_ARGUMENT, "CPU run: custom mask mode but args->custom_mask is NULL");
 
     pthread_mutex_lock(&st->call_mu);
     int32_t num_items = 0, num_merge = 0;

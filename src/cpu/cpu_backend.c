@@ -4,6 +4,10 @@
 
 #include "cpu_internal.h"
 
+#if defined(KVA__CPU_HAVE_AVX2)
+#include <cpuid.h>
+#endif
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Descriptor support                                                                              */
 
@@ -149,13 +153,28 @@ static const kva__backend_ops kva__cpu_ops = {
     cpu_destroy,
 };
 
+#if defined(KVA__CPU_HAVE_AVX2)
+/* AVX2 + FMA + F16C, and the OS saves YMM state (CPUID leaves 1 and 7, XGETBV) */
+static int cpu_has_avx2_fma_f16c(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned need1 = (1u << 12) | (1u << 27) | (1u << 28) | (1u << 29); /* FMA, OSXSAVE, AVX, F16C */
+    if ((c & need1) != need1) return 0;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    (void)xhi;
+    if ((xlo & 6u) != 6u) return 0; /* XMM and YMM state */
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 5) & 1u; /* AVX2 */
+}
+#endif
+
 static const kva__cpu_kernels* select_kernels(void) {
     const char* force = getenv("KVATTN_CPU_KERNELS"); /* "generic" forces the portable kernels (testing) */
     if (force && strcmp(force, "generic") == 0) return &kva__cpu_kernels_generic;
 #if defined(KVA__CPU_HAVE_AVX2)
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-        return &kva__cpu_kernels_avx2;
+    if (cpu_has_avx2_fma_f16c()) return &kva__cpu_kernels_avx2;
 #endif
     return &kva__cpu_kernels_generic;
 }
@@ -212,8 +231,6 @@ static void cpu_destroy(kva_context* ctx) {
     ctx->backend_state = NULL;
 }
 
-/* name of the selected kernel set (for tests and benchmarks) */
-const char* kva__cpu_kernel_name(const kva_context* ctx);
 const char* kva__cpu_kernel_name(const kva_context* ctx) {
     const kva__cpu_state* st = ctx ? (const kva__cpu_state*)ctx->backend_state : NULL;
     return st && st->kern ? st->kern->name : "none";

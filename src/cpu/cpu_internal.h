@@ -160,6 +160,9 @@ kva_status kva__cpu_append_paged_kv(kva_context* ctx, const kva_tensor* append_k
                                     const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
                                     const kva_paged_kv* paged, int32_t batch_size, void* stream);
 
+/* name of the kernel set a CPU context selected ("avx2" or "generic"; "none" for other backends) */
+const char* kva__cpu_kernel_name(const kva_context* ctx);
+
 /* RoPE helpers (cpu_attention.c) */
 void kva__cpu_rope_prepare(kva__cpu_state* st, int32_t dim, float theta, float scale);
 void kva__cpu_rope_seek(const kva__cpu_state* st, kva__cpu_rope_cursor* cur, int32_t half, int64_t pos);

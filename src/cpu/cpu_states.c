@@ -7,7 +7,6 @@
 #define MERGE_CHUNK KVA__CPU_MAX_DIM /* dims per pass (the state dim itself is not limited) */
 #define PAR_MIN_ELEMS 65536          /* below this many elements a call runs on the calling thread */
 
-static inline int64_t t_rows(const kva_tensor* t) { return t->ndim >= 1 ? t->shape[0] : 0; }
 
 /* address of (row, head) in a [rows, heads, dim] tensor */
 static inline char* vrow(const kva_tensor* t, int64_t r, int64_t h) {

@@ -131,6 +131,24 @@ KVA_DEV void kvp_rope_sincos(float pos, float fhi, float flo, float* s, float* c
     __sincosf(r, s, c);
 }
 
+/* tanh without a division (|error| ~ 2e-7): soft caps of 30-50 need better than tanh.approx */
+KVA_DEV float kvp_tanh(float x) {
+    const float e = kva_exp2(-2.0f * KVA_LOG2E * fabsf(x)); /* in (0, 1] */
+    return copysignf((1.0f - e) * kva_rcp(1.0f + e), x);
+}
+
+/* item context in shared memory (see kva_prefill_geom.h) */
+typedef struct kvp_ctx {
+    const char* kb;    /* K of this KV head */
+    const char* vb;
+    const int* pidx;   /* the request's page table (paged) */
+    long long tok0;    /* first K/V token row (ragged) */
+    int kv0, kv1;      /* item KV range */
+    int ntiles;
+    int req;
+    int pad_[2];
+} kvp_ctx;
+
 /* rotate-half on one pair of 8-element chunks (x1: dims f..f+7 of the first half, x2: the same of the second) */
 KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const float* flo) {
 #pragma unroll
@@ -204,6 +222,7 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #undef KVP_OFF_FREQ
 #undef KVP_LD
 #undef KVP_OES
+#undef KVP_PREP_UNROLL
 
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
 #define KVP_D KVA_DQK
@@ -241,6 +260,8 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #define KVP_OFF_FREQ KVK_PF_OFF_FREQ(KVA_DQK, KVA_TQ, KVP_ES)
 #define KVP_LD KVK_PF_EPI_LD(KVA_DQK)
 #define KVP_OES (KVA_OT == KVK_F32 ? 4 : 2)
+/* units in flight in the fp8 / RoPE tile passes (the O accumulators stay live through them) */
+#define KVP_PREP_UNROLL ((KVP_MQ == 2 || KVP_D == 256) ? 1 : 2)
 
 #if KVP_UK * KVK_PF_THREADS != KVP_TKV * KVP_CPR || KVP_NK % 2 != 0 || KVP_KW % 16 != 0
 #error "inconsistent prefill geometry"
@@ -252,6 +273,7 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #define KVP_S_QI(sm) ((int*)((sm) + KVP_OFF_ROWS + 12 * KVA_TQ))
 #define KVP_S_QH(sm) ((int*)((sm) + KVP_OFF_ROWS + 16 * KVA_TQ))
 #define KVP_S_SLOPE(sm) ((float*)((sm) + KVP_OFF_ROWS + 20 * KVA_TQ))
+#define KVP_S_CTX(sm) ((kvp_ctx*)((sm) + KVP_OFF_ROWS + 24 * KVA_TQ))
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Row facts of a work item (no barrier: the mainloop's first barrier publishes them)              */
@@ -270,6 +292,20 @@ KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item,
         if (p.flags & KVK_FLAG_ALIBI) sl = p.alibi_slopes ? p.alibi_slopes[qh] : kva_alibi_slope(qh, p.num_qo_heads);
         KVP_S_SLOPE(smem)[r] = sl;
         KVP_S_MBIT(smem)[r] = rq.mask_offset * 8 + (long long)i * rq.kv_len;
+    }
+    if (threadIdx.x == 0) {
+        kvp_ctx* c = KVP_S_CTX(smem);
+        const int es = KVK_PF_ES(KVA_KT);
+        c->kb = (const char*)p.k + (long long)item.kv_head * p.k_stride_head * es;
+        c->vb = (const char*)p.v + (long long)item.kv_head * p.v_stride_head * es;
+        c->pidx = p.indices + rq.kv_start;
+        c->tok0 = rq.kv_start;
+        c->kv0 = item.kv_start;
+        c->kv1 = item.kv_end;
+        c->ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVK_PF_TKV(KVA_DQK, KVA_TQ) - 1) /
+                                                      KVK_PF_TKV(KVA_DQK, KVA_TQ)
+                                                : 0;
+        c->req = item.req;
     }
 }
 
@@ -353,7 +389,11 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
             fl[e] = s_flo[c * 8 + e];
         }
         const int c2 = c + KVP_ND / 2;
+#if KVP_PREP_UNROLL == 1
+#pragma unroll 1
+#else
 #pragma unroll 2
+#endif
         for (int r = tid / (KVP_ND / 2); r < KVP_TKV; r += KVK_PF_THREADS / (KVP_ND / 2)) {
             float x1[8], x2[8];
 #if KVP_FP8
@@ -382,7 +422,11 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
     for (int mtx = 0; mtx < nmat; ++mtx) {
         const unsigned src = mtx == 0 ? raw_v : raw_k;
         const unsigned dst = mtx == 0 ? cv : ck;
-#pragma unroll 4
+#if KVP_PREP_UNROLL == 1
+#pragma unroll 1
+#else
+#pragma unroll 2
+#endif
         for (int u = tid; u < KVP_TKV * KVP_ND; u += KVK_PF_THREADS) {
             const int r = u / KVP_ND, c = u % KVP_ND;
             const uint2 w = kva_ld_shared8(src + (unsigned)(r * KVP_RAWB + c * 8));
@@ -404,14 +448,15 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
 
 /* ---------------------------------------------------------------------------------------------- */
 /* The mma.sync mainloop. Contract (shared with any future mainloop, e.g. wgmma/TMA on sm_90a):
- *   entry:  row facts of the item written (not yet published), no cp.async in flight, shared memory free;
+ *   entry:  row facts and context of the item written (not yet published), no cp.async in flight, shared
+ *           memory free;
  *   exit:   after a barrier, the region holds for every KV warp slice w < WKV and tile row r < TQ the unnormalised
  *           O row (f32 [w][r][LD]), the running max m (log2 domain, -inf if nothing was seen) and the sum d
  *           (softmax) at [w][r]; no cp.async in flight. Returns nonzero if this thread met an out-of-range page
- *           (*bad_key = the max of ~((req << 32) | page) it met). */
+ *           (it has already folded ~((req << 32) | page) into the status word's first_key with atomicMax). */
 
 KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_item item, const kvk_request rq,
-                                     char* smem, unsigned long long* bad_key) {
+                                     char* smem) {
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
@@ -430,37 +475,34 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
     const unsigned flags = p.flags;
     const bool ragged = (flags & KVK_FLAG_RAGGED) != 0;
     const bool sigmoid = (flags & KVK_FLAG_SIGMOID) != 0;
-    const int kv0 = item.kv_start, kv1 = item.kv_end;
-    const int ntiles = kv1 > kv0 ? (kv1 - kv0 + KVP_TKV - 1) / KVP_TKV : 0;
-    const char* const kb = (const char*)p.k + (long long)item.kv_head * p.k_stride_head * KVP_ES;
-    const char* const vb = (const char*)p.v + (long long)item.kv_head * p.v_stride_head * KVP_ES;
-    const int* const pidx = ragged ? p.indices : p.indices + rq.kv_start;
+    const kvp_ctx* const ctx = KVP_S_CTX(smem);
+    const int kv1 = item.kv_end;
+    const int ntiles = kv1 > item.kv_start ? (kv1 - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
     int bad = 0;
-    unsigned long long bkey = 0ull;
 
     /* K/V byte offsets of tile T's rows into ring slot T % S (threads < TKV, one row each) */
 #define KVP_OFFSETS(T)                                                                                 \
     do {                                                                                               \
         if (tid < KVP_TKV) {                                                                           \
-            const int j_ = kv0 + (T) * KVP_TKV + tid;                                                  \
+            const int j_ = ctx->kv0 + (T) * KVP_TKV + tid;                                             \
             long long ko_ = -1, vo_ = -1;                                                              \
-            if ((T) < ntiles && j_ < kv1) {                                                            \
+            if ((T) < ctx->ntiles && j_ < ctx->kv1) {                                                  \
                 if (ragged) {                                                                          \
-                    const long long tok_ = (long long)rq.kv_start + j_;                                \
+                    const long long tok_ = ctx->tok0 + j_;                                             \
                     ko_ = tok_ * p.k_stride_token * KVP_ES;                                            \
                     vo_ = tok_ * p.v_stride_token * KVP_ES;                                            \
                 } else {                                                                               \
                     const int e_ = (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift);               \
-                    const int pg_ = kva_ldg_i32(pidx + e_);                                            \
+                    const int pg_ = kva_ldg_i32(ctx->pidx + e_);                                       \
                     if ((unsigned long long)(unsigned)pg_ < (unsigned long long)p.num_pages) {         \
                         const long long sl_ = (long long)(j_ - e_ * p.page_size);                      \
                         ko_ = ((long long)pg_ * p.k_stride_page + sl_ * p.k_stride_token) * KVP_ES;    \
                         vo_ = ((long long)pg_ * p.v_stride_page + sl_ * p.v_stride_token) * KVP_ES;    \
-                    } else {                                                                           \
-                        const unsigned long long k_ =                                                  \
-                            ~(((unsigned long long)(unsigned)item.req << 32) | (unsigned long long)(unsigned)pg_); \
+                    } else { /* rare: record the key now, keep one flag for the item */               \
+                        atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,                \
+                                  ~(((unsigned long long)(unsigned)ctx->req << 32) |                   \
+                                    (unsigned long long)(unsigned)pg_));                               \
                         bad = 1;                                                                       \
-                        bkey = k_ > bkey ? k_ : bkey;                                                  \
                     }                                                                                  \
                 }                                                                                      \
             }                                                                                          \
@@ -474,6 +516,8 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
     do {                                                                                               \
         if ((T) < ntiles) {                                                                            \
             const int sl_ = (T) % KVP_S;                                                               \
+            const char* const kb = ctx->kb;                                                            \
+            const char* const vb = ctx->vb;                                                            \
             const unsigned kd_ = kv_s + (unsigned)(sl_ * KVP_STAGE);                                   \
             const unsigned vd_ = kd_ + (unsigned)(KVP_STAGE / 2);                                      \
             const int col_ = tid % KVP_CPR;                                                            \
@@ -490,9 +534,10 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
     } while (0)
 
     /* ---- prologue ---- */
+    __syncthreads(); /* row facts and the item context visible */
 #pragma unroll
     for (int T = 0; T < KVP_S; ++T) KVP_OFFSETS(T);
-    __syncthreads(); /* row facts and offsets visible */
+    __syncthreads(); /* offsets visible */
     KVP_FN(kvp_load_q)(p, item, smem);
     kva_cp_async_commit();
 #pragma unroll
@@ -525,6 +570,7 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
     const bool any_transform = (flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) != 0 || !(qsc > 0.0f);
     const float cap = p.softcap;
     const float rcap = (flags & KVK_FLAG_SOFTCAP) ? 1.0f / p.softcap : 0.0f;
+    const float post = (flags & KVK_FLAG_TRANSFORM) ? KVA_LOG2E : 1.0f; /* natural -> log2 domain */
     const float sb = p.sigmoid_bias;
     const float neg_inf = KVA_NEG_INF;
 
@@ -558,7 +604,7 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
         KVP_OFFSETS(t + KVP_S);
 
         const int st = t % KVP_S;
-        const int j0 = kv0 + t * KVP_TKV;
+        const int j0 = item.kv_start + t * KVP_TKV;
         unsigned k_s = kv_s + (unsigned)(st * KVP_STAGE);
         unsigned v_s = k_s + (unsigned)(KVP_STAGE / 2);
 #if KVP_FP8
@@ -611,38 +657,68 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
 #undef KVP_QA
         }
 
-        /* ---- mask and logits transforms (only where needed) ---- */
+        /* ---- logits transforms and mask (only where needed) ----
+           Per row, the visible keys of this warp slice are k in [lo, hi] with k = j - (jw0 + qc) compared against
+           the compile-time offsets n * 8 + e: no per-element integer math, no per-element branch. */
         const bool full = !any_transform && jw1 < kv1 && (!causal || jw1 <= wqmin) && (!window || jw0 >= wqmax - wl);
         float sc = qsc; /* s * sc is the log2-domain logit */
         if (!full) {
             sc = 1.0f;
+            const int base = jw0 + qc;
 #pragma unroll
             for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int row = wr0 + mq * 16 + qr + 8 * h;
                     const int qpos = s_qpos[row];
-                    const float slope = (flags & KVK_FLAG_ALIBI) ? s_slope[row] : 0.0f;
-                    const long long mb = (flags & KVK_FLAG_CUSTOM) ? s_mbit[row] : 0ll;
+                    int hi = kv1 - 1 - base;
+                    if (causal && qpos - base < hi) hi = qpos - base;
+                    int lo = -1;
+                    if (window) {
+                        const long long l = (long long)qpos - wl - base;
+                        lo = l < -1 ? -1 : (l > KVP_KW ? KVP_KW : (int)l);
+                    }
+                    if (flags & (KVK_FLAG_ALIBI | KVK_FLAG_SOFTCAP)) {
+                        const float slope = s_slope[row]; /* 0 without ALiBi */
+                        const float fb = (float)(base - qpos);
 #pragma unroll
-                    for (int n = 0; n < KVP_NK; ++n)
+                        for (int n = 0; n < KVP_NK; ++n)
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int j = jw0 + n * 8 + qc + e;
-                            float x = s[mq][n][2 * h + e] * qsc;
-                            if (flags & KVK_FLAG_ALIBI) x += slope * (float)(j - qpos);
-                            if (flags & KVK_FLAG_SOFTCAP) x = cap * kva_tanh(x * rcap);
-                            if (flags & KVK_FLAG_TRANSFORM) x *= KVA_LOG2E;
-                            bool vis = j < kv1;
-                            if (causal && j > qpos) vis = false;
-                            if (window && j < qpos - wl) vis = false;
-                            if ((flags & KVK_FLAG_CUSTOM) && vis) {
-                                const long long bit = mb + j;
-                                vis = ((__ldg(p.custom_mask + (bit >> 3)) >> (bit & 7)) & 1) != 0;
+                            for (int e = 0; e < 2; ++e) {
+                                const int k = n * 8 + e;
+                                float x = fmaf(slope, fb + (float)k, s[mq][n][2 * h + e] * qsc);
+                                if (flags & KVK_FLAG_SOFTCAP) x = cap * kvp_tanh(x * rcap);
+                                x *= post;
+                                s[mq][n][2 * h + e] = (k >= lo && k <= hi) ? x : neg_inf;
                             }
-                            s[mq][n][2 * h + e] = vis ? x : neg_inf;
-                        }
+                    } else {
+#pragma unroll
+                        for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const int k = n * 8 + e;
+                                s[mq][n][2 * h + e] = (k >= lo && k <= hi) ? s[mq][n][2 * h + e] * qsc : neg_inf;
+                            }
+                    }
                 }
+            if (flags & KVK_FLAG_CUSTOM) {
+#pragma unroll
+                for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const long long mb = s_mbit[wr0 + mq * 16 + qr + 8 * h] + base;
+#pragma unroll
+                        for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const long long bit = mb + n * 8 + e;
+                                /* read only bits of visible keys (j < kv_len: inside the request's segment) */
+                                if (s[mq][n][2 * h + e] != neg_inf &&
+                                    ((__ldg(p.custom_mask + (bit >> 3)) >> (bit & 7)) & 1) == 0)
+                                    s[mq][n][2 * h + e] = neg_inf;
+                            }
+                    }
+            }
         }
 
         /* ---- online softmax (or sigmoid) ---- */
@@ -738,7 +814,6 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
     }
 #undef KVP_OFFSETS
 #undef KVP_ISSUE
-    *bad_key = bkey;
     return bad;
 }
 
@@ -839,10 +914,8 @@ extern "C" __global__ void __launch_bounds__(KVK_PF_THREADS, 2) KVA_KERNEL_NAME(
         const kvk_work_item item = items[it];
         const kvk_request rq = reqs[item.req];
         KVP_FN(kvp_rows)(p, item, rq, kvp_smem);
-        unsigned long long bkey = 0ull;
-        const int bad = KVP_FN(kvp_mainloop_mma)(p, item, rq, kvp_smem, &bkey);
+        const int bad = KVP_FN(kvp_mainloop_mma)(p, item, rq, kvp_smem);
         const int faulted = __syncthreads_or(bad); /* also publishes the staging area */
-        if (bad) atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key, bkey);
         if (faulted && threadIdx.x == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
         KVP_FN(kvp_epilogue)(p, item, kvp_smem, faulted);
         __syncthreads(); /* the next item reuses the shared memory */

@@ -174,7 +174,14 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
                       "pool size, so num_pages is required with it",
                       (long long)p->num_pages);
         if (p->kv_indices) {
+            /* A branch-free min/max pass (vectorised); the slow scan below only runs to name a bad entry. */
+            int32_t lo = INT32_MAX, hi = INT32_MIN;
+            const int32_t* ix = p->kv_indices;
             for (int64_t i = 0; i < entries; ++i) {
+                lo = ix[i] < lo ? ix[i] : lo;
+                hi = ix[i] > hi ? ix[i] : hi;
+            }
+            for (int64_t i = 0; (entries > 0 && (lo < 0 || hi >= p->num_pages)) && i < entries; ++i) {
                 int32_t pg = p->kv_indices[i];
                 if (KVA_UNLIKELY(pg < 0 || pg >= p->num_pages)) {
                     int32_t req = 0;
