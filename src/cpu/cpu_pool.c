@@ -15,7 +15,7 @@
 #define KVA_CPU_RELAX() ((void)0)
 #endif
 
-#define KVA__POOL_SPIN 20000
+#define KVA__POOL_SPIN 2000
 
 typedef struct kva__cpu_worker {
     struct kva__cpu_pool* pool;

@@ -584,12 +584,27 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         }
         size_t P = 1;
         while (P < (size_t)W) P *= 2;
-        for (size_t i = 0; i < P; ++i) heap[P + i] = i < (size_t)W ? (uint64_t)i : UINT64_MAX;
-        for (size_t i = P - 1; i >= 1; --i) heap[i] = heap[2 * i] < heap[2 * i + 1] ? heap[2 * i] : heap[2 * i + 1];
+        /* The first min(W, N) items go to workers 0, 1, ... in order (all loads are 0; ties to the lowest id):
+           place them directly and build the tree once. */
         int64_t k = 0;
-        for (int64_t i = 0; i < U; ++i) {
+        for (size_t i = 0; i < P; ++i) heap[P + i] = i < (size_t)W ? (uint64_t)i : UINT64_MAX;
+        int64_t i0 = 0;
+        int32_t h0 = 0;
+        while (k < N && k < W) {
+            const uint64_t add = (uint64_t)cost[order[i0]] << 13;
+            owner[k] = (int32_t)k;
+            wcount[k + 1]++;
+            heap[P + (size_t)k] += add;
+            ++k;
+            if (++h0 == (int32_t)H) {
+                h0 = 0;
+                ++i0;
+            }
+        }
+        for (size_t i = P - 1; i >= 1; --i) heap[i] = heap[2 * i] < heap[2 * i + 1] ? heap[2 * i] : heap[2 * i + 1];
+        for (int64_t i = i0; i < U; ++i) {
             const uint64_t add = (uint64_t)cost[order[i]] << 13;
-            for (int32_t h = 0; h < (int32_t)H; ++h, ++k) {
+            for (int32_t h = (i == i0 ? h0 : 0); h < (int32_t)H; ++h, ++k) {
                 uint64_t x = P > 1 ? heap[1] : heap[P];
                 int32_t w = (int32_t)(x & 8191u);
                 owner[k] = w;
