@@ -383,7 +383,7 @@ KVA_API kva_status kva_merge_state_in_place(kva_context* context, const kva_tens
                                             const uint8_t* mask, void* stream);
 /* n-ary, variable count per row: row r merges states indptr[r] .. indptr[r+1] of v [total, heads, dim] and
  * s [total, heads] into v_out [rows, heads, dim], s_out [rows, heads] (optional). indptr is a host array
- * [rows+1]. A row with no states gets v = 0, s = -inf. */
+ * [rows+1]. A row with no states gets v = 0, s = -inf. v_out/s_out must not overlap v/s. */
 KVA_API kva_status kva_merge_states(kva_context* context, const kva_tensor* v, const kva_tensor* s,
                                     const int32_t* indptr, int64_t rows, const kva_tensor* v_out,
                                     const kva_tensor* s_out, void* stream);

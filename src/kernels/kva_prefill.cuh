@@ -658,13 +658,43 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
         }
 
         /* ---- logits transforms and mask (only where needed) ----
-           Per row, the visible keys of this warp slice are k in [lo, hi] with k = j - (jw0 + qc) compared against
-           the compile-time offsets n * 8 + e: no per-element integer math, no per-element branch. */
+           In passes without per-element branches. Per row, the visible keys of this warp slice are k in [lo, hi]
+           with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
         const bool full = !any_transform && jw1 < kv1 && (!causal || jw1 <= wqmin) && (!window || jw0 >= wqmax - wl);
         float sc = qsc; /* s * sc is the log2-domain logit */
         if (!full) {
             sc = 1.0f;
             const int base = jw0 + qc;
+            if (flags & KVK_FLAG_ALIBI) {
+#pragma unroll
+                for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const int row = wr0 + mq * 16 + qr + 8 * h;
+                        const float slope = s_slope[row];
+                        const float fb = (float)(base - s_qpos[row]);
+#pragma unroll
+                        for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e)
+                                s[mq][n][2 * h + e] = fmaf(slope, fb + (float)(n * 8 + e), s[mq][n][2 * h + e] * qsc);
+                    }
+            } else {
+#pragma unroll
+                for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                    for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) s[mq][n][e] *= qsc;
+            }
+            if (flags & KVK_FLAG_SOFTCAP) {
+#pragma unroll
+                for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                    for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) s[mq][n][e] = cap * kvp_tanh(s[mq][n][e] * rcap);
+            }
 #pragma unroll
             for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
@@ -678,45 +708,41 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
                         const long long l = (long long)qpos - wl - base;
                         lo = l < -1 ? -1 : (l > KVP_KW ? KVP_KW : (int)l);
                     }
-                    if (flags & (KVK_FLAG_ALIBI | KVK_FLAG_SOFTCAP)) {
-                        const float slope = s_slope[row]; /* 0 without ALiBi */
-                        const float fb = (float)(base - qpos);
 #pragma unroll
-                        for (int n = 0; n < KVP_NK; ++n)
+                    for (int n = 0; n < KVP_NK; ++n)
 #pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int k = n * 8 + e;
-                                float x = fmaf(slope, fb + (float)k, s[mq][n][2 * h + e] * qsc);
-                                if (flags & KVK_FLAG_SOFTCAP) x = cap * kvp_tanh(x * rcap);
-                                x *= post;
-                                s[mq][n][2 * h + e] = (k >= lo && k <= hi) ? x : neg_inf;
-                            }
-                    } else {
-#pragma unroll
-                        for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int k = n * 8 + e;
-                                s[mq][n][2 * h + e] = (k >= lo && k <= hi) ? s[mq][n][2 * h + e] * qsc : neg_inf;
-                            }
-                    }
+                        for (int e = 0; e < 2; ++e) {
+                            const int k = n * 8 + e;
+                            s[mq][n][2 * h + e] = (k >= lo && k <= hi) ? s[mq][n][2 * h + e] * post : neg_inf;
+                        }
                 }
             if (flags & KVK_FLAG_CUSTOM) {
+                /* per row, the KW bits from key jw0 on, gathered byte by byte (never past the row's last visible
+                   key, so never past the request's segment); then bit qc + n * 8 + e per element */
 #pragma unroll
                 for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
-                        const long long mb = s_mbit[wr0 + mq * 16 + qr + 8 * h] + base;
+                        const long long mb = s_mbit[wr0 + mq * 16 + qr + 8 * h];
+                        const long long b0 = mb + jw0;
+                        const long long byte0 = b0 >> 3;
+                        const long long last = (mb + kv1 - 1) >> 3;
+                        const int sh = (int)(b0 & 7);
+                        unsigned long long w = 0ull;
+                        unsigned top = 0u;
+#pragma unroll 1
+                        for (int q = 0; q <= KVP_KW / 8; ++q) {
+                            const unsigned v = byte0 + q <= last ? (unsigned)__ldg(p.custom_mask + byte0 + q) : 0u;
+                            if (q < 8) w |= (unsigned long long)v << (8 * q);
+                            else top = v;
+                        }
+                        w = sh ? (w >> sh) | ((unsigned long long)top << (64 - sh)) : w;
+                        w >>= qc;
 #pragma unroll
                         for (int n = 0; n < KVP_NK; ++n)
 #pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const long long bit = mb + n * 8 + e;
-                                /* read only bits of visible keys (j < kv_len: inside the request's segment) */
-                                if (s[mq][n][2 * h + e] != neg_inf &&
-                                    ((__ldg(p.custom_mask + (bit >> 3)) >> (bit & 7)) & 1) == 0)
-                                    s[mq][n][2 * h + e] = neg_inf;
-                            }
+                            for (int e = 0; e < 2; ++e)
+                                if (((w >> (n * 8 + e)) & 1ull) == 0ull) s[mq][n][2 * h + e] = neg_inf;
                     }
             }
         }
