@@ -419,6 +419,192 @@ KVA_API kva_status kva_read_faults(kva_context* context, const kva_workspace* wo
 /* Standard ALiBi slopes for num_heads heads (host array of num_heads floats). */
 KVA_API kva_status kva_alibi_slopes(int32_t num_heads, float* slopes);
 
+/* ============================================================================================== */
+/* Composable formats (src/core/formats.c): block-sparse attention and multi-level cascade attention. */
+/* Both compose the batch-prefill (paged) op above (no kernels of their own), so they run on every    */
+/* backend. Plan on host arrays, run with backend memory, like the ops above. Additive section.        */
+/* ============================================================================================== */
+
+/* ---- Block-sparse attention (BSR, scipy bsr_matrix semantics; FlashInfer's BlockSparseAttentionWrapper) ----
+ *
+ * q [M, num_qo_heads, head_dim_qk], k [N, num_kv_heads, head_dim_qk], v [N, num_kv_heads, head_dim_vo] (explicit
+ * strides, unit last stride), o [M, num_qo_heads, head_dim_vo], lse [M, num_qo_heads] (optional, base 2).
+ * The attention matrix [M, N] is cut into blocks of R rows x C columns (MB = ceil(M / R) block rows, the last one
+ * may be short; NB = N / C column blocks, N % C == 0). Block row b attends to the column blocks
+ * indices[indptr[b] .. indptr[b+1]) (any order, no repeats within a row). Key j of a listed block is visible to
+ * query row i iff all of these hold:
+ *   - the optional element mask says so: block_mask[(e * R + r) * C + c] != 0 for the e-th listed block
+ *     (e indexes indices[], r = i - b * R, c = j - col * C); a NULL block_mask means every element is visible;
+ *   - desc->mask_mode == KVA_MASK_CAUSAL: j <= i + (N - M) (bottom-right aligned over the DENSE matrix, so the
+ *     usual j <= i when M == N);
+ *   - desc->window_left >= 0: j >= i + (N - M) - window_left (dense positions too).
+ * Rows with no visible key get o = 0, lse = -inf (every row of a block row with no listed block, for example).
+ * Implementation: one batch-prefill (paged) plan whose requests are the block rows (R query rows each, the last
+ * truncated to M), whose pages are the column blocks (page_size = C, last_page_len = C) and whose page pool is
+ * K/V itself (num_pages = NB, page stride = C * token stride). An element mask, a causal mask or a window is
+ * folded into that op's custom mask (the packed mask below), which the run reads from backend memory.
+ * desc: mask_mode NONE or CAUSAL (CUSTOM is refused: give block_mask instead); pos_encoding must be
+ * KVA_POS_NONE (the composed op does not see dense positions: KVA_ERR_UNSUPPORTED). Soft cap, sm_scale, every
+ * dtype and sigmoid mode work as for the other ops.
+ * Variable block sizes per KV head (FlashInfer's VariableBlockSparseAttentionWrapper) are not provided. */
+
+typedef struct kva_bsr_params {
+    int64_t num_qo_rows;        /* M >= 0 */
+    int64_t num_kv_rows;        /* N >= 0, a multiple of block_cols */
+    int32_t block_rows;         /* R >= 1 */
+    int32_t block_cols;         /* C >= 1 (C = 1: vector sparsity) */
+    const int32_t* indptr;      /* host [MB + 1]: indptr[0] = 0, non-decreasing */
+    const int32_t* indices;     /* host [indptr[MB]]: column-block ids in [0, NB) */
+    const uint8_t* block_mask;  /* optional host [indptr[MB], R, C] bytes, nonzero = visible (read by
+                                   kva_bsr_mask_pack; the plan only notes whether it is NULL) */
+    int32_t fixed_split_size;   /* as kva_plan_params (tokens) */
+    int32_t disable_split_kv;   /* as kva_plan_params */
+} kva_bsr_params;
+
+KVA_API void kva_bsr_params_init(kva_bsr_params* params);
+
+/* A BSR plan: plain data, caller-owned (the batch-prefill plan plus the facts the run checks). */
+typedef struct kva_bsr_plan {
+    kva_plan plan;             /* the batch-prefill (paged) plan underneath */
+    int64_t num_qo_rows;       /* M */
+    int64_t num_kv_rows;       /* N */
+    int32_t block_rows;        /* R */
+    int32_t block_cols;        /* C */
+    int32_t num_block_rows;    /* MB */
+    int32_t uses_mask;         /* nonzero: run reads a packed mask (element mask, causal or window) */
+    int64_t nnz;               /* listed blocks (indptr[MB]) */
+    int64_t mask_bytes;        /* bytes of the packed mask run reads (kva_bsr_mask_pack's size) */
+    uint64_t magic;            /* set by kva_bsr_plan_make */
+} kva_bsr_plan;
+
+/* Exact workspace sizes for these inputs (same arguments as kva_bsr_plan_make). */
+KVA_API kva_status kva_bsr_workspace_size(kva_context* context, const kva_attention_desc* desc,
+                                          const kva_bsr_params* params, size_t* device_bytes, size_t* host_bytes);
+/* Validates params (indptr, column ids, repeats, shapes) and desc, then plans like kva_plan_make (one async
+ * copy on `stream` for CUDA). Nothing is written on an error. */
+KVA_API kva_status kva_bsr_plan_make(kva_context* context, const kva_attention_desc* desc,
+                                     const kva_bsr_params* params, const kva_workspace* workspace,
+                                     kva_bsr_plan* plan, void* stream);
+/* Pack the visibility of every listed block element (params->block_mask, causal and window of desc) into the
+ * custom-mask layout of the composed op: block row b is a segment of rows_b * (blocks_b * C) bits
+ * (bit r * blocks_b * C + (e - indptr[b]) * C + c, little bit order), segments byte aligned, in block-row order.
+ * *packed_bytes gets the size (0 when the plan needs no mask). packed == NULL: size query only; else packed
+ * (host memory) must hold capacity >= *packed_bytes bytes (else KVA_ERR_INVALID_ARGUMENT, nothing written).
+ * Copy the result to backend memory and pass it to kva_bsr_run as packed_mask. Same params as the plan. */
+KVA_API kva_status kva_bsr_mask_pack(const kva_attention_desc* desc, const kva_bsr_params* params, uint8_t* packed,
+                                     size_t capacity, size_t* packed_bytes);
+
+typedef struct kva_bsr_run_args {
+    kva_tensor q;               /* [M, num_qo_heads, head_dim_qk], q_dtype */
+    kva_tensor k;               /* [N, num_kv_heads, head_dim_qk], kv_dtype; any strides, unit last stride */
+    kva_tensor v;               /* [N, num_kv_heads, head_dim_vo], kv_dtype */
+    kva_tensor o;               /* [M, num_qo_heads, head_dim_vo], o_dtype */
+    kva_tensor lse;             /* optional (data NULL = not wanted): [M, num_qo_heads] f32, base 2 */
+    const int32_t* indices;     /* backend memory: the plan's column-block ids (same values as params->indices) */
+    const uint8_t* packed_mask; /* backend memory: kva_bsr_mask_pack's bytes (required when plan->uses_mask) */
+    int64_t packed_mask_bytes;  /* size of packed_mask (>= plan->mask_bytes) */
+    float k_scale;              /* default 1 */
+    float v_scale;              /* default 1 */
+    void* stream;               /* CUDA stream; NULL = the legacy default stream */
+} kva_bsr_run_args;
+
+KVA_API void kva_bsr_run_args_init(kva_bsr_run_args* args);
+/* Run a BSR plan. Never allocates or synchronises. Host-detected errors write nothing. Device faults (CUDA):
+ * kva_read_faults on the same workspace. */
+KVA_API kva_status kva_bsr_run(kva_context* context, const kva_bsr_plan* plan, const kva_workspace* workspace,
+                               const kva_bsr_run_args* args);
+
+/* ---- Multi-level cascade attention on one paged pool (FlashInfer's MultiLevelCascadeAttentionWrapper) ----
+ *
+ * The KV of a query row is the concatenation of its KV at levels 0, 1, ..., num_levels - 1 (for example a system
+ * prompt shared by all rows, then a conversation history shared by some, then each request's own suffix).
+ * Level l is one batch-prefill (paged) step over the same q and the same page pool with its own qo_indptr: each
+ * level-l "request" is a contiguous range of query rows that share that level's pages, so a shared prefix is
+ * read once for all of its rows. Every level's qo_indptr covers all rows [0, total) in the caller's order (the
+ * levels may group the rows differently; each row's attention state is merged over the levels, so no nesting
+ * is required). Only the last level may be causal (desc->mask_mode == KVA_MASK_CAUSAL applies to it, with its
+ * own kv_len and qo_len: bottom-right aligned within the last level, the earlier levels fully visible; this equals
+ * causal attention over the concatenated KV when each last-level request has kv_len >= qo_len).
+ * With num_levels > 1: no custom mask, no sliding window, no fused RoPE/ALiBi (positions are per level), softmax
+ * only (KVA_ERR_UNSUPPORTED otherwise). Run: level 0 writes o / lse, each further level writes temporaries in the
+ * workspace that are merged into o / lse with kva_merge_state_in_place.
+ *
+ * Workspace: ONE workspace holding every level's plan at its own offset (256-byte aligned) followed by the
+ * merge temporaries (o [rows, num_qo_heads, head_dim_vo] in o_dtype and two lse [rows, num_qo_heads] f32, rows =
+ * total rows, or max_total_qo_rows in graph mode; none for one level). kva_cascade_workspace_size gives the
+ * exact device and host (CUDA staging) sizes; in graph mode they and every offset depend only on the bounds. */
+
+#define KVA_CASCADE_MAX_LEVELS 8
+
+typedef struct kva_cascade_level {
+    int32_t batch_size;              /* requests of this level */
+    const int32_t* qo_indptr;        /* host [B + 1]: qo_indptr[0] = 0, qo_indptr[B] = total rows (every level) */
+    const int32_t* kv_indptr;        /* host [B + 1]: page indptr of this level's page table */
+    const int32_t* kv_last_page_len; /* host [B] */
+    const int32_t* kv_indices;       /* optional host copy of this level's page table (checked vs num_pages) */
+} kva_cascade_level;
+
+typedef struct kva_cascade_params {
+    int32_t num_levels;              /* 1 .. KVA_CASCADE_MAX_LEVELS */
+    kva_cascade_level levels[KVA_CASCADE_MAX_LEVELS];
+    int32_t page_size;               /* >= 1, the pool's */
+    int64_t num_pages;               /* pool size (or 0 = known at run only), as kva_plan_params */
+    int32_t fixed_split_size;        /* as kva_plan_params, every level */
+    int32_t disable_split_kv;        /* as kva_plan_params, every level */
+    int32_t graph_mode;              /* as kva_plan_params: offsets and sizes depend only on the bounds below */
+    int32_t max_batch_size;          /* graph mode: bound on every level's batch_size */
+    int64_t max_total_qo_rows;       /* graph mode: bound on the total rows */
+} kva_cascade_params;
+
+KVA_API void kva_cascade_params_init(kva_cascade_params* params);
+
+typedef struct kva_cascade_plan {
+    int32_t num_levels;
+    int32_t graph_mode;
+    int64_t total_qo_rows;
+    uint64_t magic;                                    /* set by kva_cascade_plan_make */
+    uint64_t ws_device_addr;                           /* the workspace it was planned into */
+    size_t level_device_offset[KVA_CASCADE_MAX_LEVELS]; /* byte offset of level l's plan in workspace->device */
+    size_t level_device_bytes[KVA_CASCADE_MAX_LEVELS];
+    size_t level_host_offset[KVA_CASCADE_MAX_LEVELS];   /* ... in workspace->host (CUDA staging) */
+    size_t level_host_bytes[KVA_CASCADE_MAX_LEVELS];
+    size_t tmp_o_offset;                               /* merge temporaries in workspace->device (0 = none) */
+    size_t tmp_lse_offset;
+    size_t acc_lse_offset;
+    int64_t tmp_rows;                                  /* rows the temporaries hold */
+    size_t device_bytes;                               /* workspace bytes used */
+    size_t host_bytes;
+    kva_plan levels[KVA_CASCADE_MAX_LEVELS];           /* level l's batch-prefill (paged) plan */
+} kva_cascade_plan;
+
+KVA_API kva_status kva_cascade_workspace_size(kva_context* context, const kva_attention_desc* desc,
+                                              const kva_cascade_params* params, size_t* device_bytes,
+                                              size_t* host_bytes);
+/* Validates every level first (nothing is written on an error), then plans each level into its region. */
+KVA_API kva_status kva_cascade_plan_make(kva_context* context, const kva_attention_desc* desc,
+                                         const kva_cascade_params* params, const kva_workspace* workspace,
+                                         kva_cascade_plan* plan, void* stream);
+
+typedef struct kva_cascade_run_args {
+    kva_tensor q;               /* [rows, num_qo_heads, head_dim_qk] */
+    kva_tensor o;               /* [rows, num_qo_heads, head_dim_vo] */
+    kva_tensor lse;             /* optional: [rows, num_qo_heads] f32, base 2, over the whole concatenated KV */
+    kva_paged_kv paged;         /* the shared pool (paged.indices is not read: see kv_indices) */
+    const int32_t* kv_indices[KVA_CASCADE_MAX_LEVELS]; /* backend memory: level l's page table */
+    float k_scale;              /* default 1 */
+    float v_scale;              /* default 1 */
+    void* stream;
+} kva_cascade_run_args;
+
+KVA_API void kva_cascade_run_args_init(kva_cascade_run_args* args);
+/* Run every level and merge. Never allocates or synchronises. Host-detected errors write nothing (on the CPU
+ * backend this includes every level's page indices). */
+KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan* plan,
+                                   const kva_workspace* workspace, const kva_cascade_run_args* args);
+/* Device faults of every level (CUDA; see kva_read_faults): the first faulting level's report. */
+KVA_API kva_status kva_cascade_read_faults(kva_context* context, const kva_cascade_plan* plan,
+                                           const kva_workspace* workspace, kva_fault_report* report, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

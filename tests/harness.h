@@ -62,6 +62,16 @@ int h_check(int cond, const char* file, int line, const char* fmt, ...) H_PRINTF
 void h_note(const char* file, int line, const char* fmt, ...) H_PRINTF(3, 4);
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Backend stride rules. The CPU backend takes any element stride; the CUDA backend wants 16-byte rows: q/o row
+ * and head strides, ragged K/V strides and paged K/V strides in multiples of 16 bytes (KVA_ERR_ALIGNMENT
+ * otherwise, docs/errors.md). Generated paddings go through h_round_pad, so strided inputs are still tested on
+ * a device backend, with the smallest padding it accepts. */
+
+int h_backend_device(void);                          /* nonzero: the tested backend is not the CPU backend */
+int64_t h_stride_quantum(kva_dtype dtype);           /* 1 on the CPU backend; 16 bytes of dtype on a device */
+int64_t h_round_pad(int64_t pad, kva_dtype dtype);   /* pad rounded up to a multiple of h_stride_quantum */
+
+/* ---------------------------------------------------------------------------------------------- */
 /* RNG: splitmix64-seeded xoshiro256**, fully deterministic.                                        */
 
 typedef struct h_rng {

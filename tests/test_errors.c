@@ -6,6 +6,12 @@
  * Statuses are pinned to what the implementation returns (run-time tensors that disagree with the plan in shape,
  * rank or dtype: KVA_ERR_PLAN_MISMATCH; NULL pointers and bad strides: KVA_ERR_INVALID_ARGUMENT).
  *
+ * A few rows differ by backend (docs/errors.md has the CUDA notes): strides and pointers the CPU backend takes but
+ * the CUDA backend refuses (KVA_ERR_ALIGNMENT), and append tokens that are bad only through data in backend memory
+ * (batch indices, positions, the page table): the CPU backend reads them on the host and refuses the call before
+ * writing anything; the CUDA backend cannot, so its call returns KVA_OK, the kernel skips every bad token (valid
+ * tokens are written) and kva_read_faults reports the first bad token.
+ *
  * Fixture: a paged prefill batch of 3 requests (qo 3, 2, 1; kv 10, 0, 7; page size 4; 4 query heads over 2 KV
  * heads; head dim 64; f16), plus a decode plan and a ragged plan over the same shapes.
  */
@@ -132,7 +138,18 @@ static void fx_init(void) {
     h_rng r;
     h_rng_seed(&r, 77);
     F.ctx = h_context(3);
-    F.other_ctx = h_context(4);
+    /* a context of its own (h_context caches one context per device on a device backend, and the CPU one has the
+       same worker count, so only the plan's context identity can tell them apart) */
+    kva_context_options co;
+    kva_context_options_init(&co);
+    co.backend = h_opt.backend;
+    co.num_threads = h_backend_device() ? 0 : h_opt.threads > 0 ? h_opt.threads : 3;
+    kva_status sc = kva_context_create(&co, &F.other_ctx);
+    if (!H_CHECK(sc == KVA_OK && F.other_ctx && F.other_ctx != F.ctx, "a second %s context: %s: %s", h_opt.backend_name,
+                 kva_status_string(sc), kva_last_error_message())) {
+        printf("%d passed, %d failed\n", h_npass, h_nfail);
+        exit(1);
+    }
     kva_attention_desc_init(&F.d, HQ, HKV, D, KVA_DTYPE_F16);
     int32_t qo[B] = {3, 2, 1}, kv[B] = {10, 0, 7};
     F.qo_indptr[0] = F.kv_indptr[0] = F.tok_indptr[0] = 0;
@@ -592,6 +609,24 @@ static void test_run_special(void) {
             H_CHECK(st == KVA_OK && s2 == KVA_OK && rep.faulted && rep.request == 2 && rep.page_index == vals[k],
                     "%s: device fault report (run %s, read %s, faulted %d request %d page %lld)", what, kva_status_string(st),
                     kva_status_string(s2), rep.faulted, rep.request, (long long)rep.page_index);
+            /* kvattn.h: the faulting request (2: row 5) gets o = 0 and lse = -inf; request 0 (rows 0-2) is computed */
+            h_buf_download(&F.o);
+            h_buf_download(&F.lse);
+            int rows_ok = 1;
+            for (int e = 0; e < HQ * D; ++e) {
+                rows_ok &= h_buf_get(&F.o, (size_t)(5 * HQ * D + e)) == 0.0;
+                rows_ok &= isfinite(h_buf_get(&F.o, (size_t)e)) != 0;
+            }
+            for (int h = 0; h < HQ; ++h) {
+                rows_ok &= h_buf_get(&F.lse, (size_t)(5 * HQ + h)) == -INFINITY;
+                rows_ok &= isfinite(h_buf_get(&F.lse, (size_t)h)) != 0;
+            }
+            H_CHECK(rows_ok, "%s: the faulting request has o = 0, lse = -inf; request 0 is computed", what);
+            /* the read cleared the report */
+            memset(&rep, 0x7f, sizeof rep);
+            s2 = kva_read_faults(F.ctx, &F.ws.ws, &rep, NULL);
+            H_CHECK(s2 == KVA_OK && rep.faulted == 0 && rep.request == -1, "%s: a second kva_read_faults reports nothing (%s, %d, %d)",
+                    what, kva_status_string(s2), rep.faulted, rep.request);
             h_buf_poison(&F.o);
             h_buf_poison(&F.lse);
             h_buf_upload(&F.o);
@@ -613,6 +648,100 @@ static void test_run_special(void) {
     st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &F.pp, &F.ws.ws, &F.plan, NULL);
     h_buf_download(&F.ws.dev);
     H_CHECK(st == KVA_OK, "fixture re-plan");
+}
+
+/* Strides and pointers: the CPU backend takes any element stride; the CUDA backend wants q/o/k/v row and head strides
+ * and paged K/V strides in multiples of 16 bytes (8 f16 elements) and 16-byte aligned q/o/K/V pointers, and refuses
+ * anything else with KVA_ERR_ALIGNMENT before launching (nothing written). Each view below is in bounds of its own
+ * padded buffer, so on the CPU the same call runs (KVA_OK). */
+static void test_alignment(void) {
+    const int64_t Q = ROWS * HQ * (D + 8), P = NPAGES * PS * HKV * (D + 8);
+    h_buf qx = h_buf_alloc(KVA_DTYPE_F16, (size_t)Q), ox = h_buf_alloc(KVA_DTYPE_F16, (size_t)Q);
+    h_buf kx = h_buf_alloc(KVA_DTYPE_F16, (size_t)P), vx = h_buf_alloc(KVA_DTYPE_F16, (size_t)P);
+    h_rng r;
+    h_rng_seed(&r, 31);
+    fill_rand(&qx, &r);
+    fill_rand(&kx, &r);
+    fill_rand(&vx, &r);
+    h_buf_poison(&ox);
+    h_buf_upload(&ox);
+    h_buf* const watched[] = {&ox, &F.o, &F.lse, &F.ws.dev, &F.ws_rag.dev, &kx, &vx, &qx};
+    const char* const names[] = {"o (padded)", "o", "lse", "workspace", "ragged workspace", "K (padded)", "V (padded)", "q (padded)"};
+    fx_watch(8, watched, names);
+    const int dev = h_backend_device();
+    char* q8 = (char*)h_buf_dp(&qx) + 8; /* 8 bytes past a 16-byte boundary */
+    struct {
+        const char* what;
+        int ragged;
+        kva_run_args a;
+    } cs[8];
+    int n = 0;
+    kva_run_args a;
+    /* q row stride HQ*D + 4: 8 bytes past a 16-byte multiple */
+    a = F.args; a.q = t3(h_buf_dp(&qx), KVA_DTYPE_F16, ROWS, HQ, D); a.q.stride[0] = HQ * D + 4;
+    cs[n].what = "run: q row stride HQ*D + 4 elements"; cs[n].ragged = 0; cs[n++].a = a;
+    a = F.args; a.q = t3(h_buf_dp(&qx), KVA_DTYPE_F16, ROWS, HQ, D); a.q.stride[1] = D + 4; a.q.stride[0] = HQ * (D + 4);
+    cs[n].what = "run: q head stride D + 4 elements"; cs[n].ragged = 0; cs[n++].a = a;
+    a = F.args; a.q = t3(q8, KVA_DTYPE_F16, ROWS, HQ, D);
+    cs[n].what = "run: q.data 8 bytes past a 16-byte boundary"; cs[n].ragged = 0; cs[n++].a = a;
+    a = F.args; a.o = t3(h_buf_dp(&ox), KVA_DTYPE_F16, ROWS, HQ, D); a.o.stride[0] = HQ * D + 2;
+    cs[n].what = "run: o row stride HQ*D + 2 elements"; cs[n].ragged = 0; cs[n++].a = a;
+    a = F.args; a.paged.k_data = h_buf_dp(&kx); a.paged.v_data = h_buf_dp(&vx);
+    a.paged.k_stride_page = a.paged.v_stride_page = PS * HKV * D + 4;
+    cs[n].what = "run: paged page stride PS*HKV*D + 4 elements"; cs[n].ragged = 0; cs[n++].a = a;
+    a = F.args; a.paged.k_data = h_buf_dp(&kx); a.paged.v_data = (char*)h_buf_dp(&vx) + 8;
+    cs[n].what = "run: paged v_data 8 bytes past a 16-byte boundary"; cs[n].ragged = 0; cs[n++].a = a;
+    a = F.args_rag; a.k = t3(h_buf_dp(&kx), KVA_DTYPE_F16, KVTOK, HKV, D); a.k.stride[0] = HKV * D + 4;
+    cs[n].what = "run ragged: k row stride HKV*D + 4 elements"; cs[n].ragged = 1; cs[n++].a = a;
+    a = F.args_rag; a.v = t3(h_buf_dp(&vx), KVA_DTYPE_F16, KVTOK, HKV, D); a.v.stride[1] = D + 2; a.v.stride[0] = HKV * (D + 2);
+    cs[n].what = "run ragged: v head stride D + 2 elements"; cs[n].ragged = 1; cs[n++].a = a;
+    for (int i = 0; i < n; ++i) {
+        const kva_plan* pl = cs[i].ragged ? &F.plan_rag : &F.plan;
+        const kva_workspace* ws = cs[i].ragged ? &F.ws_rag.ws : &F.ws.ws;
+        if (dev) {
+            ERR(KVA_ERR_ALIGNMENT, cs[i].what, kva_run(F.ctx, pl, ws, &cs[i].a));
+        } else {
+            kva_status st = kva_run(F.ctx, pl, ws, &cs[i].a);
+            H_CHECK(st == KVA_OK, "%s: the CPU backend takes any stride: %s: %s", cs[i].what, kva_status_string(st),
+                    kva_last_error_message());
+        }
+    }
+    /* the single ops run the same checks (after planning into their workspace, which is scratch for them) */
+    size_t db = 0, hb = 0;
+    kva_single_workspace_size(F.ctx, &F.d, 1, KVTOK, &db, &hb);
+    h_ws w;
+    h_ws_alloc(&w, db, hb);
+    a = F.args_rag;
+    a.q.shape[0] = a.o.shape[0] = a.lse.shape[0] = 1;
+    a.k = t3(h_buf_dp(&kx), KVA_DTYPE_F16, KVTOK, HKV, D);
+    a.k.stride[0] = HKV * D + 4;
+    if (dev) {
+        ERR(KVA_ERR_ALIGNMENT, "single decode: k row stride HKV*D + 4 elements", kva_single_decode(F.ctx, &F.d, &a, &w.ws));
+    } else {
+        kva_status st = kva_single_decode(F.ctx, &F.d, &a, &w.ws);
+        H_CHECK(st == KVA_OK, "single decode: k row stride HKV*D + 4 elements: the CPU backend takes any stride: %s: %s",
+                kva_status_string(st), kva_last_error_message());
+    }
+    /* a single op without a workspace: the CPU backend allocates host scratch, the CUDA backend needs one */
+    a = F.args_rag;
+    a.q.shape[0] = a.o.shape[0] = a.lse.shape[0] = 1;
+    if (dev) {
+        ERR(KVA_ERR_INVALID_ARGUMENT, "single decode: NULL workspace", kva_single_decode(F.ctx, &F.d, &a, NULL));
+    } else {
+        kva_status st = kva_single_decode(F.ctx, &F.d, &a, NULL);
+        H_CHECK(st == KVA_OK, "single decode: NULL workspace: the CPU backend allocates scratch: %s: %s", kva_status_string(st),
+                kva_last_error_message());
+    }
+    h_ws_free(&w);
+    h_buf_free(&qx);
+    h_buf_free(&ox);
+    h_buf_free(&kx);
+    h_buf_free(&vx);
+    h_buf_poison(&F.o);
+    h_buf_poison(&F.lse);
+    h_buf_upload(&F.o);
+    h_buf_upload(&F.lse);
+    fx_watch_default();
 }
 
 static void test_single(void) {
@@ -729,22 +858,154 @@ static void test_merge(void) {
     fx_watch_default();
 }
 
-/* Append: a token outside its request / the pool is refused before anything is written (CPU). */
+/* Append. Host-side mistakes (NULL pointers, nnz, shapes) are refused by every backend before anything is written.
+ * A token that is bad only through data in backend memory (its batch index, its position, the page table) is
+ *   - CPU: found on the host before anything is written (the statuses of docs/errors.md);
+ *   - CUDA: out of the host's sight: the call returns KVA_OK, the kernel writes every valid token and no bad one, and
+ *     records the first bad token in the context's append status word, which kva_read_faults reports and clears
+ *     (request = the token's index in the call, page_index = the page it mapped to, or -1 where it was refused
+ *     before a page lookup: batch index or position out of range).
+ * The pools here have XPAGES pages past num_pages, so a write through an out-of-range page table entry would land in
+ * watched memory. */
+#define XPAGES 4
+#define NNZ 4
+
+typedef struct app_fx {
+    h_buf kp, vp, ak, av, bi, po;
+    kva_tensor tk, tv;
+    kva_paged_kv pg;
+} app_fx;
+
+static app_fx A;
+
+static void app_watch(int with_pools) {
+    h_buf* const bufs[] = {&A.kp, &A.vp, &A.ak, &A.av, &A.bi, &A.po, &F.o, &F.ws.dev};
+    const char* const names[] = {"K pool", "V pool", "append_k", "append_v", "batch_indices", "positions", "o", "workspace"};
+    fx_watch(with_pools ? 8 : 6, bufs + (with_pools ? 0 : 2), names + (with_pools ? 0 : 2));
+}
+
+static kva_status app_call(const kva_tensor* tk, const kva_tensor* tv, const int32_t* bi, const int32_t* po, int64_t nnz,
+                           const kva_paged_kv* pg) {
+    return kva_append_paged_kv_cache(F.ctx, tk, tv, bi, po, nnz, pg, B, NULL);
+}
+
+/* Host model of an append over the host mirrors of the tokens and of the page table (F.idx_d, F.indptr_d, F.last_d):
+ * token i is written iff 0 <= b < B, 0 <= pos < len(b) and its page lies in [0, NPAGES). Writes the valid tokens'
+ * rows into k/v (images of the whole pool allocations, guards included); returns the first bad token (-1 if none)
+ * and its page in *bad_page (-1 where it got none). */
+static int app_model(unsigned char* k, unsigned char* v, int64_t* bad_page) {
+    const int32_t* bi = (const int32_t*)h_buf_hp(&A.bi);
+    const int32_t* po = (const int32_t*)h_buf_hp(&A.po);
+    const int32_t* ip = (const int32_t*)h_buf_hp(&F.indptr_d);
+    const int32_t* lp = (const int32_t*)h_buf_hp(&F.last_d);
+    const int32_t* ix = (const int32_t*)h_buf_hp(&F.idx_d);
+    const size_t row = (size_t)D * 2; /* f16 rows, same dtype in and out: a byte copy */
+    int first = -1;
+    *bad_page = -1;
+    for (int i = 0; i < NNZ; ++i) {
+        const int32_t b = bi[i], pos = po[i];
+        int64_t page = -1;
+        int ok = b >= 0 && b < B && pos >= 0;
+        if (ok) {
+            const int32_t np = ip[b + 1] - ip[b];
+            const int64_t len = np > 0 ? (int64_t)(np - 1) * PS + lp[b] : 0;
+            ok = pos < len;
+            if (ok) {
+                page = ix[ip[b] + pos / PS];
+                ok = page >= 0 && page < NPAGES;
+            }
+        }
+        if (!ok) {
+            if (first < 0) {
+                first = i;
+                *bad_page = page;
+            }
+            continue;
+        }
+        for (int h = 0; h < HKV; ++h) {
+            const size_t dst = H_GUARD_BYTES + (size_t)(((page * PS + pos % PS) * HKV + h) * D) * 2;
+            const size_t src = (size_t)((i * HKV + h) * D) * 2;
+            memcpy(k + dst, (const unsigned char*)h_buf_hp(&A.ak) + src, row);
+            memcpy(v + dst, (const unsigned char*)h_buf_hp(&A.av) + src, row);
+        }
+    }
+    return first;
+}
+
+/* Append the current tokens and check the pools against the model (CUDA: also the fault report). expect_fault:
+ * the tokens hold a bad one. */
+static void app_check_device(const char* what, int expect_fault) {
+    kva_fault_report rep;
+    kva_read_faults(F.ctx, &F.ws.ws, &rep, NULL); /* start from a clear report */
+    h_buf_download(&A.kp);
+    h_buf_download(&A.vp);
+    const size_t kt = buf_total(&A.kp), vt = buf_total(&A.vp);
+    unsigned char* kexp = (unsigned char*)malloc(kt);
+    unsigned char* vexp = (unsigned char*)malloc(vt);
+    memcpy(kexp, A.kp.host, kt);
+    memcpy(vexp, A.vp.host, vt);
+    int64_t bad_page = -1;
+    const int bad = app_model(kexp, vexp, &bad_page);
+    app_watch(0); /* everything but the pools stays byte-identical */
+    fx_snap();
+    kva_clear_last_error();
+    kva_status st = app_call(&A.tk, &A.tv, (const int32_t*)h_buf_dp(&A.bi), (const int32_t*)h_buf_dp(&A.po), NNZ, &A.pg);
+    memset(&rep, 0x7f, sizeof rep);
+    kva_status s2 = kva_read_faults(F.ctx, &F.ws.ws, &rep, NULL);
+    h_buf_download(&A.kp);
+    h_buf_download(&A.vp);
+    const int pools_ok = memcmp(kexp, A.kp.host, kt) == 0 && memcmp(vexp, A.vp.host, vt) == 0;
+    const char* which = "";
+    const int same = fx_same(&which);
+    const int fault_ok = expect_fault ? bad >= 0 && rep.faulted && rep.request == bad && rep.page_index == bad_page
+                                      : bad < 0 && !rep.faulted;
+    H_CHECK(st == KVA_OK && s2 == KVA_OK && pools_ok && same && fault_ok,
+            "%s [%s]: call %s (expected KVA_OK), read_faults %s; pools %s; %s%s; report faulted %d request %d page %lld "
+            "(expected %s token %d page %lld)",
+            what, h_opt.backend_name, kva_status_string(st), kva_status_string(s2),
+            pools_ok ? "= valid tokens written, nothing else" : "DIFFER from valid tokens written, nothing else",
+            same ? "other buffers untouched" : "modified: ", same ? "" : which, rep.faulted, rep.request,
+            (long long)rep.page_index, expect_fault ? "a fault at" : "no fault,", bad, (long long)bad_page);
+    free(kexp);
+    free(vexp);
+    app_watch(1);
+}
+
+/* A token bad only through backend-memory data: CPU status cpu_want with nothing written; CUDA as described above. */
+static void app_device_data_case(const char* what, kva_status cpu_want) {
+    if (h_backend_device()) {
+        app_check_device(what, 1);
+        return;
+    }
+    ERR(cpu_want, what, app_call(&A.tk, &A.tv, (const int32_t*)h_buf_dp(&A.bi), (const int32_t*)h_buf_dp(&A.po), NNZ, &A.pg));
+}
+
 static void test_append(void) {
-    const int64_t nnz = 4;
-    h_buf ak = h_buf_alloc(KVA_DTYPE_F16, (size_t)(nnz * HKV * D)), av = h_buf_alloc(KVA_DTYPE_F16, (size_t)(nnz * HKV * D));
+    const int64_t pool = (int64_t)(NPAGES + XPAGES) * PS * HKV * D;
     h_rng r;
     h_rng_seed(&r, 9);
-    fill_rand(&ak, &r);
-    fill_rand(&av, &r);
-    h_buf bi = h_buf_alloc(KVA_DTYPE_I32, (size_t)nnz), po = h_buf_alloc(KVA_DTYPE_I32, (size_t)nnz);
-    int32_t b0[4] = {0, 0, 2, 2}, p0[4] = {8, 9, 5, 6}; /* valid: request 0 has 10 tokens, request 2 has 7 */
-    kva_tensor tk = t3(h_buf_dp(&ak), KVA_DTYPE_F16, nnz, HKV, D), tv = t3(h_buf_dp(&av), KVA_DTYPE_F16, nnz, HKV, D);
-    kva_paged_kv pg = F.args.paged;
+    A.kp = h_buf_alloc(KVA_DTYPE_F16, (size_t)pool);
+    A.vp = h_buf_alloc(KVA_DTYPE_F16, (size_t)pool);
+    fill_rand(&A.kp, &r);
+    fill_rand(&A.vp, &r);
+    A.ak = h_buf_alloc(KVA_DTYPE_F16, (size_t)(NNZ * HKV * D));
+    A.av = h_buf_alloc(KVA_DTYPE_F16, (size_t)(NNZ * HKV * D));
+    fill_rand(&A.ak, &r);
+    fill_rand(&A.av, &r);
+    A.bi = h_buf_alloc(KVA_DTYPE_I32, NNZ);
+    A.po = h_buf_alloc(KVA_DTYPE_I32, NNZ);
+    const int32_t b0[NNZ] = {0, 0, 2, 2}, p0[NNZ] = {8, 9, 5, 6}; /* valid: request 0 has 10 tokens, request 2 has 7 */
+    A.tk = t3(h_buf_dp(&A.ak), KVA_DTYPE_F16, NNZ, HKV, D);
+    A.tv = t3(h_buf_dp(&A.av), KVA_DTYPE_F16, NNZ, HKV, D);
+    A.pg = F.args.paged; /* the fixture's device page table */
+    A.pg.k_data = h_buf_dp(&A.kp);
+    A.pg.v_data = h_buf_dp(&A.vp);
+    A.pg.num_pages = NPAGES; /* XPAGES more are allocated */
+    app_watch(1);
     struct {
         const char* what;
         int tok, bval, pval;
-        kva_status want;
+        kva_status cpu_want;
     } cases[] = {
         {"append: position == kv_len of its request", 1, 0, 10, KVA_ERR_PAGE_INDEX_OUT_OF_RANGE},
         {"append: negative position", 2, 2, -1, KVA_ERR_PAGE_INDEX_OUT_OF_RANGE},
@@ -753,62 +1014,85 @@ static void test_append(void) {
         {"append: batch index -1", 0, -1, 0, KVA_ERR_INVALID_ARGUMENT},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
-        memcpy(h_buf_hp(&bi), b0, sizeof b0);
-        memcpy(h_buf_hp(&po), p0, sizeof p0);
-        ((int32_t*)h_buf_hp(&bi))[cases[c].tok] = cases[c].bval;
-        ((int32_t*)h_buf_hp(&po))[cases[c].tok] = cases[c].pval;
-        h_buf_upload(&bi);
-        h_buf_upload(&po);
-        ERR(cases[c].want, cases[c].what,
-            kva_append_paged_kv_cache(F.ctx, &tk, &tv, (const int32_t*)h_buf_dp(&bi), (const int32_t*)h_buf_dp(&po), nnz, &pg, B, NULL));
+        memcpy(h_buf_hp(&A.bi), b0, sizeof b0);
+        memcpy(h_buf_hp(&A.po), p0, sizeof p0);
+        ((int32_t*)h_buf_hp(&A.bi))[cases[c].tok] = cases[c].bval;
+        ((int32_t*)h_buf_hp(&A.po))[cases[c].tok] = cases[c].pval;
+        h_buf_upload(&A.bi);
+        h_buf_upload(&A.po);
+        app_device_data_case(cases[c].what, cases[c].cpu_want);
     }
-    memcpy(h_buf_hp(&bi), b0, sizeof b0);
-    memcpy(h_buf_hp(&po), p0, sizeof p0);
-    h_buf_upload(&bi);
-    h_buf_upload(&po);
-    const int32_t* bip = (const int32_t*)h_buf_dp(&bi);
-    const int32_t* pop = (const int32_t*)h_buf_dp(&po);
-    /* a page of the table outside the pool */
+    memcpy(h_buf_hp(&A.bi), b0, sizeof b0);
+    memcpy(h_buf_hp(&A.po), p0, sizeof p0);
+    h_buf_upload(&A.bi);
+    h_buf_upload(&A.po);
+    const int32_t* bip = (const int32_t*)h_buf_dp(&A.bi);
+    const int32_t* pop = (const int32_t*)h_buf_dp(&A.po);
+    /* a page of the table outside the pool (inside the allocation's extra pages) */
     int32_t* idx = (int32_t*)h_buf_hp(&F.idx_d);
     idx[4] = NPAGES + 3; /* request 2, positions 4..6 */
     h_buf_upload(&F.idx_d);
-    ERR(KVA_ERR_PAGE_INDEX_OUT_OF_RANGE, "append: page table entry outside the pool",
-        kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, &pg, B, NULL));
+    app_device_data_case("append: page table entry outside the pool", KVA_ERR_PAGE_INDEX_OUT_OF_RANGE);
     idx[4] = F.indices[4];
     h_buf_upload(&F.idx_d);
-    ERR(KVA_ERR_INVALID_ARGUMENT, "append: nnz -1", kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, -1, &pg, B, NULL));
-    ERR(KVA_ERR_INVALID_ARGUMENT, "append: NULL context", kva_append_paged_kv_cache(NULL, &tk, &tv, bip, pop, nnz, &pg, B, NULL));
-    ERR(KVA_ERR_INVALID_ARGUMENT, "append: NULL paged", kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, NULL, B, NULL));
-    ERR(KVA_ERR_INVALID_ARGUMENT, "append: positions NULL", kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, NULL, nnz, &pg, B, NULL));
-    kva_paged_kv pg2 = pg;
-    pg2.indices = NULL;
-    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged indices NULL", kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, &pg2, B, NULL));
-    pg2 = pg;
-    pg2.last_page_len = NULL;
-    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged last_page_len NULL",
-        kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, &pg2, B, NULL));
-    kva_tensor x = tk;
-    x.shape[2] = D / 2;
-    ERR(KVA_ERR_INVALID_ARGUMENT, "append: append_k head dim differs from the pool",
-        kva_append_paged_kv_cache(F.ctx, &x, &tv, bip, pop, nnz, &pg, B, NULL));
-    x = tk;
-    x.shape[0] = nnz - 1;
-    ERR(KVA_ERR_INVALID_ARGUMENT, "append: append_k has fewer rows than nnz",
-        kva_append_paged_kv_cache(F.ctx, &x, &tv, bip, pop, nnz, &pg, B, NULL));
-    /* malformed page table given to append */
+    /* malformed page table given to append (CUDA: request 0 is 8 tokens long then, so positions 8 and 9 are outside) */
     int32_t* lp = (int32_t*)h_buf_hp(&F.last_d);
     lp[0] = 0;
     h_buf_upload(&F.last_d);
-    ERR(KVA_ERR_PAGETABLE_MALFORMED, "append: last_page_len 0 for a non-empty request",
-        kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, &pg, B, NULL));
+    app_device_data_case("append: last_page_len 0 for a non-empty request", KVA_ERR_PAGETABLE_MALFORMED);
     lp[0] = F.last[0];
     h_buf_upload(&F.last_d);
-    kva_status st = kva_append_paged_kv_cache(F.ctx, &tk, &tv, bip, pop, nnz, &pg, B, NULL);
-    H_CHECK(st == KVA_OK, "append baseline (valid tokens) works: %s: %s", kva_status_string(st), kva_last_error_message());
-    h_buf_free(&ak);
-    h_buf_free(&av);
-    h_buf_free(&bi);
-    h_buf_free(&po);
+    /* host-side mistakes: every backend */
+    const kva_tensor* tk = &A.tk;
+    const kva_tensor* tv = &A.tv;
+    const kva_paged_kv pg = A.pg;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: nnz -1", app_call(tk, tv, bip, pop, -1, &pg));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: NULL context", kva_append_paged_kv_cache(NULL, tk, tv, bip, pop, NNZ, &pg, B, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: NULL paged", app_call(tk, tv, bip, pop, NNZ, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: positions NULL", app_call(tk, tv, bip, NULL, NNZ, &pg));
+    kva_paged_kv pg2 = pg;
+    pg2.indices = NULL;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged indices NULL", app_call(tk, tv, bip, pop, NNZ, &pg2));
+    pg2 = pg;
+    pg2.last_page_len = NULL;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged last_page_len NULL", app_call(tk, tv, bip, pop, NNZ, &pg2));
+    kva_tensor x = *tk;
+    x.shape[2] = D / 2;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: append_k head dim differs from the pool", app_call(&x, tv, bip, pop, NNZ, &pg));
+    x = *tk;
+    x.shape[0] = NNZ - 1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: append_k has fewer rows than nnz", app_call(&x, tv, bip, pop, NNZ, &pg));
+    if (h_backend_device()) {
+        /* CUDA: pointers must be aligned to their element size (2 bytes for f16 rows) */
+        x = *tk;
+        x.data = (char*)x.data + 1;
+        ERR(KVA_ERR_ALIGNMENT, "append: append_k.data odd (f16)", app_call(&x, tv, bip, pop, NNZ, &pg));
+    }
+    /* the valid tokens: written exactly where the page table says, nothing else (CUDA: and no fault) */
+    if (h_backend_device()) {
+        app_check_device("append baseline (valid tokens)", 0);
+    } else {
+        h_buf_download(&A.kp);
+        h_buf_download(&A.vp);
+        const size_t kt = buf_total(&A.kp), vt = buf_total(&A.vp);
+        unsigned char* kexp = (unsigned char*)malloc(kt);
+        unsigned char* vexp = (unsigned char*)malloc(vt);
+        memcpy(kexp, A.kp.host, kt);
+        memcpy(vexp, A.vp.host, vt);
+        int64_t bad_page = -1;
+        const int bad = app_model(kexp, vexp, &bad_page);
+        kva_status st = app_call(tk, tv, bip, pop, NNZ, &pg);
+        h_buf_download(&A.kp);
+        h_buf_download(&A.vp);
+        H_CHECK(st == KVA_OK && bad < 0 && memcmp(kexp, A.kp.host, kt) == 0 && memcmp(vexp, A.vp.host, vt) == 0,
+                "append baseline (valid tokens): %s: %s; pools %s", kva_status_string(st), kva_last_error_message(),
+                memcmp(kexp, A.kp.host, kt) == 0 && memcmp(vexp, A.vp.host, vt) == 0 ? "as expected" : "differ");
+        free(kexp);
+        free(vexp);
+    }
+    h_buf* const bufs[] = {&A.kp, &A.vp, &A.ak, &A.av, &A.bi, &A.po};
+    for (int i = 0; i < 6; ++i) h_buf_free(bufs[i]);
+    fx_watch_default();
 }
 
 static void test_misc(void) {
@@ -834,9 +1118,11 @@ int main(int argc, char** argv) {
     test_plan();
     test_run();
     test_run_special();
+    test_alignment();
     test_single();
     test_merge();
     test_append();
     test_misc();
+    kva_context_destroy(F.other_ctx);
     return h_finish();
 }

@@ -42,6 +42,8 @@ from .prefill import (
     single_prefill_with_kv_cache_return_lse,
 )
 from .quantization import packbits, segment_packbits
+from . import sparse  # noqa: F401 (flashinfer.sparse path)
+from .sparse import BlockSparseAttentionWrapper
 from .utils import MaskMode, PosEncodingMode, TensorLayout
 
 __version__ = "0.1.0"
@@ -63,6 +65,7 @@ __all__ = [
     "BatchPrefillWithPagedKVCacheWrapper",
     "BatchPrefillWithRaggedKVCacheWrapper",
     "MultiLevelCascadeAttentionWrapper",
+    "BlockSparseAttentionWrapper",
     "merge_state",
     "merge_state_in_place",
     "merge_states",

@@ -217,6 +217,118 @@ KVA_DEV float kva_alibi_slope(int h, int n) {
 KVA_DEV unsigned kva_fastdiv(unsigned n, unsigned mul, unsigned shift) { return (__umulhi(n, mul) + n) >> shift; }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Split-KV merge of one plan merge task (the merge kernel, and the decode kernel's fused merge)     */
+
+#define KVA_FULL 0xffffffffu
+
+KVA_DEV float kva_warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) x = fmaxf(x, __shfl_xor_sync(KVA_FULL, x, o));
+    return x;
+}
+KVA_DEV float kva_warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o >= 1; o >>= 1) x += __shfl_xor_sync(KVA_FULL, x, o);
+    return x;
+}
+
+/* Store 4 floats at element index i (multiple of 4) of a dtype array. */
+KVA_DEV void kva_store4(void* base, long long i, int dtype, float a, float b, float c, float d) {
+    if (dtype == KVK_F32) {
+        *(float4*)((float*)base + i) = make_float4(a, b, c, d);
+    } else {
+        uint2 w;
+        if (dtype == KVK_F16) {
+            w.x = kva_f32x2_to_f16x2(a, b);
+            w.y = kva_f32x2_to_f16x2(c, d);
+        } else {
+            w.x = kva_f32x2_to_bf16x2(a, b);
+            w.y = kva_f32x2_to_bf16x2(c, d);
+        }
+        *(uint2*)((unsigned short*)base + i) = w;
+    }
+}
+
+/* L2-coherent loads (data written by other CTAs of the running kernel) */
+KVA_DEV float kva_ldcg_f32(const float* p) {
+    float v;
+    asm volatile("{ ld.global.cg.f32 %0, [%1]; }" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+KVA_DEV float4 kva_ldcg_f32x4(const float* p) {
+    float4 v;
+    asm volatile("{ ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4]; }"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+/* Merge rows [0, tk->rows) of a task: partial slots partial_first .. + num_partials in KV order, o and lse of
+ * the tile's rows. Warp `warp` of `nwarps` takes rows warp, warp + nwarps, ...; lanes along the head dim in groups
+ * of 4 (dvo % 4 == 0). Softmax: M = max lse, w_k = exp2(lse_k - M), o = sum w_k o_k / sum w_k, lse = M + log2(sum);
+ * a partial with KVK_FAULT_LSE_BITS (its request hit a bad page) makes the rows o = 0, lse = -inf. Sigmoid: the sum
+ * of the partials. */
+KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const float* po, const float* pl, int tile_q,
+                                 int dvo, int g, int sigmoid, void* o, int o_dtype, long long o_stride_row,
+                                 long long o_stride_head, float* lse, long long lse_stride_row,
+                                 long long lse_stride_head, int warp, int nwarps, int lane) {
+    const float neg_inf = KVA_NEG_INF;
+    for (int r = warp; r < tk->rows; r += nwarps) {
+        /* pass 1: max lse and fault check */
+        float mx = neg_inf;
+        int fault = 0;
+        for (int k = lane; k < tk->num_partials; k += 32) {
+            float l = kva_ldcg_f32(pl + (long long)(tk->partial_first + k) * tile_q + r);
+            if (__float_as_uint(l) == KVK_FAULT_LSE_BITS) fault = 1;
+            else mx = fmaxf(mx, l);
+        }
+        mx = kva_warp_max(mx);
+        fault = __any_sync(KVA_FULL, fault);
+        const float m_use = mx == neg_inf ? 0.0f : mx;
+        /* pass 2: weights (every lane the same sequence, so the sums are deterministic) */
+        float wsum = 0.0f;
+        if (!sigmoid) {
+            for (int k = 0; k < tk->num_partials; ++k)
+                wsum += kva_exp2(kva_ldcg_f32(pl + (long long)(tk->partial_first + k) * tile_q + r) - m_use);
+        }
+        float scale, l_out;
+        if (sigmoid) {
+            scale = 1.0f;
+            l_out = 0.0f;
+        } else {
+            scale = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+            l_out = wsum > 0.0f ? m_use + kva_log2(wsum) : neg_inf;
+        }
+        if (fault) {
+            scale = 0.0f;
+            l_out = neg_inf;
+        }
+        const int pr = tk->row_start + r;
+        const int i = pr / g;
+        const int qh = tk->kv_head * g + pr % g;
+        const long long orow = (long long)qo_start + i;
+        const long long obase = orow * o_stride_row + (long long)qh * o_stride_head;
+        for (int c = lane * 4; c < dvo; c += 128) {
+            float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+            if (!fault) {
+                for (int k = 0; k < tk->num_partials; ++k) {
+                    const long long slot = tk->partial_first + k;
+                    const float w = sigmoid ? 1.0f : kva_exp2(kva_ldcg_f32(pl + slot * tile_q + r) - m_use);
+                    const float4 v = kva_ldcg_f32x4(po + (slot * tile_q + r) * dvo + c);
+                    a0 = fmaf(w, v.x, a0);
+                    a1 = fmaf(w, v.y, a1);
+                    a2 = fmaf(w, v.z, a2);
+                    a3 = fmaf(w, v.w, a3);
+                }
+            }
+            kva_store4(o, obase + c, o_dtype, a0 * scale, a1 * scale, a2 * scale, a3 * scale);
+        }
+        if (lane == 0 && lse) lse[orow * lse_stride_row + (long long)qh * lse_stride_head] = l_out;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Faults                                                                                          */
 
 KVA_DEV void kva_record_fault(char* ws, int req, int page) {

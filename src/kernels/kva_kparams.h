@@ -42,6 +42,14 @@ typedef uint64_t kvk_u64;
 #define KVK_DEC_SMEM(dqk, dvo, es, rows) \
     (KVK_DEC_STAGES(es) * KVK_DEC_TILE(dqk) * ((dqk) + (dvo)) * (es) + 2 * KVK_DEC_TILE(dqk) * (rows) * 4 + 288)
 
+/* geometry of the tensor-core decode kernel (kva_decode_tc.cuh): 4 warps, each with its own pipeline of
+   KVK_TC_STAGES subtiles of 16 tokens (K + V: 32 * d * es bytes), about 24 KB per warp (d 256 x 16-bit: 48 KB);
+   a cross-warp combine buffer [4][d][rows] f32; 256 + 16 * stages bytes of row factors and flags. */
+#define KVK_TC_STAGES(d, es) \
+    (24576 / (32 * (d) * (es)) < 3 ? 3 : (24576 / (32 * (d) * (es)) > 8 ? 8 : 24576 / (32 * (d) * (es))))
+#define KVK_TC_SMEM(d, es, rows) \
+    (4 * KVK_TC_STAGES(d, es) * 32 * (d) * (es) + 4 * (d) * (rows) * 4 + 256 + 16 * KVK_TC_STAGES(d, es) + 16)
+
 /* runtime flags of the attention kernels */
 #define KVK_FLAG_ALIBI 1u       /* ALiBi bias (slopes from alibi_slopes, or the standard ones) */
 #define KVK_FLAG_SOFTCAP 2u     /* logits soft cap */
@@ -51,6 +59,7 @@ typedef uint64_t kvk_u64;
 #define KVK_FLAG_WINDOW 32u     /* sliding window (window_left >= 0) */
 #define KVK_FLAG_RAGGED 64u     /* K/V rows addressed by token (no page table) */
 #define KVK_FLAG_TRANSFORM 128u /* logits need the natural-log domain (ALiBi or soft cap) */
+#define KVK_FLAG_FUSED_MERGE 256u /* tensor-core kernel: the last CTA of a merge task merges it (no merge kernel) */
 
 /* lse value written into a partial slot by a work item whose request hit an out-of-range page index
    (a NaN with a payload no arithmetic produces); the merge kernel then outputs o = 0, lse = -inf. */
@@ -112,6 +121,8 @@ typedef struct kvk_attn_params {
     const kvk_u8* custom_mask;  /* KVK_FLAG_CUSTOM */
     const float* alibi_slopes;  /* KVK_FLAG_ALIBI; NULL = standard slopes */
     kvk_i64 off_counts, off_worker_indptr, off_requests, off_items, off_partial_o, off_partial_lse;
+    kvk_i64 off_merge;          /* merge tasks (fused merge) */
+    kvk_i64 num_entries;        /* page-table entries of the plan (L2 prefetch) */
     kvk_i64 q_stride_row, q_stride_head;
     kvk_i64 o_stride_row, o_stride_head;
     kvk_i64 lse_stride_row, lse_stride_head;

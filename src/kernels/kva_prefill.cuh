@@ -131,6 +131,14 @@ KVA_DEV void kvp_rope_sincos(float pos, float fhi, float flo, float* s, float* c
     __sincosf(r, s, c);
 }
 
+/* base + off, computed where it stands: an asm the compiler cannot hoist out of the item loop, so that the
+   pointer is not held in registers across the mainloop (where every register goes to the accumulators) */
+KVA_DEV const char* kvp_at(const char* base, long long off) {
+    const char* r;
+    asm volatile("{ add.s64 %0, %1, %2; }" : "=l"(r) : "l"(base), "l"(off));
+    return r;
+}
+
 /* tanh without a division (|error| ~ 2e-7): soft caps of 30-50 need better than tanh.approx */
 KVA_DEV float kvp_tanh(float x) {
     const float e = kva_exp2(-2.0f * KVA_LOG2E * fabsf(x)); /* in (0, 1] */
@@ -146,8 +154,14 @@ typedef struct kvp_ctx {
     int kv0, kv1;      /* item KV range */
     int ntiles;
     int req;
-    int pad_[2];
+    int wq[4][2];      /* per warp: q_pos of its first and last valid row */
+    int wact[4];       /* per warp: has valid rows */
+    int rows;          /* item rows (epilogue) */
+    int partial;       /* item partial slot (epilogue) */
+    int fault;         /* set by any thread that met an out-of-range page (benign same-value race) */
+    int pad_[3];
 } kvp_ctx;
+static_assert(sizeof(kvp_ctx) <= 128, "kvp_ctx must fit its 128 bytes");
 
 /* rotate-half on one pair of 8-element chunks (x1: dims f..f+7 of the first half, x2: the same of the second) */
 KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const float* flo) {
@@ -204,6 +218,8 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #undef KVP_TKV
 #undef KVP_KW
 #undef KVP_NK
+#undef KVP_SK
+#undef KVP_NSK
 #undef KVP_ND
 #undef KVP_KS
 #undef KVP_S
@@ -237,7 +253,16 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #define KVP_RW (16 * KVP_MQ)          /* rows per warp */
 #define KVP_TKV KVK_PF_TKV(KVA_DQK, KVA_TQ)
 #define KVP_KW (KVP_TKV / KVP_WKV)    /* keys per warp per tile */
-#define KVP_NK (KVP_KW / 8)           /* n8 blocks of S per warp */
+/* keys per online-softmax step: the whole slice, except at TQ 128 x D 128 with RoPE or an fp8 / converted KV on
+   sm_90, where 64-key steps leave no register headroom (S is 64 registers next to O's 128) */
+#if KVP_D == 128 && KVA_TQ == 128 && (KVA_ROPE || KVP_ES == 1 || KVA_QT != KVP_CT) && defined(__CUDA_ARCH__) && \
+    __CUDA_ARCH__ >= 900
+#define KVP_SK 32
+#else
+#define KVP_SK KVP_KW
+#endif
+#define KVP_NSK (KVP_KW / KVP_SK)
+#define KVP_NK (KVP_SK / 8)           /* n8 blocks of S per warp and sub-step */
 #define KVP_ND (KVP_D / 8)            /* n8 blocks of O; also 16-byte chunks per 16-bit row */
 #define KVP_KS (KVP_D / 16)           /* k16 steps of QK */
 #define KVP_S KVK_PF_STAGES(KVA_DQK, KVA_TQ, KVP_ES)
@@ -263,7 +288,7 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 /* units in flight in the fp8 / RoPE tile passes (the O accumulators stay live through them) */
 #define KVP_PREP_UNROLL ((KVP_MQ == 2 || KVP_D == 256) ? 1 : 2)
 
-#if KVP_UK * KVK_PF_THREADS != KVP_TKV * KVP_CPR || KVP_NK % 2 != 0 || KVP_KW % 16 != 0
+#if KVP_UK * KVK_PF_THREADS != KVP_TKV * KVP_CPR || KVP_NK % 2 != 0 || KVP_SK % 16 != 0 || KVP_KW % KVP_SK != 0
 #error "inconsistent prefill geometry"
 #endif
 
@@ -306,6 +331,9 @@ KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item,
                                                       KVK_PF_TKV(KVA_DQK, KVA_TQ)
                                                 : 0;
         c->req = item.req;
+        c->rows = item.rows;
+        c->partial = item.partial;
+        c->fault = 0; /* no thread writes it before the mainloop's first barrier */
     }
 }
 
@@ -318,9 +346,9 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
     const int* s_qh = KVP_S_QH(smem);
     const unsigned short* qbase = (const unsigned short*)p.q;
 #if !KVP_QCONV
+    const int c = threadIdx.x % KVP_ND; /* KVP_ND divides the thread count: fixed per thread */
 #pragma unroll 4
-    for (int u = threadIdx.x; u < KVA_TQ * KVP_ND; u += KVK_PF_THREADS) {
-        const int r = u / KVP_ND, c = u % KVP_ND;
+    for (int r = threadIdx.x / KVP_ND; r < KVA_TQ; r += KVK_PF_THREADS / KVP_ND) {
         const unsigned short* src =
             qbase + (long long)s_qi[r] * p.q_stride_row + (long long)s_qh[r] * p.q_stride_head + c * 8;
         kva_cp_async16(q_s + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4)), src, r < item.rows ? 16u : 0u);
@@ -329,8 +357,8 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
     const float* s_fhi = (const float*)(smem + KVP_OFF_FREQ);
     const float* s_flo = s_fhi + KVP_D / 2;
     const int* s_qpos = KVP_S_QPOS(smem);
-    for (int u = threadIdx.x; u < KVA_TQ * (KVP_ND / 2); u += KVK_PF_THREADS) {
-        const int r = u / (KVP_ND / 2), c = u % (KVP_ND / 2);
+    const int c = threadIdx.x % (KVP_ND / 2);
+    for (int r = threadIdx.x / (KVP_ND / 2); r < KVA_TQ; r += KVK_PF_THREADS / (KVP_ND / 2)) {
         float x1[8], x2[8];
         if (r < item.rows) {
             const unsigned short* src =
@@ -353,8 +381,8 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
         kvp_st_shared16(q_s + (unsigned)(r * KVP_ROWB + ((c2 ^ (r & 7)) << 4)), kvp_pack8(x2, KVP_CT));
     }
 #else
-    for (int u = threadIdx.x; u < KVA_TQ * KVP_ND; u += KVK_PF_THREADS) {
-        const int r = u / KVP_ND, c = u % KVP_ND;
+    const int c = threadIdx.x % KVP_ND;
+    for (int r = threadIdx.x / KVP_ND; r < KVA_TQ; r += KVK_PF_THREADS / KVP_ND) {
         float x[8];
         if (r < item.rows) {
             const unsigned short* src =
@@ -427,8 +455,8 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
 #else
 #pragma unroll 2
 #endif
-        for (int u = tid; u < KVP_TKV * KVP_ND; u += KVK_PF_THREADS) {
-            const int r = u / KVP_ND, c = u % KVP_ND;
+        for (int r = tid / KVP_ND; r < KVP_TKV; r += KVK_PF_THREADS / KVP_ND) {
+            const int c = tid % KVP_ND;
             const uint2 w = kva_ld_shared8(src + (unsigned)(r * KVP_RAWB + c * 8));
             uint4 o;
             o.x = kvp_fp8x2_to_ct((unsigned short)(w.x & 0xffffu), KVA_KT, KVP_CT);
@@ -452,11 +480,11 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
  *           memory free;
  *   exit:   after a barrier, the region holds for every KV warp slice w < WKV and tile row r < TQ the unnormalised
  *           O row (f32 [w][r][LD]), the running max m (log2 domain, -inf if nothing was seen) and the sum d
- *           (softmax) at [w][r]; no cp.async in flight. Returns nonzero if this thread met an out-of-range page
- *           (it has already folded ~((req << 32) | page) into the status word's first_key with atomicMax). */
+ *           (softmax) at [w][r]; no cp.async in flight. A thread that met an out-of-range page has folded
+ *           ~((req << 32) | page) into the status word's first_key (atomicMax) and set the context's fault flag,
+ *           which the caller reads after its next barrier. */
 
-KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_item item, const kvk_request rq,
-                                     char* smem) {
+KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_item item, char* smem) {
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
@@ -476,9 +504,7 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
     const bool ragged = (flags & KVK_FLAG_RAGGED) != 0;
     const bool sigmoid = (flags & KVK_FLAG_SIGMOID) != 0;
     const kvp_ctx* const ctx = KVP_S_CTX(smem);
-    const int kv1 = item.kv_end;
-    const int ntiles = kv1 > item.kv_start ? (kv1 - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
-    int bad = 0;
+    const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
 
     /* K/V byte offsets of tile T's rows into ring slot T % S (threads < TKV, one row each) */
 #define KVP_OFFSETS(T)                                                                                 \
@@ -502,7 +528,7 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
                         atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,                \
                                   ~(((unsigned long long)(unsigned)ctx->req << 32) |                   \
                                     (unsigned long long)(unsigned)pg_));                               \
-                        bad = 1;                                                                       \
+                        ((kvp_ctx*)ctx)->fault = 1;                                                    \
                     }                                                                                  \
                 }                                                                                      \
             }                                                                                          \
@@ -537,7 +563,15 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
     __syncthreads(); /* row facts and the item context visible */
 #pragma unroll
     for (int T = 0; T < KVP_S; ++T) KVP_OFFSETS(T);
-    __syncthreads(); /* offsets visible */
+    if (lane == 0) { /* this warp's rows: any valid one, and the q_pos range of the valid ones */
+        kvp_ctx* const c = KVP_S_CTX(smem);
+        const int act = wr0 < item.rows;
+        const int wlast = (wr0 + KVP_RW < item.rows ? wr0 + KVP_RW : item.rows) - 1;
+        c->wact[warp] = act;
+        c->wq[warp][0] = s_qpos[act ? wr0 : 0];
+        c->wq[warp][1] = s_qpos[act ? wlast : 0];
+    }
+    __syncthreads(); /* offsets and warp bounds visible */
     KVP_FN(kvp_load_q)(p, item, smem);
     kva_cp_async_commit();
 #pragma unroll
@@ -559,19 +593,10 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
     const int qr = lane >> 2;        /* accumulator row (and row + 8) */
     const int qc = (lane & 3) * 2;   /* accumulator column pair */
 
-    const bool wact = wr0 < item.rows;
-    const int wlast = (wr0 + KVP_RW < item.rows ? wr0 + KVP_RW : item.rows) - 1;
-    const int wqmin = s_qpos[wact ? wr0 : 0];
-    const int wqmax = s_qpos[wact ? wlast : 0];
-    const float qsc = p.q_scale * KVP_KFIX;
+    /* loop-invariant scalars are read where used (kernel parameters: constant bank; item bounds: shared memory
+       after each barrier) so that the 255-register budget goes to the O and S accumulators */
     const bool causal = (flags & KVK_FLAG_CAUSAL) != 0;
     const bool window = (flags & KVK_FLAG_WINDOW) != 0;
-    const int wl = p.window_left;
-    const bool any_transform = (flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) != 0 || !(qsc > 0.0f);
-    const float cap = p.softcap;
-    const float rcap = (flags & KVK_FLAG_SOFTCAP) ? 1.0f / p.softcap : 0.0f;
-    const float post = (flags & KVK_FLAG_TRANSFORM) ? KVA_LOG2E : 1.0f; /* natural -> log2 domain */
-    const float sb = p.sigmoid_bias;
     const float neg_inf = KVA_NEG_INF;
 
 #if KVP_QIR
@@ -604,7 +629,7 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
         KVP_OFFSETS(t + KVP_S);
 
         const int st = t % KVP_S;
-        const int j0 = item.kv_start + t * KVP_TKV;
+        const int j0 = ctx->kv0 + t * KVP_TKV;
         unsigned k_s = kv_s + (unsigned)(st * KVP_STAGE);
         unsigned v_s = k_s + (unsigned)(KVP_STAGE / 2);
 #if KVP_FP8
@@ -617,67 +642,186 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
         __syncthreads();
 #endif
 
-        const int jw0 = j0 + wkv * KVP_KW; /* first key of this warp's slice */
-        const int jw1 = jw0 + KVP_KW - 1;
-        bool skip = !wact || jw0 >= kv1;
-        if (causal && jw0 > wqmax) skip = true;
-        if (window && jw1 < wqmin - wl) skip = true;
-        if (skip) continue; /* warp-uniform; no barrier below */
+        const int kv1 = ctx->kv1;
+        const int wqmin = ctx->wq[warp][0];
+        const int wqmax = ctx->wq[warp][1];
+        /* this warp's keys of the tile in sub-steps of KVP_SK (one online-softmax step each) */
+#if KVP_NSK > 1
+#pragma unroll 1
+#endif
+        for (int sk = 0; sk < KVP_NSK; ++sk) {
+            const int jw0 = j0 + wkv * KVP_KW + sk * KVP_SK; /* first key of this sub-step */
+            const int jw1 = jw0 + KVP_SK - 1;
+            bool skip = !ctx->wact[warp] || jw0 >= kv1;
+            if (causal && jw0 > wqmax) skip = true;
+            if (window && jw1 < wqmin - p.window_left) skip = true;
+            if (skip) continue; /* warp-uniform; no barrier in the sub-step loop */
 
-        /* ---- S = Q K^T ---- */
-        float s[KVP_MQ][KVP_NK][4];
+            /* ---- S = Q K^T ---- */
+            float s[KVP_MQ][KVP_NK][4];
 #pragma unroll
-        for (int mq = 0; mq < KVP_MQ; ++mq)
+            for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
-            for (int n = 0; n < KVP_NK; ++n)
+                for (int n = 0; n < KVP_NK; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.0f;
-        const unsigned k_w = k_s + (unsigned)((wkv * KVP_KW + k_row) * KVP_ROWB);
+                    for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.0f;
+            const unsigned k_w = k_s + (unsigned)((wkv * KVP_KW + sk * KVP_SK + k_row) * KVP_ROWB);
 #pragma unroll
-        for (int ks = 0; ks < KVP_KS; ++ks) {
+            for (int ks = 0; ks < KVP_KS; ++ks) {
 #if KVP_QIR
 #define KVP_QA(mq) qf[mq][ks]
 #else
-            unsigned qa[KVP_MQ][4];
+                unsigned qa[KVP_MQ][4];
 #pragma unroll
-            for (int mq = 0; mq < KVP_MQ; ++mq)
-                kvp_ldsm4(q_s + (unsigned)((wr0 + mq * 16 + a_row) * KVP_ROWB + (((2 * ks) ^ a_xor) << 4)), qa[mq]);
+                for (int mq = 0; mq < KVP_MQ; ++mq)
+                    kvp_ldsm4(q_s + (unsigned)((wr0 + mq * 16 + a_row) * KVP_ROWB + (((2 * ks) ^ a_xor) << 4)), qa[mq]);
 #define KVP_QA(mq) qa[mq]
 #endif
 #pragma unroll
-            for (int n2 = 0; n2 < KVP_NK / 2; ++n2) {
-                unsigned b[4];
-                kvp_ldsm4(k_w + (unsigned)(n2 * 16 * KVP_ROWB + (((2 * ks) ^ k_xor) << 4)), b);
+                for (int n2 = 0; n2 < KVP_NK / 2; ++n2) {
+                    unsigned b[4];
+                    kvp_ldsm4(k_w + (unsigned)(n2 * 16 * KVP_ROWB + (((2 * ks) ^ k_xor) << 4)), b);
 #pragma unroll
-                for (int mq = 0; mq < KVP_MQ; ++mq) {
-                    kvp_mma(s[mq][2 * n2], KVP_QA(mq), b[0], b[1], KVP_CT);
-                    kvp_mma(s[mq][2 * n2 + 1], KVP_QA(mq), b[2], b[3], KVP_CT);
+                    for (int mq = 0; mq < KVP_MQ; ++mq) {
+                        kvp_mma(s[mq][2 * n2], KVP_QA(mq), b[0], b[1], KVP_CT);
+                        kvp_mma(s[mq][2 * n2 + 1], KVP_QA(mq), b[2], b[3], KVP_CT);
+                    }
                 }
-            }
 #undef KVP_QA
-        }
+            }
 
-        /* ---- logits transforms and mask (only where needed) ----
-           In passes without per-element branches. Per row, the visible keys of this warp slice are k in [lo, hi]
-           with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
-        const bool full = !any_transform && jw1 < kv1 && (!causal || jw1 <= wqmin) && (!window || jw0 >= wqmax - wl);
-        float sc = qsc; /* s * sc is the log2-domain logit */
-        if (!full) {
-            sc = 1.0f;
-            const int base = jw0 + qc;
-            if (flags & KVK_FLAG_ALIBI) {
+            /* ---- logits transforms and mask (only where needed) ----
+               In passes without per-element branches. Per row, the visible keys of this warp slice are k in [lo, hi]
+               with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
+            const float qsc = p.q_scale * KVP_KFIX;
+            const bool full = !(flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) && qsc > 0.0f && jw1 < kv1 &&
+                              (!causal || jw1 <= wqmin) && (!window || jw0 >= wqmax - p.window_left);
+            float sc = qsc; /* s * sc is the log2-domain logit */
+            if (!full) {
+                sc = 1.0f;
+                const int base = jw0 + qc;
+                if (flags & KVK_FLAG_ALIBI) {
+#pragma unroll
+                    for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const int row = wr0 + mq * 16 + qr + 8 * h;
+                            const float slope = s_slope[row];
+                            const float fb = (float)(base - s_qpos[row]);
+#pragma unroll
+                            for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                                for (int e = 0; e < 2; ++e)
+                                    s[mq][n][2 * h + e] = fmaf(slope, fb + (float)(n * 8 + e), s[mq][n][2 * h + e] * qsc);
+                        }
+                } else {
+#pragma unroll
+                    for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                        for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) s[mq][n][e] *= qsc;
+                }
+                if (flags & KVK_FLAG_SOFTCAP) {
+                    const float rcap = 1.0f / p.softcap;
+#pragma unroll
+                    for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                        for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) s[mq][n][e] = p.softcap * kvp_tanh(s[mq][n][e] * rcap);
+                }
+                if (flags & KVK_FLAG_TRANSFORM) { /* natural -> log2 domain */
+#pragma unroll
+                    for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                        for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) s[mq][n][e] *= KVA_LOG2E;
+                }
 #pragma unroll
                 for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         const int row = wr0 + mq * 16 + qr + 8 * h;
-                        const float slope = s_slope[row];
-                        const float fb = (float)(base - s_qpos[row]);
+                        const int qpos = s_qpos[row];
+                        int hi = kv1 - 1 - base;
+                        if (causal && qpos - base < hi) hi = qpos - base;
+                        int lo = -1;
+                        if (window) {
+                            const long long l = (long long)qpos - p.window_left - base;
+                            lo = l < -1 ? -1 : (l > KVP_SK ? KVP_SK : (int)l);
+                        }
 #pragma unroll
                         for (int n = 0; n < KVP_NK; ++n)
 #pragma unroll
-                            for (int e = 0; e < 2; ++e)
-                                s[mq][n][2 * h + e] = fmaf(slope, fb + (float)(n * 8 + e), s[mq][n][2 * h + e] * qsc);
+                            for (int e = 0; e < 2; ++e) {
+                                const int k = n * 8 + e;
+                                if (!(k >= lo && k <= hi)) s[mq][n][2 * h + e] = neg_inf;
+                            }
+                    }
+                if (flags & KVK_FLAG_CUSTOM) {
+                    /* per row, the SK bits from key jw0 on, gathered byte by byte (never past the row's last visible
+                       key, so never past the request's segment); then bit qc + n * 8 + e per element */
+#pragma unroll
+                    for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const long long mb = s_mbit[wr0 + mq * 16 + qr + 8 * h];
+                            const long long b0 = mb + jw0;
+                            const long long byte0 = b0 >> 3;
+                            const long long last = (mb + kv1 - 1) >> 3;
+                            const int sh = (int)(b0 & 7);
+                            unsigned long long w = 0ull;
+                            unsigned top = 0u;
+#pragma unroll 1
+                            for (int q = 0; q <= KVP_SK / 8; ++q) {
+                                const unsigned v = byte0 + q <= last ? (unsigned)__ldg(p.custom_mask + byte0 + q) : 0u;
+                                if (q < 8) w |= (unsigned long long)v << (8 * q);
+                                else top = v;
+                            }
+                            w = sh ? (w >> sh) | ((unsigned long long)top << (64 - sh)) : w;
+                            w >>= qc;
+#pragma unroll
+                            for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                                for (int e = 0; e < 2; ++e)
+                                    if (((w >> (n * 8 + e)) & 1ull) == 0ull) s[mq][n][2 * h + e] = neg_inf;
+                        }
+                }
+            }
+
+            /* ---- online softmax (or sigmoid) ---- */
+            if (!sigmoid) {
+#pragma unroll
+                for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        float mx = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
+#pragma unroll
+                        for (int n = 1; n < KVP_NK; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+                        mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 1));
+                        mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 2));
+                        mx *= sc; /* sc > 0 */
+                        const float mn = fmaxf(m[mq][h], mx);
+                        const float mu = mn == neg_inf ? 0.0f : mn;
+                        const float al = kva_exp2(m[mq][h] - mu);
+                        m[mq][h] = mn;
+                        float ps = 0.0f;
+#pragma unroll
+                        for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const float pv = kva_exp2(fmaf(s[mq][n][2 * h + e], sc, -mu));
+                                s[mq][n][2 * h + e] = pv;
+                                ps += pv;
+                            }
+                        d[mq][h] = d[mq][h] * al + ps;
+#pragma unroll
+                        for (int n = 0; n < KVP_ND; ++n) {
+                            o[mq][n][2 * h] *= al;
+                            o[mq][n][2 * h + 1] *= al;
+                        }
                     }
             } else {
 #pragma unroll
@@ -685,130 +829,31 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
 #pragma unroll
                     for (int n = 0; n < KVP_NK; ++n)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) s[mq][n][e] *= qsc;
+                        for (int e = 0; e < 4; ++e) /* masked: exp2(+inf) = inf -> 0 */
+                            s[mq][n][e] = kva_rcp(1.0f + kva_exp2(-fmaf(s[mq][n][e], sc, p.sigmoid_bias)));
             }
-            if (flags & KVK_FLAG_SOFTCAP) {
-#pragma unroll
-                for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                    for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) s[mq][n][e] = cap * kvp_tanh(s[mq][n][e] * rcap);
-            }
-#pragma unroll
-            for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = wr0 + mq * 16 + qr + 8 * h;
-                    const int qpos = s_qpos[row];
-                    int hi = kv1 - 1 - base;
-                    if (causal && qpos - base < hi) hi = qpos - base;
-                    int lo = -1;
-                    if (window) {
-                        const long long l = (long long)qpos - wl - base;
-                        lo = l < -1 ? -1 : (l > KVP_KW ? KVP_KW : (int)l);
-                    }
-#pragma unroll
-                    for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int k = n * 8 + e;
-                            s[mq][n][2 * h + e] = (k >= lo && k <= hi) ? s[mq][n][2 * h + e] * post : neg_inf;
-                        }
-                }
-            if (flags & KVK_FLAG_CUSTOM) {
-                /* per row, the KW bits from key jw0 on, gathered byte by byte (never past the row's last visible
-                   key, so never past the request's segment); then bit qc + n * 8 + e per element */
-#pragma unroll
-                for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const long long mb = s_mbit[wr0 + mq * 16 + qr + 8 * h];
-                        const long long b0 = mb + jw0;
-                        const long long byte0 = b0 >> 3;
-                        const long long last = (mb + kv1 - 1) >> 3;
-                        const int sh = (int)(b0 & 7);
-                        unsigned long long w = 0ull;
-                        unsigned top = 0u;
-#pragma unroll 1
-                        for (int q = 0; q <= KVP_KW / 8; ++q) {
-                            const unsigned v = byte0 + q <= last ? (unsigned)__ldg(p.custom_mask + byte0 + q) : 0u;
-                            if (q < 8) w |= (unsigned long long)v << (8 * q);
-                            else top = v;
-                        }
-                        w = sh ? (w >> sh) | ((unsigned long long)top << (64 - sh)) : w;
-                        w >>= qc;
-#pragma unroll
-                        for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                            for (int e = 0; e < 2; ++e)
-                                if (((w >> (n * 8 + e)) & 1ull) == 0ull) s[mq][n][2 * h + e] = neg_inf;
-                    }
-            }
-        }
 
-        /* ---- online softmax (or sigmoid) ---- */
-        if (!sigmoid) {
+            /* ---- O += P V ---- */
+            const unsigned v_w = v_s + (unsigned)((wkv * KVP_KW + sk * KVP_SK + v_row) * KVP_ROWB);
 #pragma unroll
-            for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float mx = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
-#pragma unroll
-                    for (int n = 1; n < KVP_NK; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 2));
-                    mx *= sc; /* sc > 0 */
-                    const float mn = fmaxf(m[mq][h], mx);
-                    const float mu = mn == neg_inf ? 0.0f : mn;
-                    const float al = kva_exp2(m[mq][h] - mu);
-                    m[mq][h] = mn;
-                    float ps = 0.0f;
-#pragma unroll
-                    for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const float pv = kva_exp2(fmaf(s[mq][n][2 * h + e], sc, -mu));
-                            s[mq][n][2 * h + e] = pv;
-                            ps += pv;
-                        }
-                    d[mq][h] = d[mq][h] * al + ps;
-#pragma unroll
-                    for (int n = 0; n < KVP_ND; ++n) {
-                        o[mq][n][2 * h] *= al;
-                        o[mq][n][2 * h + 1] *= al;
-                    }
-                }
-        } else {
-#pragma unroll
-            for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) /* masked: exp2(+inf) = inf -> 0 */
-                        s[mq][n][e] = kva_rcp(1.0f + kva_exp2(-fmaf(s[mq][n][e], sc, sb)));
-        }
-
-        /* ---- O += P V ---- */
-        const unsigned v_w = v_s + (unsigned)((wkv * KVP_KW + v_row) * KVP_ROWB);
-#pragma unroll
-        for (int kk = 0; kk < KVP_KW / 16; ++kk) {
-            unsigned pa[KVP_MQ][4];
-#pragma unroll
-            for (int mq = 0; mq < KVP_MQ; ++mq) {
-                pa[mq][0] = kvp_pack2(s[mq][2 * kk][0], s[mq][2 * kk][1], KVP_CT);
-                pa[mq][1] = kvp_pack2(s[mq][2 * kk][2], s[mq][2 * kk][3], KVP_CT);
-                pa[mq][2] = kvp_pack2(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1], KVP_CT);
-                pa[mq][3] = kvp_pack2(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3], KVP_CT);
-            }
-#pragma unroll
-            for (int n2 = 0; n2 < KVP_ND / 2; ++n2) {
-                unsigned b[4];
-                kvp_ldsm4_t(v_w + (unsigned)(kk * 16 * KVP_ROWB + (((2 * n2) ^ a_xor) << 4)), b);
+            for (int kk = 0; kk < KVP_SK / 16; ++kk) {
+                unsigned pa[KVP_MQ][4];
 #pragma unroll
                 for (int mq = 0; mq < KVP_MQ; ++mq) {
-                    kvp_mma(o[mq][2 * n2], pa[mq], b[0], b[1], KVP_CT);
-                    kvp_mma(o[mq][2 * n2 + 1], pa[mq], b[2], b[3], KVP_CT);
+                    pa[mq][0] = kvp_pack2(s[mq][2 * kk][0], s[mq][2 * kk][1], KVP_CT);
+                    pa[mq][1] = kvp_pack2(s[mq][2 * kk][2], s[mq][2 * kk][3], KVP_CT);
+                    pa[mq][2] = kvp_pack2(s[mq][2 * kk + 1][0], s[mq][2 * kk + 1][1], KVP_CT);
+                    pa[mq][3] = kvp_pack2(s[mq][2 * kk + 1][2], s[mq][2 * kk + 1][3], KVP_CT);
+                }
+#pragma unroll
+                for (int n2 = 0; n2 < KVP_ND / 2; ++n2) {
+                    unsigned b[4];
+                    kvp_ldsm4_t(v_w + (unsigned)(kk * 16 * KVP_ROWB + (((2 * n2) ^ a_xor) << 4)), b);
+#pragma unroll
+                    for (int mq = 0; mq < KVP_MQ; ++mq) {
+                        kvp_mma(o[mq][2 * n2], pa[mq], b[0], b[1], KVP_CT);
+                        kvp_mma(o[mq][2 * n2 + 1], pa[mq], b[2], b[3], KVP_CT);
+                    }
                 }
             }
         }
@@ -840,26 +885,28 @@ KVA_DEV int KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_ite
     }
 #undef KVP_OFFSETS
 #undef KVP_ISSUE
-    return bad;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Epilogue: merge the warp slices of each row, normalise, store (o + lse, or the partial slot).  */
 
-KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const kvk_work_item item, const char* smem, int faulted) {
+KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int faulted) {
     const float* const s_o = (const float*)smem;
     const float* const s_m = s_o + KVP_WKV * KVA_TQ * KVP_LD;
     const float* const s_d = s_m + KVP_WKV * KVA_TQ;
     const int* const s_qi = KVP_S_QI(smem);
     const int* const s_qh = KVP_S_QH(smem);
+    const kvp_ctx* const ctx = KVP_S_CTX(smem);
+    const int rows = ctx->rows;
+    const int partial = ctx->partial;
     const bool sigmoid = (p.flags & KVK_FLAG_SIGMOID) != 0;
-    const bool to_partial = item.partial >= 0;
+    const bool to_partial = partial >= 0;
     const float neg_inf = KVA_NEG_INF;
     const float vs = p.v_scale * KVP_KFIX;
     float* const po = (float*)(p.ws + p.off_partial_o);
     float* const pl = (float*)(p.ws + p.off_partial_lse);
-    for (int u = threadIdx.x; u < item.rows * KVP_ND; u += KVK_PF_THREADS) {
-        const int r = u / KVP_ND, c = u % KVP_ND;
+    const int c = threadIdx.x % KVP_ND;
+    for (int r = threadIdx.x / KVP_ND; r < rows; r += KVK_PF_THREADS / KVP_ND) {
         float mx = neg_inf;
 #pragma unroll
         for (int w = 0; w < KVP_WKV; ++w) mx = fmaxf(mx, s_m[w * KVA_TQ + r]);
@@ -889,17 +936,14 @@ KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const kvk_work_item i
             scale = dsum > 0.0f ? vs / dsum : 0.0f;
             lse = dsum > 0.0f ? mu + kva_log2(dsum) : neg_inf;
         }
-        if (faulted) {
-            scale = 0.0f;
-            lse = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : neg_inf;
-        }
+        if (faulted) lse = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : neg_inf;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[e] *= scale;
+        for (int e = 0; e < 8; ++e) acc[e] = faulted ? 0.0f : acc[e] * scale;
         if (to_partial) {
-            float* dst = po + ((long long)item.partial * p.tile_q + r) * KVP_D + c * 8;
+            float* dst = po + ((long long)partial * p.tile_q + r) * KVP_D + c * 8;
             *(float4*)dst = make_float4(acc[0], acc[1], acc[2], acc[3]);
             *(float4*)(dst + 4) = make_float4(acc[4], acc[5], acc[6], acc[7]);
-            if (c == 0) pl[(long long)item.partial * p.tile_q + r] = lse;
+            if (c == 0) pl[(long long)partial * p.tile_q + r] = lse;
         } else {
             const long long qi = s_qi[r], qh = s_qh[r];
             const long long off = qi * p.o_stride_row + qh * p.o_stride_head + c * 8;
@@ -920,11 +964,7 @@ KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const kvk_work_item i
 
 extern "C" __global__ void __launch_bounds__(KVK_PF_THREADS, 2) KVA_KERNEL_NAME(const kvk_attn_params p) {
     extern __shared__ __align__(128) char kvp_smem[];
-    const kvk_work_item* const items = (const kvk_work_item*)(p.ws + p.off_items);
-    const kvk_request* const reqs = (const kvk_request*)(p.ws + p.off_requests);
-    const kvk_i32* const windptr = (const kvk_i32*)(p.ws + p.off_worker_indptr);
-    const int it_begin = windptr[blockIdx.x];
-    const int it_end = windptr[blockIdx.x + 1];
+    const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
 
 #if KVA_ROPE
     /* inverse frequencies rope_theta^(-2f/D) / rope_scale as float pairs (published by the first item's barrier) */
@@ -936,14 +976,17 @@ extern "C" __global__ void __launch_bounds__(KVK_PF_THREADS, 2) KVA_KERNEL_NAME(
     }
 #endif
 
-    for (int it = it_begin; it < it_end; ++it) {
-        const kvk_work_item item = items[it];
-        const kvk_request rq = reqs[item.req];
+    /* the work list is re-addressed per item (kvp_at) rather than held in registers across the mainloop */
+    for (int it = it_begin;
+         it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
+        const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
+        const kvk_request rq = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * item.req);
         KVP_FN(kvp_rows)(p, item, rq, kvp_smem);
-        const int bad = KVP_FN(kvp_mainloop_mma)(p, item, rq, kvp_smem);
-        const int faulted = __syncthreads_or(bad); /* also publishes the staging area */
+        KVP_FN(kvp_mainloop_mma)(p, item, kvp_smem);
+        __syncthreads(); /* publishes the staging area and the fault flag */
+        const int faulted = KVP_S_CTX(kvp_smem)->fault;
         if (faulted && threadIdx.x == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
-        KVP_FN(kvp_epilogue)(p, item, kvp_smem, faulted);
+        KVP_FN(kvp_epilogue)(p, kvp_smem, faulted);
         __syncthreads(); /* the next item reuses the shared memory */
     }
 }

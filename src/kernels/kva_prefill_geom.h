@@ -17,7 +17,7 @@
  *            unnormalised O (D + 8 floats, padded against bank conflicts), the running max and the sum.
  *   offsets: STAGES x TKV x (K byte offset, V byte offset) (i64; -1 = zero-fill the row)
  *   rows:    per tile row: mask bit base (i64), q_pos, global query row, query head, ALiBi slope (24 bytes);
- *            then 64 bytes of item context (K/V base pointers, page table, KV range: read by the copy code after
+ *            then 128 bytes of item context (K/V base pointers, page table, KV range: read by the copy code after
  *            each barrier instead of occupying registers across the mainloop)
  *   freq:    RoPE inverse frequencies as (hi, lo) float pairs, D/2 each
  */
@@ -49,7 +49,7 @@
     (KVK_PF_MAIN_BYTES(d, tq, es) > KVK_PF_EPI_BYTES(d, tq) ? KVK_PF_MAIN_BYTES(d, tq, es)       \
                                                             : KVK_PF_EPI_BYTES(d, tq))
 #define KVK_PF_OFFS_BYTES(d, tq, es) (KVK_PF_STAGES(d, tq, es) * KVK_PF_TKV(d, tq) * 16)
-#define KVK_PF_ROW_BYTES(tq) ((tq) * 24 + 64) /* + the item context (pointers and bounds of the copy code) */
+#define KVK_PF_ROW_BYTES(tq) ((tq) * 24 + 128) /* + the item context (pointers and bounds) */
 #define KVK_PF_FREQ_BYTES(d) ((d) * 4)
 
 #define KVK_PF_OFF_OFFS(d, tq, es) (((KVK_PF_REGION(d, tq, es) + 127) / 128) * 128)

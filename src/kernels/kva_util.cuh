@@ -5,35 +5,7 @@
  */
 #include "kva_common.cuh"
 
-#define KVA_FULL 0xffffffffu
-
-KVA_DEV float kva_warp_max(float x) {
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) x = fmaxf(x, __shfl_xor_sync(KVA_FULL, x, o));
-    return x;
-}
-KVA_DEV float kva_warp_sum(float x) {
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) x += __shfl_xor_sync(KVA_FULL, x, o);
-    return x;
-}
-
-/* Store 4 floats at element index i (multiple of 4) of a dtype array. */
-KVA_DEV void kva_store4(void* base, long long i, int dtype, float a, float b, float c, float d) {
-    if (dtype == KVK_F32) {
-        *(float4*)((float*)base + i) = make_float4(a, b, c, d);
-    } else {
-        uint2 w;
-        if (dtype == KVK_F16) {
-            w.x = kva_f32x2_to_f16x2(a, b);
-            w.y = kva_f32x2_to_f16x2(c, d);
-        } else {
-            w.x = kva_f32x2_to_bf16x2(a, b);
-            w.y = kva_f32x2_to_bf16x2(c, d);
-        }
-        *(uint2*)((unsigned short*)base + i) = w;
-    }
-}
+/* kva_warp_max, kva_warp_sum, kva_store4, kva_merge_task_rows: kva_common.cuh */
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Plan merge: task t merges partial slots partial_first .. +num_partials of rows [0, rows) of its tile. */
@@ -46,64 +18,11 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_partials(
     const float* pl = (const float*)(p.ws + p.off_partial_lse);
     const int ntasks = counts->num_merge;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const int dvo = p.dvo, g = p.group_size;
-    const float neg_inf = KVA_NEG_INF;
     for (int t = blockIdx.x; t < ntasks; t += gridDim.x) {
         const kvk_merge_task tk = tasks[t];
-        const kvk_request rq = reqs[tk.req];
-        for (int r = warp; r < tk.rows; r += nwarps) {
-            /* pass 1: max lse and fault check */
-            float mx = neg_inf;
-            int fault = 0;
-            for (int k = lane; k < tk.num_partials; k += 32) {
-                float l = pl[(long long)(tk.partial_first + k) * p.tile_q + r];
-                if (__float_as_uint(l) == KVK_FAULT_LSE_BITS) fault = 1;
-                else mx = fmaxf(mx, l);
-            }
-            mx = kva_warp_max(mx);
-            fault = __any_sync(KVA_FULL, fault);
-            const float m_use = mx == neg_inf ? 0.0f : mx;
-            /* pass 2: weights (every lane the same sequence, so the sums are deterministic) */
-            float wsum = 0.0f;
-            if (!p.sigmoid) {
-                for (int k = 0; k < tk.num_partials; ++k)
-                    wsum += kva_exp2(pl[(long long)(tk.partial_first + k) * p.tile_q + r] - m_use);
-            }
-            float scale, lse;
-            if (p.sigmoid) {
-                scale = 1.0f;
-                lse = 0.0f;
-            } else {
-                scale = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-                lse = wsum > 0.0f ? m_use + kva_log2(wsum) : neg_inf;
-            }
-            if (fault) {
-                scale = 0.0f;
-                lse = neg_inf;
-            }
-            const int pr = tk.row_start + r;
-            const int i = pr / g;
-            const int qh = tk.kv_head * g + pr % g;
-            const long long orow = rq.qo_start + i;
-            const long long obase = orow * p.o_stride_row + (long long)qh * p.o_stride_head;
-            for (int c = lane * 4; c < dvo; c += 128) {
-                float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-                if (!fault) {
-                    for (int k = 0; k < tk.num_partials; ++k) {
-                        const long long slot = tk.partial_first + k;
-                        const float w =
-                            p.sigmoid ? 1.0f : kva_exp2(pl[slot * p.tile_q + r] - m_use);
-                        const float4 v = *(const float4*)(po + (slot * p.tile_q + r) * dvo + c);
-                        a0 = fmaf(w, v.x, a0);
-                        a1 = fmaf(w, v.y, a1);
-                        a2 = fmaf(w, v.z, a2);
-                        a3 = fmaf(w, v.w, a3);
-                    }
-                }
-                kva_store4(p.o, obase + c, p.o_dtype, a0 * scale, a1 * scale, a2 * scale, a3 * scale);
-            }
-            if (lane == 0 && p.lse) p.lse[orow * p.lse_stride_row + (long long)qh * p.lse_stride_head] = lse;
-        }
+        kva_merge_task_rows(&tk, reqs[tk.req].qo_start, po, pl, p.tile_q, p.dvo, p.group_size, p.sigmoid, p.o,
+                            p.o_dtype, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row, p.lse_stride_head,
+                            warp, nwarps, lane);
     }
 }
 

@@ -1,0 +1,409 @@
+"""Block-sparse attention (``flashinfer.sparse``) over kvattn's C block-sparse API (``kva_bsr_*``).
+
+``BlockSparseAttentionWrapper`` has FlashInfer's ``__init__`` / ``plan`` / ``run`` signature. The attention matrix
+``[M, N]`` is a block-sparse (BSR, scipy ``bsr_matrix``) matrix of ``R x C`` blocks: block row ``i`` attends to the
+column blocks ``indices[indptr[i]:indptr[i+1]]``; ``mask [nnz, R, C]`` (bool, optional) masks elements inside
+the listed blocks. The C library composes it from its paged-prefill op (block rows = requests, column blocks =
+pages of size C, K/V = the page pool), so it runs on every backend.
+
+Semantics follow FlashInfer where FlashInfer defines them:
+
+* ``mask`` / ``packed_mask`` take precedence over ``causal`` (``causal`` is ignored when a mask is given).
+  ``packed_mask`` is FlashInfer's layout: per block row a byte-aligned segment of
+  ``rows * (blocks * C)`` bits (row-major over the row's gathered keys, little bit order), as
+  ``segment_packbits`` of the block row's ``mask[indptr[i]:indptr[i+1]].transpose(1, 0, 2)`` makes.
+* ``causal=True`` is causal over the DENSE matrix, bottom-right aligned: key ``j`` is visible to query row ``i``
+  iff ``j <= i + N - M`` (``j <= i`` when ``M == N``). (FlashInfer's fa2 path applies its causal mask to the
+  gathered keys of a block row, which agrees with this for the usual sorted lower-triangular patterns.)
+* ``o_data_type`` defaults to float16 as in FlashInfer; pass it for float32 / bfloat16 outputs.
+* Rows that see no key get ``o = 0`` and ``lse = -inf``; ``lse`` is base 2.
+
+Not supported: fused positional encodings (``pos_encoding_mode`` other than ``"NONE"``), per-head fp8 scales
+(``scale_q/k/v``), ``use_fp16_qk_reduction``, the VSA / cake backends' ``block_mask`` arguments, and
+``VariableBlockSparseAttentionWrapper`` (variable block sizes per KV head).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from ctypes import POINTER, Structure, c_float, c_int32, c_int64, c_size_t, c_uint64, c_void_p
+from typing import Any, Optional, Tuple
+
+import numpy as np
+
+from . import _context as CX
+from . import _core
+from . import _ffi as F
+from . import _tensor as T
+from .exceptions import PlanMismatchError
+
+__all__ = ["BlockSparseAttentionWrapper"]
+
+# --------------------------------------------------------------------------------------------------
+# ctypes mirror of the block-sparse section of include/kvattn.h (checked by python/tests/test_sparse.py)
+
+
+class kva_bsr_params(Structure):
+    _fields_ = [
+        ("num_qo_rows", c_int64),
+        ("num_kv_rows", c_int64),
+        ("block_rows", c_int32),
+        ("block_cols", c_int32),
+        ("indptr", c_void_p),
+        ("indices", c_void_p),
+        ("block_mask", c_void_p),
+        ("fixed_split_size", c_int32),
+        ("disable_split_kv", c_int32),
+    ]
+
+
+class kva_bsr_plan(Structure):
+    _fields_ = [
+        ("plan", F.kva_plan),
+        ("num_qo_rows", c_int64),
+        ("num_kv_rows", c_int64),
+        ("block_rows", c_int32),
+        ("block_cols", c_int32),
+        ("num_block_rows", c_int32),
+        ("uses_mask", c_int32),
+        ("nnz", c_int64),
+        ("mask_bytes", c_int64),
+        ("magic", c_uint64),
+    ]
+
+
+class kva_bsr_run_args(Structure):
+    _fields_ = [
+        ("q", F.kva_tensor),
+        ("k", F.kva_tensor),
+        ("v", F.kva_tensor),
+        ("o", F.kva_tensor),
+        ("lse", F.kva_tensor),
+        ("indices", c_void_p),
+        ("packed_mask", c_void_p),
+        ("packed_mask_bytes", c_int64),
+        ("k_scale", c_float),
+        ("v_scale", c_float),
+        ("stream", c_void_p),
+    ]
+
+
+STRUCTS = {"kva_bsr_params": kva_bsr_params, "kva_bsr_plan": kva_bsr_plan, "kva_bsr_run_args": kva_bsr_run_args}
+
+_P = POINTER
+_PROTOTYPES = {
+    "kva_bsr_params_init": (None, [_P(kva_bsr_params)]),
+    "kva_bsr_workspace_size": (F.c_enum, [c_void_p, _P(F.kva_attention_desc), _P(kva_bsr_params), _P(c_size_t),
+                                          _P(c_size_t)]),
+    "kva_bsr_plan_make": (F.c_enum, [c_void_p, _P(F.kva_attention_desc), _P(kva_bsr_params), _P(F.kva_workspace),
+                                     _P(kva_bsr_plan), c_void_p]),
+    "kva_bsr_mask_pack": (F.c_enum, [_P(F.kva_attention_desc), _P(kva_bsr_params), c_void_p, c_size_t,
+                                     _P(c_size_t)]),
+    "kva_bsr_run_args_init": (None, [_P(kva_bsr_run_args)]),
+    "kva_bsr_run": (F.c_enum, [c_void_p, _P(kva_bsr_plan), _P(F.kva_workspace), _P(kva_bsr_run_args)]),
+}
+
+_bound = None
+
+
+def _lib() -> ctypes.CDLL:
+    """The C library with the block-sparse prototypes bound (once)."""
+    global _bound
+    lib = F.lib()
+    if _bound is not lib:
+        missing = []
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            fn = getattr(lib, name, None)
+            if fn is None:
+                missing.append(name)
+                continue
+            fn.restype = restype
+            fn.argtypes = argtypes
+        if missing:
+            raise F.LibraryNotFoundError("%s does not export %s (a kvattn build without block-sparse attention?)"
+                                         % (F.library_path(), ", ".join(missing)))
+        _bound = lib
+    return lib
+
+
+# --------------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _to_host_bool(x: Any, what: str) -> np.ndarray:
+    if T.is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype != np.bool_:
+        if a.dtype.kind not in "biu":
+            raise TypeError("kvattn: %s must be a bool array, got %s" % (what, a.dtype))
+        a = a != 0
+    return np.ascontiguousarray(a)
+
+
+def _to_host_u8(x: Any, what: str) -> np.ndarray:
+    if T.is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype != np.uint8 or a.ndim != 1:
+        raise TypeError("kvattn: %s must be a 1-D uint8 array, got %s %s" % (what, a.dtype, a.shape))
+    return np.ascontiguousarray(a)
+
+
+def _unpack_bsr_mask(packed: np.ndarray, indptr: np.ndarray, M: int, R: int, C: int) -> np.ndarray:
+    """FlashInfer's packed BSR mask (per block row: segment of rows x (blocks * C) bits, little bit order, byte
+    aligned) -> the element mask [nnz, R, C] (rows past M are False)."""
+    MB = indptr.size - 1
+    nnz = int(indptr[-1])
+    out = np.zeros((nnz, R, C), dtype=bool)
+    off = 0
+    for b in range(MB):
+        e0, e1 = int(indptr[b]), int(indptr[b + 1])
+        rows = min(R, M - b * R)
+        bits = rows * (e1 - e0) * C
+        nbytes = (bits + 7) // 8
+        if off + nbytes > packed.size:
+            raise ValueError("kvattn: packed_mask has %d bytes; block row %d needs bytes [%d, %d)"
+                             % (packed.size, b, off, off + nbytes))
+        if bits:
+            seg = np.unpackbits(packed[off:off + nbytes], bitorder="little")[:bits].astype(bool)
+            out[e0:e1, :rows, :] = seg.reshape(rows, e1 - e0, C).transpose(1, 0, 2)
+        off += nbytes
+    return out
+
+
+def _backend_u8(a: np.ndarray, dev: T.DeviceKey) -> Any:
+    if dev[0] == "cpu":
+        return a
+    t = T._torch()
+    return t.from_numpy(a).to("cuda:%d" % dev[1], non_blocking=False)
+
+
+class _BsrState:
+    """Everything run() needs from plan()."""
+
+    def __init__(self) -> None:
+        self.plan = kva_bsr_plan()
+        self.ws: Optional[F.kva_workspace] = None
+        self.ctx = 0
+        self.dev: T.DeviceKey = ("cpu", 0)
+        self.M = self.N = self.R = self.C = 0
+        self.num_qo_heads = self.num_kv_heads = self.head_dim = 0
+        self.q_dtype = self.kv_dtype = self.o_dtype = F.KVA_DTYPE_F16
+        self.indices: Any = None
+        self.mask: Any = None
+        self.mask_bytes = 0
+        self.keep: Tuple[Any, ...] = ()
+
+
+# --------------------------------------------------------------------------------------------------
+# The wrapper
+
+
+class BlockSparseAttentionWrapper:
+    """Attention with a block-sparse (BSR) attention mask, any block size ``(R, C)`` (``C = 1``: vector
+    sparsity). ``q [M, num_qo_heads, head_dim]``, ``k, v [N, num_kv_heads, head_dim]`` (NHD)."""
+
+    def __init__(self, float_workspace_buffer: Any, backend: str = "auto") -> None:
+        _core.check_backend(backend)
+        self._float_workspace_buffer = float_workspace_buffer
+        self._ws = CX.Workspace(float_workspace_buffer)
+        self._dev = self._ws.dev
+        self._backend = backend
+        self._state: Optional[_BsrState] = None
+        self.M: Optional[int] = None
+        self.N: Optional[int] = None
+        self.R: Optional[int] = None
+        self.C: Optional[int] = None
+
+    @property
+    def device(self) -> Any:
+        if T.is_torch(self._float_workspace_buffer):
+            return self._float_workspace_buffer.device
+        return "cpu"
+
+    def reset_workspace_buffer(self, float_workspace_buffer: Any, int_workspace_buffer: Any = None) -> None:
+        """Swap the float workspace (there is no separate int workspace: ``int_workspace_buffer`` is accepted and
+        unused). The current plan is dropped: call plan() again."""
+        ws = CX.Workspace(float_workspace_buffer)
+        if ws.dev != self._dev:
+            raise ValueError("kvattn: reset_workspace_buffer: the new buffer is on %s, the wrapper on %s"
+                             % (T.device_str(ws.dev), T.device_str(self._dev)))
+        self._float_workspace_buffer = float_workspace_buffer
+        self._ws = ws
+        self._state = None
+
+    def plan(self, indptr: Any, indices: Any, M: int, N: int, R: int, C: int, num_qo_heads: int, num_kv_heads: int,
+             head_dim: int, mask: Any = None, packed_mask: Any = None, causal: bool = False,
+             pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+             logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+             rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, q_data_type: Any = "float16",
+             kv_data_type: Any = None, o_data_type: Any = "float16", non_blocking: bool = True,
+             block_mask: Any = None, fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> None:
+        """Plan block-sparse attention (host work, reused by every run()).
+
+        ``indptr [MB + 1]`` (``MB = ceil(M / R)``) and ``indices [nnz]`` (column-block ids in ``[0, N / C)``, no
+        repeats within a block row) describe the BSR matrix; ``N`` must be a multiple of ``C``. ``mask`` (bool
+        ``[nnz, R, C]``) or ``packed_mask`` masks elements of the listed blocks and takes precedence over
+        ``causal``. ``fixed_split_size`` (tokens) and ``disable_split_kv`` are kvattn extensions (batch-invariant
+        or unsplit KV)."""
+        if use_fp16_qk_reduction:
+            raise NotImplementedError("kvattn: use_fp16_qk_reduction=True is not supported (kvattn always "
+                                      "accumulates QK in float32)")
+        _core.reject(block_mask=block_mask)
+        pos = _core.parse_pos_encoding(pos_encoding_mode)
+        if pos != "NONE":
+            raise NotImplementedError("kvattn: block-sparse attention supports pos_encoding_mode='NONE' only (the "
+                                      "composed op does not see dense positions; apply RoPE to q and k first)")
+        M, N, R, C_ = int(M), int(N), int(R), int(C)
+        if M < 0 or N < 0 or R < 1 or C_ < 1:
+            raise ValueError("kvattn: M=%d, N=%d must be >= 0 and R=%d, C=%d >= 1" % (M, N, R, C_))
+        if N % C_:
+            raise ValueError("kvattn: N=%d must be a multiple of C=%d" % (N, C_))
+        MB = (M + R - 1) // R
+        h_indptr = T.host_int32(indptr, "indptr")
+        if h_indptr.size != MB + 1:
+            raise ValueError("kvattn: indptr has %d elements; M=%d rows in blocks of R=%d need MB + 1 = %d"
+                             % (h_indptr.size, M, R, MB + 1))
+        nnz = int(h_indptr[-1])
+        h_indices = T.host_int32(indices, "indices")
+        if h_indices.size < nnz:
+            raise ValueError("kvattn: indices has %d elements but indptr[-1] = %d" % (h_indices.size, nnz))
+        h_indices = np.ascontiguousarray(h_indices[:nnz])
+        emask = None
+        if packed_mask is not None:
+            emask = _unpack_bsr_mask(_to_host_u8(packed_mask, "packed_mask"), h_indptr, M, R, C_)
+        elif mask is not None:
+            emask = _to_host_bool(mask, "mask")
+            if emask.shape != (nnz, R, C_):
+                raise ValueError("kvattn: mask must have shape (nnz, R, C) = %s, got %s"
+                                 % ((nnz, R, C_), tuple(emask.shape)))
+        dtypes = _core.resolve_dtypes(q_data_type, kv_data_type,
+                                      q_data_type if o_data_type is None else o_data_type)
+        head_dim = int(head_dim)
+        scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+        if not math.isfinite(scale) or scale <= 0:
+            raise ValueError("kvattn: sm_scale=%r must be a positive finite number" % (sm_scale,))
+        mask_mode = F.KVA_MASK_CAUSAL if (causal and emask is None) else F.KVA_MASK_NONE
+        desc = _core.make_desc(num_qo_heads, num_kv_heads, head_dim, head_dim, dtypes[0], dtypes[1], dtypes[2],
+                               mask_mode, -1, _core.norm_cap(logits_soft_cap), _core.f32(scale), "NONE",
+                               1.0 if rope_scale is None else float(rope_scale),
+                               1e4 if rope_theta is None else float(rope_theta))
+        emask_u8 = None if emask is None else np.ascontiguousarray(emask.astype(np.uint8))
+        p = kva_bsr_params()
+        lib = _lib()
+        lib.kva_bsr_params_init(ctypes.byref(p))
+        p.num_qo_rows, p.num_kv_rows, p.block_rows, p.block_cols = M, N, R, C_
+        p.indptr = h_indptr.ctypes.data
+        p.indices = h_indices.ctypes.data if nnz else None
+        p.block_mask = emask_u8.ctypes.data if emask_u8 is not None else None
+        p.fixed_split_size = max(int(fixed_split_size or 0), 0)
+        p.disable_split_kv = 1 if disable_split_kv else 0
+
+        ctx = CX.get_context(self._dev)
+        dev_b, host_b = c_size_t(0), c_size_t(0)
+        F.check(lib.kva_bsr_workspace_size(ctx, ctypes.byref(desc), ctypes.byref(p), ctypes.byref(dev_b),
+                                           ctypes.byref(host_b)), "BlockSparseAttentionWrapper.plan")
+        # the packed mask (element mask and/or dense causal), built before anything is planned
+        mbytes = c_size_t(0)
+        F.check(lib.kva_bsr_mask_pack(ctypes.byref(desc), ctypes.byref(p), None, 0, ctypes.byref(mbytes)),
+                "kva_bsr_mask_pack")
+        packed = None
+        if mbytes.value:
+            packed = np.zeros(int(mbytes.value), dtype=np.uint8)
+            got = c_size_t(0)
+            F.check(lib.kva_bsr_mask_pack(ctypes.byref(desc), ctypes.byref(p), packed.ctypes.data, packed.size,
+                                          ctypes.byref(got)), "kva_bsr_mask_pack")
+        st = _BsrState()
+        st.indices = T.backend_int32(h_indices, self._dev, "indices") if nnz else None
+        st.mask = _backend_u8(packed, self._dev) if packed is not None else None
+        st.mask_bytes = int(mbytes.value)
+        wss = self._ws.struct(int(dev_b.value), int(host_b.value), "BlockSparseAttentionWrapper.plan")
+        self._state = None
+        F.check(lib.kva_bsr_plan_make(ctx, ctypes.byref(desc), ctypes.byref(p), ctypes.byref(wss),
+                                      ctypes.byref(st.plan), CX.current_stream(self._dev)),
+                "BlockSparseAttentionWrapper.plan")
+        st.ws, st.ctx, st.dev = wss, ctx, self._dev
+        st.M, st.N, st.R, st.C = M, N, R, C_
+        st.num_qo_heads, st.num_kv_heads, st.head_dim = int(num_qo_heads), int(num_kv_heads), head_dim
+        st.q_dtype, st.kv_dtype, st.o_dtype = dtypes
+        st.keep = (h_indptr, h_indices, emask_u8, packed)
+        self._state = st
+        self.M, self.N, self.R, self.C = M, N, R, C_
+
+    begin_forward = plan
+
+    def _check(self, st: _BsrState, x: Any, what: str, dtype: int, shape: Tuple[int, ...]) -> None:
+        if not (T.is_torch(x) or isinstance(x, np.ndarray)):
+            raise TypeError("kvattn: %s must be a NumPy array or a torch tensor, got %s" % (what, type(x).__name__))
+        if T.device_of(x) != st.dev:
+            raise ValueError("kvattn: %s is on %s but the wrapper's workspace is on %s"
+                             % (what, T.device_str(T.device_of(x)), T.device_str(st.dev)))
+        code = T.dtype_of(x, what)
+        if code != dtype:
+            raise PlanMismatchError("kvattn: %s has dtype %s but the plan expects %s (pass %s to plan())" % (
+                what, T.dtype_name(code), T.dtype_name(dtype),
+                "q_data_type" if what == "q" else "o_data_type" if what == "out" else "kv_data_type"))
+        if tuple(int(s) for s in x.shape) != shape:
+            raise PlanMismatchError("kvattn: %s has shape %s but the plan expects %s"
+                                    % (what, tuple(int(s) for s in x.shape), shape))
+        T.check_last_contiguous(x, what)
+
+    def run(self, q: Any, k: Any, v: Any, scale_q: Any = None, scale_k: Any = None, scale_v: Any = None,
+            out: Any = None, lse: Any = None, return_lse: bool = False, enable_pdl: Optional[bool] = None) -> Any:
+        """``q [M, num_qo_heads, head_dim]``, ``k, v [N, num_kv_heads, head_dim]`` -> ``out [M, num_qo_heads,
+        head_dim]`` (and base-2 ``lse [M, num_qo_heads]`` with ``return_lse=True``)."""
+        _core.reject(scale_q=scale_q, scale_k=scale_k, scale_v=scale_v)
+        st = self._state
+        if st is None:
+            raise RuntimeError("kvattn: BlockSparseAttentionWrapper.run() called before plan()")
+        self._check(st, q, "q", st.q_dtype, (st.M, st.num_qo_heads, st.head_dim))
+        self._check(st, k, "k", st.kv_dtype, (st.N, st.num_kv_heads, st.head_dim))
+        self._check(st, v, "v", st.kv_dtype, (st.N, st.num_kv_heads, st.head_dim))
+        if out is None:
+            out = T.empty(q, (st.M, st.num_qo_heads, st.head_dim), st.o_dtype)
+        else:
+            self._check(st, out, "out", st.o_dtype, (st.M, st.num_qo_heads, st.head_dim))
+        if return_lse or lse is not None:
+            if lse is None:
+                lse = T.empty(q, (st.M, st.num_qo_heads), F.KVA_DTYPE_F32)
+            else:
+                self._check(st, lse, "lse", F.KVA_DTYPE_F32, (st.M, st.num_qo_heads))
+        lib = _lib()
+        a = kva_bsr_run_args()
+        lib.kva_bsr_run_args_init(ctypes.byref(a))
+        T.fill_tensor(a.q, q, "q")
+        T.fill_tensor(a.k, k, "k")
+        T.fill_tensor(a.v, v, "v")
+        T.fill_tensor(a.o, out, "out")
+        if lse is not None:
+            T.fill_tensor(a.lse, lse, "lse")
+        a.indices = T.data_ptr(st.indices) if st.indices is not None else None
+        if st.mask is not None:
+            a.packed_mask = T.data_ptr(st.mask) or None
+            a.packed_mask_bytes = st.mask_bytes
+        a.stream = CX.current_stream(st.dev)
+        F.check(lib.kva_bsr_run(st.ctx, ctypes.byref(st.plan), ctypes.byref(st.ws), ctypes.byref(a)),
+                "BlockSparseAttentionWrapper.run")
+        return (out, lse) if return_lse else out
+
+    def run_return_lse(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any]:
+        kwargs["return_lse"] = True
+        return self.run(q, k, v, *args, **kwargs)
+
+    def forward(self, q: Any, k: Any, v: Any, scale_q: Any = None, scale_k: Any = None, scale_v: Any = None,
+                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
+                logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None) -> Any:
+        """Deprecated FlashInfer entry point: per-call parameters must match the plan."""
+        if _core.parse_pos_encoding(pos_encoding_mode) != "NONE" or use_fp16_qk_reduction:
+            raise NotImplementedError("kvattn: forward() with pos_encoding_mode or use_fp16_qk_reduction is not "
+                                      "supported")
+        return self.run(q, k, v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v)
+
+    def forward_return_lse(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any]:
+        return self.run(q, k, v, return_lse=True)
+
+    def end_forward(self) -> None:
+        """Deprecated FlashInfer no-op."""

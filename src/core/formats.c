@@ -1,0 +1,698 @@
+/*
+ * formats.c - composable formats (paper section 3.1): block-sparse (BSR) attention and multi-level cascade
+ * attention, both composed from the batch-prefill (paged) op. No kernels of their own: every backend that runs
+ * the paged op runs these.
+ *
+ * BSR: block row b = a request of R query rows (the last one truncated to M), its column blocks = its pages
+ * (page_size = C, last_page_len = C), K/V = the page pool (num_pages = N / C, page stride = C * token stride).
+ * An element mask, a dense causal mask or a dense window become the op's custom mask (kva_bsr_mask_pack), since
+ * the composed op only knows positions inside a block row's gathered KV.
+ *
+ * Cascade: one paged-prefill plan per level in one workspace (each level at a 256-byte aligned offset, then the
+ * merge temporaries). Run: level 0 into o / lse, each further level into the temporaries, merged in place.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define KVA__BSR_MAGIC 0x6b76616273727031ull     /* "kvabsrp1" */
+#define KVA__CASCADE_MAGIC 0x6b76616361736331ull /* "kvacasc1" */
+
+/* Re-tag the last error with a prefix naming where it happened (the message is copied first: it lives in the
+ * same thread-local buffer the new message is written to). */
+static kva_status kva__prefix_error(kva_status st, const char* prefix) {
+    char old[1536];
+    snprintf(old, sizeof old, "%s", kva_last_error_message());
+    return kva__set_error(st, "%s%s", prefix, old);
+}
+
+/* ============================================================================================== */
+/* Block-sparse attention                                                                          */
+
+KVA_API void kva_bsr_params_init(kva_bsr_params* params) {
+    if (params) memset(params, 0, sizeof *params);
+}
+
+KVA_API void kva_bsr_run_args_init(kva_bsr_run_args* args) {
+    if (!args) return;
+    memset(args, 0, sizeof *args);
+    args->k_scale = 1.0f;
+    args->v_scale = 1.0f;
+}
+
+typedef struct kva__bsr_geom {
+    int64_t M, N, NB, nnz, mask_bytes;
+    int32_t R, C, MB;
+    bool masked;
+    kva_attention_desc dense; /* the caller's descriptor, normalised (dense causal / window) */
+    kva_attention_desc op;    /* the composed op's descriptor */
+} kva__bsr_geom;
+
+/* Validate desc and params; fill g. Reads every host array; writes nothing. */
+static kva_status kva__bsr_check(const char* fn, const kva_attention_desc* desc, const kva_bsr_params* p,
+                                 kva__bsr_geom* g) {
+    memset(g, 0, sizeof *g);
+    KVA_RETURN_IF(!p, KVA_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
+    kva_status st = kva__desc_normalize(desc, &g->dense);
+    if (st != KVA_OK) {
+        char pre[128];
+        snprintf(pre, sizeof pre, "%s: ", fn);
+        return kva__prefix_error(st, pre);
+    }
+    KVA_RETURN_IF(g->dense.mask_mode == KVA_MASK_CUSTOM, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: desc->mask_mode = KVA_MASK_CUSTOM: block-sparse attention builds the custom mask itself; "
+                  "give the element mask as params->block_mask (mask_mode NONE or CAUSAL)", fn);
+    KVA_RETURN_IF(g->dense.pos_encoding != KVA_POS_NONE, KVA_ERR_UNSUPPORTED,
+                  "%s: desc->pos_encoding = %s: block-sparse attention supports KVA_POS_NONE only (the composed op "
+                  "sees positions inside a block row's gathered keys, not dense positions; apply RoPE beforehand)",
+                  fn, g->dense.pos_encoding == KVA_POS_ALIBI ? "KVA_POS_ALIBI" : "KVA_POS_ROPE_LLAMA");
+    const int64_t M = p->num_qo_rows, N = p->num_kv_rows;
+    const int32_t R = p->block_rows, C = p->block_cols;
+    KVA_RETURN_IF(M < 0 || N < 0, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: params->num_qo_rows = %lld and num_kv_rows = %lld must be >= 0", fn, (long long)M,
+                  (long long)N);
+    KVA_RETURN_IF(R < 1 || C < 1, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: params->block_rows = %d and block_cols = %d must be >= 1", fn, (int)R, (int)C);
+    KVA_RETURN_IF(N % C != 0, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: params->num_kv_rows = %lld is not a multiple of block_cols = %d (N must divide into column "
+                  "blocks)", fn, (long long)N, (int)C);
+    KVA_RETURN_IF(M > INT32_MAX / 2 || N > (int64_t)INT32_MAX * C, KVA_ERR_UNSUPPORTED,
+                  "%s: M = %lld query rows (at most 2^30) or N / C = %lld column blocks (at most 2^31 - 1) too large",
+                  fn, (long long)M, (long long)(N / C));
+    KVA_RETURN_IF(!p->indptr, KVA_ERR_INVALID_ARGUMENT, "%s: params->indptr is NULL", fn);
+    const int64_t MB = kva__ceil_div64(M, R), NB = N / C;
+    const int32_t* ip = p->indptr;
+    KVA_RETURN_IF(ip[0] != 0, KVA_ERR_PAGETABLE_MALFORMED, "%s: params->indptr[0] = %d, expected 0", fn, (int)ip[0]);
+    for (int64_t b = 0; b < MB; ++b)
+        KVA_RETURN_IF(ip[b + 1] < ip[b], KVA_ERR_PAGETABLE_MALFORMED,
+                      "%s: params->indptr decreases at block row %lld: indptr[%lld] = %d > indptr[%lld] = %d", fn,
+                      (long long)b + 1, (long long)b, (int)ip[b], (long long)b + 1, (int)ip[b + 1]);
+    const int64_t nnz = ip[MB];
+    KVA_RETURN_IF(nnz > 0 && !p->indices, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: params->indices is NULL but indptr[%lld] = %lld blocks are listed", fn, (long long)MB,
+                  (long long)nnz);
+    for (int64_t e = 0; e < nnz; ++e) {
+        int32_t cb = p->indices[e];
+        if (KVA_UNLIKELY(cb < 0 || cb >= NB)) {
+            int64_t b = 0;
+            while (b + 1 <= MB && ip[b + 1] <= e) ++b;
+            return kva__set_error(KVA_ERR_PAGE_INDEX_OUT_OF_RANGE,
+                                  "%s: params->indices[%lld] = %d (block row %lld) is not a column block of [0, %lld) "
+                                  "(N = %lld, C = %d)",
+                                  fn, (long long)e, (int)cb, (long long)b, (long long)NB, (long long)N, (int)C);
+        }
+    }
+    int64_t mask_bytes = 0;
+    const bool masked = p->block_mask != NULL || g->dense.mask_mode == KVA_MASK_CAUSAL || g->dense.window_left >= 0;
+    if (nnz > 0) {
+        /* No column block twice in a block row (a key would count twice in the softmax). stamp[cb] = row + 1. */
+        int32_t* stamp = (int32_t*)calloc((size_t)NB, sizeof(int32_t));
+        KVA_RETURN_IF(!stamp, KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory (%lld column blocks)", fn, (long long)NB);
+        for (int64_t b = 0; b < MB; ++b) {
+            for (int64_t e = ip[b]; e < ip[b + 1]; ++e) {
+                int32_t cb = p->indices[e];
+                if (KVA_UNLIKELY(stamp[cb] == (int32_t)(b + 1))) {
+                    free(stamp);
+                    return kva__set_error(KVA_ERR_INVALID_ARGUMENT,
+                                          "%s: column block %d appears twice in block row %lld (params->indices[%lld]); "
+                                          "each block of the matrix is listed at most once",
+                                          fn, (int)cb, (long long)b, (long long)e);
+                }
+                stamp[cb] = (int32_t)(b + 1);
+            }
+        }
+        free(stamp);
+    }
+    for (int64_t b = 0; b < MB; ++b) {
+        int64_t kv = (int64_t)(ip[b + 1] - ip[b]) * C;
+        KVA_RETURN_IF(kv > INT32_MAX / 2, KVA_ERR_UNSUPPORTED,
+                      "%s: block row %lld sees %lld keys (more than 2^30)", fn, (long long)b, (long long)kv);
+        int64_t rows = (b + 1) * R <= M ? R : M - b * R;
+        if (masked) mask_bytes += (rows * kv + 7) / 8;
+    }
+    g->M = M;
+    g->N = N;
+    g->NB = NB;
+    g->nnz = nnz;
+    g->R = R;
+    g->C = C;
+    g->MB = (int32_t)MB;
+    g->masked = masked;
+    g->mask_bytes = mask_bytes;
+    g->op = g->dense;
+    g->op.mask_mode = masked ? KVA_MASK_CUSTOM : KVA_MASK_NONE;
+    g->op.window_left = -1;
+    return KVA_OK;
+}
+
+/* Plan params of the composed op; *scratch (qo_indptr [MB+1] then last_page_len [MB]) is owned by the caller. */
+static kva_status kva__bsr_params(const char* fn, const kva_bsr_params* p, const kva__bsr_geom* g,
+                                  kva_plan_params* pp, int32_t** scratch) {
+    int32_t* s = (int32_t*)malloc(sizeof(int32_t) * (size_t)(2 * (int64_t)g->MB + 2));
+    KVA_RETURN_IF(!s, KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory (%d block rows)", fn, (int)g->MB);
+    int32_t* qo = s;
+    int32_t* lpl = s + g->MB + 1;
+    for (int64_t b = 0; b <= g->MB; ++b) qo[b] = (int32_t)(b * g->R < g->M ? b * g->R : g->M);
+    for (int64_t b = 0; b < g->MB; ++b) lpl[b] = g->C;
+    kva_plan_params_init(pp);
+    pp->batch_size = g->MB;
+    pp->qo_indptr = qo;
+    pp->kv_indptr = p->indptr;
+    pp->kv_last_page_len = lpl;
+    pp->page_size = g->C;
+    pp->num_pages = g->NB;
+    pp->kv_indices = g->nnz > 0 ? p->indices : NULL;
+    pp->fixed_split_size = p->fixed_split_size;
+    pp->disable_split_kv = p->disable_split_kv;
+    *scratch = s;
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_bsr_workspace_size(kva_context* context, const kva_attention_desc* desc,
+                                          const kva_bsr_params* params, size_t* device_bytes, size_t* host_bytes) {
+    static const char fn[] = "kva_bsr_workspace_size";
+    KVA_RETURN_IF(!context, KVA_ERR_INVALID_ARGUMENT, "%s: context is NULL", fn);
+    kva__bsr_geom g;
+    KVA_FORWARD(kva__bsr_check(fn, desc, params, &g));
+    kva_plan_params pp;
+    int32_t* scratch = NULL;
+    KVA_FORWARD(kva__bsr_params(fn, params, &g, &pp, &scratch));
+    kva_status st = kva_plan_workspace_size(context, &g.op, KVA_OP_BATCH_PREFILL_PAGED, &pp, device_bytes, host_bytes);
+    free(scratch);
+    return st;
+}
+
+KVA_API kva_status kva_bsr_plan_make(kva_context* context, const kva_attention_desc* desc,
+                                     const kva_bsr_params* params, const kva_workspace* workspace,
+                                     kva_bsr_plan* plan, void* stream) {
+    static const char fn[] = "kva_bsr_plan_make";
+    KVA_RETURN_IF(!context, KVA_ERR_INVALID_ARGUMENT, "%s: context is NULL", fn);
+    KVA_RETURN_IF(!workspace, KVA_ERR_INVALID_ARGUMENT, "%s: workspace is NULL", fn);
+    KVA_RETURN_IF(!plan, KVA_ERR_INVALID_ARGUMENT, "%s: plan is NULL", fn);
+    kva__bsr_geom g;
+    KVA_FORWARD(kva__bsr_check(fn, desc, params, &g));
+    kva_plan_params pp;
+    int32_t* scratch = NULL;
+    KVA_FORWARD(kva__bsr_params(fn, params, &g, &pp, &scratch));
+    kva_plan inner;
+    kva_status st = kva_plan_make(context, &g.op, KVA_OP_BATCH_PREFILL_PAGED, &pp, workspace, &inner, stream);
+    free(scratch);
+    if (st != KVA_OK) return st;
+    memset(plan, 0, sizeof *plan);
+    plan->plan = inner;
+    plan->num_qo_rows = g.M;
+    plan->num_kv_rows = g.N;
+    plan->block_rows = g.R;
+    plan->block_cols = g.C;
+    plan->num_block_rows = g.MB;
+    plan->uses_mask = g.masked ? 1 : 0;
+    plan->nnz = g.nnz;
+    plan->mask_bytes = g.masked ? g.mask_bytes : 0;
+    plan->magic = KVA__BSR_MAGIC;
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_bsr_mask_pack(const kva_attention_desc* desc, const kva_bsr_params* params, uint8_t* packed,
+                                     size_t capacity, size_t* packed_bytes) {
+    static const char fn[] = "kva_bsr_mask_pack";
+    KVA_RETURN_IF(!packed_bytes, KVA_ERR_INVALID_ARGUMENT, "%s: packed_bytes is NULL", fn);
+    kva__bsr_geom g;
+    KVA_FORWARD(kva__bsr_check(fn, desc, params, &g));
+    const size_t need = g.masked ? (size_t)g.mask_bytes : 0;
+    if (!packed || need == 0) {
+        *packed_bytes = need;
+        return KVA_OK;
+    }
+    KVA_RETURN_IF(capacity < need, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: the output buffer holds %zu bytes; the packed mask needs %zu", fn, capacity, need);
+    memset(packed, 0, need);
+    const bool causal = g.dense.mask_mode == KVA_MASK_CAUSAL;
+    const int64_t win = g.dense.window_left;
+    const int64_t shift = g.N - g.M; /* dense q_pos = i + shift (bottom-right aligned) */
+    const int64_t R = g.R, C = g.C;
+    const uint8_t* bm = params->block_mask;
+    int64_t seg = 0; /* byte offset of block row b's segment */
+    for (int64_t b = 0; b < g.MB; ++b) {
+        const int64_t e0 = params->indptr[b], ne = params->indptr[b + 1] - e0;
+        const int64_t rows = (b + 1) * R <= g.M ? R : g.M - b * R;
+        const int64_t kv = ne * C;
+        uint8_t* out = packed + seg;
+        for (int64_t r = 0; r < rows; ++r) {
+            const int64_t qpos = b * R + r + shift;
+            /* visible dense key range from causal / window: [lo, hi] */
+            const int64_t hi = causal ? qpos : INT64_MAX;
+            const int64_t lo = win >= 0 ? qpos - win : INT64_MIN;
+            for (int64_t e = 0; e < ne; ++e) {
+                const int64_t j0 = (int64_t)params->indices[e0 + e] * C;
+                const uint8_t* m = bm ? bm + ((e0 + e) * R + r) * C : NULL;
+                const int64_t bit0 = r * kv + e * C;
+                for (int64_t c = 0; c < C; ++c) {
+                    const int64_t j = j0 + c;
+                    if (j > hi || j < lo || (m && !m[c])) continue;
+                    const int64_t bit = bit0 + c;
+                    out[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+                }
+            }
+        }
+        seg += (rows * kv + 7) / 8;
+    }
+    *packed_bytes = need;
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_bsr_run(kva_context* context, const kva_bsr_plan* plan, const kva_workspace* workspace,
+                               const kva_bsr_run_args* args) {
+    static const char fn[] = "kva_bsr_run";
+    KVA_RETURN_IF(!context, KVA_ERR_INVALID_ARGUMENT, "%s: context is NULL", fn);
+    KVA_RETURN_IF(!plan, KVA_ERR_INVALID_ARGUMENT, "%s: plan is NULL", fn);
+    KVA_RETURN_IF(!workspace, KVA_ERR_INVALID_ARGUMENT, "%s: workspace is NULL", fn);
+    KVA_RETURN_IF(!args, KVA_ERR_INVALID_ARGUMENT, "%s: args is NULL", fn);
+    KVA_RETURN_IF(plan->magic != KVA__BSR_MAGIC, KVA_ERR_PLAN_MISMATCH,
+                  "%s: the plan was not made by kva_bsr_plan_make (bad magic) or was corrupted", fn);
+    const kva__plan_data* pd = kva__plan_data_ofc(&plan->plan);
+    KVA_RETURN_IF(pd->magic != KVA__PLAN_MAGIC || (kva_op)pd->op != KVA_OP_BATCH_PREFILL_PAGED ||
+                      pd->total_qo_rows != plan->num_qo_rows || pd->page_size != plan->block_cols ||
+                      pd->batch_size != plan->num_block_rows,
+                  KVA_ERR_PLAN_MISMATCH, "%s: the plan is inconsistent (corrupted?)", fn);
+    const kva_attention_desc* d = &pd->desc;
+    const int64_t N = plan->num_kv_rows, C = plan->block_cols;
+    kva_status st;
+    if (N > 0) {
+        int64_t ks[3] = {N, d->num_kv_heads, d->head_dim_qk};
+        int64_t vs[3] = {N, d->num_kv_heads, d->head_dim_vo};
+        st = kva__check_tensor("kva_bsr_run: k", &args->k, d->kv_dtype, 3, ks);
+        if (st == KVA_OK) st = kva__check_tensor("kva_bsr_run: v", &args->v, d->kv_dtype, 3, vs);
+        KVA_FORWARD(st);
+        KVA_RETURN_IF(args->k.stride[0] > INT64_MAX / C || args->v.stride[0] > INT64_MAX / C, KVA_ERR_INVALID_ARGUMENT,
+                      "%s: k / v row strides overflow", fn);
+    }
+    KVA_RETURN_IF(plan->nnz > 0 && !args->indices, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: args->indices (backend copy of the column-block ids) is NULL", fn);
+    KVA_RETURN_IF(plan->uses_mask && plan->mask_bytes > 0 && !args->packed_mask, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: the plan needs a packed mask (element mask, causal or window; %lld bytes from "
+                  "kva_bsr_mask_pack, in backend memory) but args->packed_mask is NULL",
+                  fn, (long long)plan->mask_bytes);
+    KVA_RETURN_IF(plan->uses_mask && args->packed_mask_bytes < plan->mask_bytes, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: args->packed_mask_bytes = %lld, the plan needs %lld (kva_bsr_mask_pack's size)", fn,
+                  (long long)args->packed_mask_bytes, (long long)plan->mask_bytes);
+
+    kva_run_args ra;
+    kva_run_args_init(&ra);
+    ra.q = args->q;
+    ra.o = args->o;
+    ra.lse = args->lse;
+    kva_paged_kv* pk = &ra.paged;
+    pk->k_data = args->k.data;
+    pk->v_data = args->v.data;
+    pk->dtype = d->kv_dtype;
+    pk->num_pages = N / C;
+    pk->page_size = (int32_t)C;
+    pk->num_heads = d->num_kv_heads;
+    pk->head_dim_qk = d->head_dim_qk;
+    pk->head_dim_vo = d->head_dim_vo;
+    if (N > 0) {
+        pk->k_stride_token = args->k.stride[0];
+        pk->k_stride_head = args->k.stride[1];
+        pk->k_stride_page = args->k.stride[0] * C;
+        pk->v_stride_token = args->v.stride[0];
+        pk->v_stride_head = args->v.stride[1];
+        pk->v_stride_page = args->v.stride[0] * C;
+    }
+    pk->indices = args->indices;
+    if (plan->uses_mask) {
+        ra.custom_mask = args->packed_mask;
+        ra.custom_mask_bytes = args->packed_mask_bytes;
+    }
+    ra.k_scale = args->k_scale;
+    ra.v_scale = args->v_scale;
+    ra.stream = args->stream;
+    st = kva_run(context, &plan->plan, workspace, &ra);
+    if (st != KVA_OK) return kva__prefix_error(st, "kva_bsr_run: ");
+    return KVA_OK;
+}
+
+/* ============================================================================================== */
+/* Multi-level cascade                                                                             */
+
+KVA_API void kva_cascade_params_init(kva_cascade_params* params) {
+    if (params) memset(params, 0, sizeof *params);
+}
+
+KVA_API void kva_cascade_run_args_init(kva_cascade_run_args* args) {
+    if (!args) return;
+    memset(args, 0, sizeof *args);
+    args->k_scale = 1.0f;
+    args->v_scale = 1.0f;
+}
+
+typedef struct kva__cascade_layout {
+    int32_t L;
+    int64_t total_rows;
+    int64_t tmp_rows;
+    kva_attention_desc desc[KVA_CASCADE_MAX_LEVELS];
+    kva_plan_params pp[KVA_CASCADE_MAX_LEVELS];
+    size_t dev_off[KVA_CASCADE_MAX_LEVELS], dev_bytes[KVA_CASCADE_MAX_LEVELS];
+    size_t host_off[KVA_CASCADE_MAX_LEVELS], host_bytes[KVA_CASCADE_MAX_LEVELS];
+    size_t tmp_o_off, tmp_lse_off, acc_lse_off;
+    size_t device_bytes, host_total;
+} kva__cascade_layout;
+
+/* Validate every level and lay the workspace out. Writes nothing. */
+static kva_status kva__cascade_layout_of(const char* fn, kva_context* ctx, const kva_attention_desc* desc,
+                                         const kva_cascade_params* p, kva__cascade_layout* lay) {
+    memset(lay, 0, sizeof *lay);
+    KVA_RETURN_IF(!ctx, KVA_ERR_INVALID_ARGUMENT, "%s: context is NULL", fn);
+    KVA_RETURN_IF(!p, KVA_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
+    const int32_t L = p->num_levels;
+    KVA_RETURN_IF(L < 1 || L > KVA_CASCADE_MAX_LEVELS, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: params->num_levels = %d must be in [1, %d]", fn, (int)L, KVA_CASCADE_MAX_LEVELS);
+    kva_attention_desc nd;
+    kva_status st = kva__desc_normalize(desc, &nd);
+    if (st != KVA_OK) {
+        char pre[128];
+        snprintf(pre, sizeof pre, "%s: ", fn);
+        return kva__prefix_error(st, pre);
+    }
+    KVA_RETURN_IF(nd.mask_mode == KVA_MASK_CUSTOM, KVA_ERR_UNSUPPORTED,
+                  "%s: desc->mask_mode = KVA_MASK_CUSTOM is not supported by cascade attention (NONE or CAUSAL; "
+                  "causal applies to the last level)", fn);
+    if (L > 1) {
+        KVA_RETURN_IF(nd.pos_encoding != KVA_POS_NONE, KVA_ERR_UNSUPPORTED,
+                      "%s: desc->pos_encoding = %s with %d levels: positions are per level in cascade attention; "
+                      "use KVA_POS_NONE (apply RoPE before the KV is cached)",
+                      fn, nd.pos_encoding == KVA_POS_ALIBI ? "KVA_POS_ALIBI" : "KVA_POS_ROPE_LLAMA", (int)L);
+        KVA_RETURN_IF(nd.window_left >= 0, KVA_ERR_UNSUPPORTED,
+                      "%s: desc->window_left = %d with %d levels: a sliding window spans levels; not supported", fn,
+                      (int)nd.window_left, (int)L);
+        KVA_RETURN_IF(nd.score_mode != KVA_SCORE_SOFTMAX, KVA_ERR_UNSUPPORTED,
+                      "%s: sigmoid (no-softmax) mode with %d levels: levels are merged through their lse, which "
+                      "sigmoid mode does not have", fn, (int)L);
+    }
+    int64_t total = -1;
+    for (int32_t l = 0; l < L; ++l) {
+        const kva_cascade_level* lv = &p->levels[l];
+        KVA_RETURN_IF(lv->batch_size < 0, KVA_ERR_INVALID_ARGUMENT, "%s: level %d: batch_size = %d is negative", fn,
+                      (int)l, (int)lv->batch_size);
+        KVA_RETURN_IF(!lv->qo_indptr || !lv->kv_indptr, KVA_ERR_INVALID_ARGUMENT,
+                      "%s: level %d: qo_indptr and kv_indptr are required", fn, (int)l);
+        const int32_t B = lv->batch_size;
+        KVA_RETURN_IF(lv->qo_indptr[0] != 0, KVA_ERR_PAGETABLE_MALFORMED, "%s: level %d: qo_indptr[0] = %d, expected 0",
+                      fn, (int)l, (int)lv->qo_indptr[0]);
+        for (int32_t b = 0; b < B; ++b)
+            KVA_RETURN_IF(lv->qo_indptr[b + 1] < lv->qo_indptr[b], KVA_ERR_PAGETABLE_MALFORMED,
+                          "%s: level %d: qo_indptr decreases at %d (%d > %d): a level groups contiguous query rows "
+                          "in the caller's order",
+                          fn, (int)l, (int)b + 1, (int)lv->qo_indptr[b], (int)lv->qo_indptr[b + 1]);
+        const int64_t rows = lv->qo_indptr[B];
+        if (l == 0) total = rows;
+        KVA_RETURN_IF(rows != total, KVA_ERR_INVALID_ARGUMENT,
+                      "%s: level %d covers %lld query rows (qo_indptr[%d]) but level 0 covers %lld: every level's "
+                      "qo_indptr must cover all query rows",
+                      fn, (int)l, (long long)rows, (int)B, (long long)total);
+        lay->desc[l] = nd;
+        if (l != L - 1) lay->desc[l].mask_mode = KVA_MASK_NONE;
+        kva_plan_params* pp = &lay->pp[l];
+        kva_plan_params_init(pp);
+        pp->batch_size = B;
+        pp->qo_indptr = lv->qo_indptr;
+        pp->kv_indptr = lv->kv_indptr;
+        pp->kv_last_page_len = lv->kv_last_page_len;
+        pp->page_size = p->page_size;
+        pp->num_pages = p->num_pages;
+        pp->kv_indices = lv->kv_indices;
+        pp->fixed_split_size = p->fixed_split_size;
+        pp->disable_split_kv = p->disable_split_kv;
+        pp->graph_mode = p->graph_mode;
+        pp->max_batch_size = p->max_batch_size;
+        pp->max_total_qo_rows = p->max_total_qo_rows;
+        kva__plan_data pd;
+        st = kva__plan_layout(ctx, &lay->desc[l], KVA_OP_BATCH_PREFILL_PAGED, pp, &pd);
+        if (st != KVA_OK) {
+            char pre[128];
+            snprintf(pre, sizeof pre, "%s: level %d: ", fn, (int)l);
+            return kva__prefix_error(st, pre);
+        }
+        lay->dev_bytes[l] = kva__align_up(pd.device_bytes, KVA__WS_ALIGN);
+        lay->host_bytes[l] = kva__align_up(pd.host_bytes, KVA__WS_ALIGN);
+    }
+    size_t off = 0, hoff = 0;
+    for (int32_t l = 0; l < L; ++l) {
+        lay->dev_off[l] = off;
+        off += lay->dev_bytes[l];
+        lay->host_off[l] = hoff;
+        hoff += lay->host_bytes[l];
+    }
+    lay->L = L;
+    lay->total_rows = total;
+    if (L > 1) {
+        /* graph mode: sized by the bound (the planner checked total <= max_total_qo_rows) */
+        const int64_t rows = p->graph_mode ? p->max_total_qo_rows : total;
+        const size_t heads = (size_t)nd.num_qo_heads;
+        lay->tmp_rows = rows;
+        lay->tmp_o_off = off;
+        off = kva__align_up(off + (size_t)rows * heads * (size_t)nd.head_dim_vo * kva_dtype_size(nd.o_dtype),
+                            KVA__WS_ALIGN);
+        lay->tmp_lse_off = off;
+        off = kva__align_up(off + (size_t)rows * heads * sizeof(float), KVA__WS_ALIGN);
+        lay->acc_lse_off = off;
+        off = kva__align_up(off + (size_t)rows * heads * sizeof(float), KVA__WS_ALIGN);
+    }
+    lay->device_bytes = off;
+    lay->host_total = hoff;
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_cascade_workspace_size(kva_context* context, const kva_attention_desc* desc,
+                                              const kva_cascade_params* params, size_t* device_bytes,
+                                              size_t* host_bytes) {
+    kva__cascade_layout lay;
+    KVA_FORWARD(kva__cascade_layout_of("kva_cascade_workspace_size", context, desc, params, &lay));
+    if (device_bytes) *device_bytes = lay.device_bytes;
+    if (host_bytes) *host_bytes = lay.host_total;
+    return KVA_OK;
+}
+
+static kva_workspace kva__sub_ws(const kva_workspace* ws, size_t dev_off, size_t dev_bytes, size_t host_off,
+                                 size_t host_bytes) {
+    kva_workspace s;
+    s.device = (char*)ws->device + dev_off;
+    s.device_bytes = dev_bytes;
+    s.host = ws->host && host_bytes > 0 ? (void*)((char*)ws->host + host_off) : NULL;
+    s.host_bytes = ws->host && host_bytes > 0 ? host_bytes : 0;
+    return s;
+}
+
+KVA_API kva_status kva_cascade_plan_make(kva_context* context, const kva_attention_desc* desc,
+                                         const kva_cascade_params* params, const kva_workspace* workspace,
+                                         kva_cascade_plan* plan, void* stream) {
+    static const char fn[] = "kva_cascade_plan_make";
+    KVA_RETURN_IF(!workspace, KVA_ERR_INVALID_ARGUMENT, "%s: workspace is NULL", fn);
+    KVA_RETURN_IF(!plan, KVA_ERR_INVALID_ARGUMENT, "%s: plan is NULL", fn);
+    kva__cascade_layout lay;
+    KVA_FORWARD(kva__cascade_layout_of(fn, context, desc, params, &lay));
+    const bool staging = !context->ops->plans_on_host_memory;
+    KVA_RETURN_IF(workspace->device_bytes < lay.device_bytes || !workspace->device, KVA_ERR_WORKSPACE_TOO_SMALL,
+                  "%s: the device workspace has %zu bytes at %p; %d levels need %zu bytes "
+                  "(kva_cascade_workspace_size)",
+                  fn, workspace->device_bytes, workspace->device, (int)lay.L, lay.device_bytes);
+    KVA_RETURN_IF(staging && lay.host_total > 0 && (workspace->host_bytes < lay.host_total || !workspace->host),
+                  KVA_ERR_WORKSPACE_TOO_SMALL,
+                  "%s: the host staging workspace has %zu bytes at %p; %d levels need %zu bytes", fn,
+                  workspace->host_bytes, workspace->host, (int)lay.L, lay.host_total);
+    KVA_RETURN_IF(((uintptr_t)workspace->device % KVA__WS_ALIGN) != 0 ||
+                      (staging && ((uintptr_t)workspace->host % KVA__WS_ALIGN) != 0),
+                  KVA_ERR_ALIGNMENT, "%s: workspace pointers must be %d-byte aligned (device %p, host %p)", fn,
+                  KVA__WS_ALIGN, workspace->device, workspace->host);
+    kva_cascade_plan cp;
+    memset(&cp, 0, sizeof cp);
+    for (int32_t l = 0; l < lay.L; ++l) {
+        kva_workspace sub = kva__sub_ws(workspace, lay.dev_off[l], lay.dev_bytes[l], lay.host_off[l],
+                                        lay.host_bytes[l]);
+        kva_status st = kva_plan_make(context, &lay.desc[l], KVA_OP_BATCH_PREFILL_PAGED, &lay.pp[l], &sub,
+                                      &cp.levels[l], stream);
+        if (st != KVA_OK) {
+            char pre[128];
+            snprintf(pre, sizeof pre, "%s: level %d: ", fn, (int)l);
+            return kva__prefix_error(st, pre);
+        }
+        cp.level_device_offset[l] = lay.dev_off[l];
+        cp.level_device_bytes[l] = lay.dev_bytes[l];
+        cp.level_host_offset[l] = lay.host_off[l];
+        cp.level_host_bytes[l] = lay.host_bytes[l];
+    }
+    cp.num_levels = lay.L;
+    cp.graph_mode = params->graph_mode ? 1 : 0;
+    cp.total_qo_rows = lay.total_rows;
+    cp.ws_device_addr = (uint64_t)(uintptr_t)workspace->device;
+    cp.tmp_o_offset = lay.tmp_o_off;
+    cp.tmp_lse_offset = lay.tmp_lse_off;
+    cp.acc_lse_offset = lay.acc_lse_off;
+    cp.tmp_rows = lay.tmp_rows;
+    cp.device_bytes = lay.device_bytes;
+    cp.host_bytes = lay.host_total;
+    cp.magic = KVA__CASCADE_MAGIC;
+    *plan = cp;
+    return KVA_OK;
+}
+
+/* Checks of a cascade plan against its workspace and context (before anything runs). */
+static kva_status kva__cascade_check_plan(const char* fn, const kva_context* ctx, const kva_cascade_plan* plan,
+                                          const kva_workspace* ws) {
+    KVA_RETURN_IF(!ctx, KVA_ERR_INVALID_ARGUMENT, "%s: context is NULL", fn);
+    KVA_RETURN_IF(!plan, KVA_ERR_INVALID_ARGUMENT, "%s: plan is NULL", fn);
+    KVA_RETURN_IF(!ws, KVA_ERR_INVALID_ARGUMENT, "%s: workspace is NULL", fn);
+    KVA_RETURN_IF(plan->magic != KVA__CASCADE_MAGIC || plan->num_levels < 1 ||
+                      plan->num_levels > KVA_CASCADE_MAX_LEVELS,
+                  KVA_ERR_PLAN_MISMATCH, "%s: the plan was not made by kva_cascade_plan_make or was corrupted", fn);
+    KVA_RETURN_IF(plan->ws_device_addr != (uint64_t)(uintptr_t)ws->device || ws->device_bytes < plan->device_bytes,
+                  KVA_ERR_PLAN_MISMATCH,
+                  "%s: the workspace (%p, %zu bytes) is not the one the plan was written into (%p, %zu bytes needed)",
+                  fn, ws->device, ws->device_bytes, (void*)(uintptr_t)plan->ws_device_addr, plan->device_bytes);
+    const kva__plan_data* pd0 = kva__plan_data_ofc(&plan->levels[0]);
+    for (int32_t l = 0; l < plan->num_levels; ++l) {
+        const kva__plan_data* pd = kva__plan_data_ofc(&plan->levels[l]);
+        KVA_RETURN_IF(pd->magic != KVA__PLAN_MAGIC || pd->version != KVA__PLAN_VERSION ||
+                          (kva_op)pd->op != KVA_OP_BATCH_PREFILL_PAGED || pd->total_qo_rows != plan->total_qo_rows,
+                      KVA_ERR_PLAN_MISMATCH, "%s: level %d's plan is corrupted", fn, (int)l);
+        KVA_RETURN_IF(pd->context_id != ctx->id, KVA_ERR_PLAN_MISMATCH,
+                      "%s: the plan was made by another context", fn);
+        KVA_RETURN_IF(pd->ws_device_addr != plan->ws_device_addr + plan->level_device_offset[l] ||
+                          pd->device_bytes > plan->level_device_bytes[l],
+                      KVA_ERR_PLAN_MISMATCH, "%s: level %d's plan is not at its workspace offset (corrupted?)", fn,
+                      (int)l);
+        KVA_RETURN_IF(pd->page_size != pd0->page_size || pd->num_pages != pd0->num_pages ||
+                          pd->desc.num_qo_heads != pd0->desc.num_qo_heads ||
+                          pd->desc.num_kv_heads != pd0->desc.num_kv_heads ||
+                          pd->desc.head_dim_qk != pd0->desc.head_dim_qk ||
+                          pd->desc.head_dim_vo != pd0->desc.head_dim_vo || pd->desc.q_dtype != pd0->desc.q_dtype ||
+                          pd->desc.kv_dtype != pd0->desc.kv_dtype || pd->desc.o_dtype != pd0->desc.o_dtype,
+                      KVA_ERR_PLAN_MISMATCH, "%s: level %d's plan disagrees with level 0's (corrupted?)", fn, (int)l);
+    }
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan* plan,
+                                   const kva_workspace* workspace, const kva_cascade_run_args* args) {
+    static const char fn[] = "kva_cascade_run";
+    KVA_FORWARD(kva__cascade_check_plan(fn, context, plan, workspace));
+    KVA_RETURN_IF(!args, KVA_ERR_INVALID_ARGUMENT, "%s: args is NULL", fn);
+    const int32_t L = plan->num_levels;
+    const kva__plan_data* pd0 = kva__plan_data_ofc(&plan->levels[0]);
+    const kva__plan_data* pdl = kva__plan_data_ofc(&plan->levels[L - 1]);
+    const kva_attention_desc* d = &pdl->desc;
+    const int64_t rows = plan->total_qo_rows;
+    KVA_RETURN_IF(L > 1 && rows > plan->tmp_rows, KVA_ERR_PLAN_MISMATCH, "%s: the plan is inconsistent (corrupted?)",
+                  fn);
+
+    /* Everything every level's run will check, up front, so that no level writes before a later one fails. */
+    if (rows > 0) {
+        int64_t qs[3] = {rows, d->num_qo_heads, d->head_dim_qk};
+        int64_t os[3] = {rows, d->num_qo_heads, d->head_dim_vo};
+        KVA_FORWARD(kva__check_tensor("kva_cascade_run: q", &args->q, d->q_dtype, 3, qs));
+        KVA_FORWARD(kva__check_tensor("kva_cascade_run: o", &args->o, d->o_dtype, 3, os));
+        if (args->lse.data) {
+            KVA_RETURN_IF(d->score_mode == KVA_SCORE_SIGMOID, KVA_ERR_INVALID_ARGUMENT,
+                          "%s: lse is not defined in sigmoid (no-softmax) mode; pass lse.data = NULL", fn);
+            int64_t ls[2] = {rows, d->num_qo_heads};
+            KVA_FORWARD(kva__check_tensor("kva_cascade_run: lse", &args->lse, KVA_DTYPE_F32, 2, ls));
+        }
+    }
+    KVA_RETURN_IF(!isfinite(args->k_scale) || !isfinite(args->v_scale), KVA_ERR_INVALID_ARGUMENT,
+                  "%s: k_scale = %g and v_scale = %g must be finite", fn, (double)args->k_scale,
+                  (double)args->v_scale);
+    const kva_paged_kv* pk = &args->paged;
+    KVA_RETURN_IF(pk->dtype != d->kv_dtype, KVA_ERR_PLAN_MISMATCH, "%s: paged.dtype = %s, the plan has kv_dtype %s",
+                  fn, kva_dtype_name(pk->dtype), kva_dtype_name(d->kv_dtype));
+    KVA_RETURN_IF(pk->page_size != pd0->page_size, KVA_ERR_PLAN_MISMATCH,
+                  "%s: paged.page_size = %d, the plan has page_size %d", fn, (int)pk->page_size, (int)pd0->page_size);
+    KVA_RETURN_IF(pk->num_pages < pd0->num_pages || pk->num_pages < 0, KVA_ERR_PLAN_MISMATCH,
+                  "%s: paged.num_pages = %lld, but the plan checked its page tables against a pool of %lld pages", fn,
+                  (long long)pk->num_pages, (long long)pd0->num_pages);
+    KVA_RETURN_IF(pk->num_heads != d->num_kv_heads || pk->head_dim_qk != d->head_dim_qk ||
+                      pk->head_dim_vo != d->head_dim_vo,
+                  KVA_ERR_PLAN_MISMATCH, "%s: paged has %d heads of dims (%d, %d), the descriptor %d heads of (%d, %d)",
+                  fn, (int)pk->num_heads, (int)pk->head_dim_qk, (int)pk->head_dim_vo, (int)d->num_kv_heads,
+                  (int)d->head_dim_qk, (int)d->head_dim_vo);
+    KVA_RETURN_IF(pk->k_stride_page < 0 || pk->k_stride_token < 0 || pk->k_stride_head < 0 || pk->v_stride_page < 0 ||
+                      pk->v_stride_token < 0 || pk->v_stride_head < 0,
+                  KVA_ERR_INVALID_ARGUMENT, "%s: paged strides must be non-negative", fn);
+    const bool host_visible = context->ops->plans_on_host_memory;
+    for (int32_t l = 0; l < L; ++l) {
+        const kva__plan_data* pd = kva__plan_data_ofc(&plan->levels[l]);
+        const int64_t entries = pd->num_page_entries;
+        if (entries == 0) continue;
+        KVA_RETURN_IF(!pk->k_data || !pk->v_data, KVA_ERR_INVALID_ARGUMENT, "%s: paged.k_data or v_data is NULL", fn);
+        KVA_RETURN_IF(pk->num_pages < 1, KVA_ERR_INVALID_ARGUMENT,
+                      "%s: paged.num_pages = %lld: the pool size bounds every page index", fn,
+                      (long long)pk->num_pages);
+        KVA_RETURN_IF(!args->kv_indices[l], KVA_ERR_INVALID_ARGUMENT,
+                      "%s: kv_indices[%d] (level %d's page table, backend memory) is NULL", fn, (int)l, (int)l);
+        if (host_visible) {
+            const int32_t* ix = args->kv_indices[l];
+            for (int64_t i = 0; i < entries; ++i)
+                KVA_RETURN_IF(ix[i] < 0 || ix[i] >= pk->num_pages, KVA_ERR_PAGE_INDEX_OUT_OF_RANGE,
+                              "%s: level %d: page table entry %lld holds page index %d, outside the pool [0, %lld)",
+                              fn, (int)l, (long long)i, (int)ix[i], (long long)pk->num_pages);
+        }
+    }
+    if (rows == 0) return KVA_OK;
+
+    kva_run_args ra;
+    kva_run_args_init(&ra);
+    ra.q = args->q;
+    ra.o = args->o;
+    ra.lse = args->lse;
+    ra.paged = *pk;
+    ra.paged.indptr = NULL;
+    ra.paged.last_page_len = NULL;
+    ra.k_scale = args->k_scale;
+    ra.v_scale = args->v_scale;
+    ra.stream = args->stream;
+    char* base = (char*)workspace->device;
+    const int64_t H = d->num_qo_heads;
+    kva_tensor tmp_o = kva_tensor_make(base + plan->tmp_o_offset, d->o_dtype, 3, rows, H, d->head_dim_vo, 0);
+    kva_tensor tmp_lse = kva_tensor_make(base + plan->tmp_lse_offset, KVA_DTYPE_F32, 2, rows, H, 0, 0);
+    kva_tensor acc_lse = args->lse;
+    if (L > 1 && !acc_lse.data) acc_lse = kva_tensor_make(base + plan->acc_lse_offset, KVA_DTYPE_F32, 2, rows, H, 0, 0);
+    for (int32_t l = 0; l < L; ++l) {
+        kva_workspace sub = kva__sub_ws(workspace, plan->level_device_offset[l], plan->level_device_bytes[l],
+                                        plan->level_host_offset[l], plan->level_host_bytes[l]);
+        ra.paged.indices = args->kv_indices[l];
+        if (l == 0) {
+            ra.o = args->o;
+            ra.lse = L > 1 ? acc_lse : args->lse;
+        } else {
+            ra.o = tmp_o;
+            ra.lse = tmp_lse;
+        }
+        kva_status st = kva_run(context, &plan->levels[l], &sub, &ra);
+        if (st == KVA_OK && l > 0)
+            st = kva_merge_state_in_place(context, &args->o, &acc_lse, &tmp_o, &tmp_lse, NULL, args->stream);
+        if (st != KVA_OK) {
+            char pre[128];
+            snprintf(pre, sizeof pre, "%s: level %d: ", fn, (int)l);
+            return kva__prefix_error(st, pre);
+        }
+    }
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_cascade_read_faults(kva_context* context, const kva_cascade_plan* plan,
+                                           const kva_workspace* workspace, kva_fault_report* report, void* stream) {
+    static const char fn[] = "kva_cascade_read_faults";
+    KVA_FORWARD(kva__cascade_check_plan(fn, context, plan, workspace));
+    KVA_RETURN_IF(!report, KVA_ERR_INVALID_ARGUMENT, "%s: report is NULL", fn);
+    memset(report, 0, sizeof *report);
+    report->request = -1;
+    for (int32_t l = 0; l < plan->num_levels; ++l) {
+        kva_workspace sub = kva__sub_ws(workspace, plan->level_device_offset[l], plan->level_device_bytes[l],
+                                        plan->level_host_offset[l], plan->level_host_bytes[l]);
+        kva_fault_report r;
+        KVA_FORWARD(kva_read_faults(context, &sub, &r, stream));
+        if (r.faulted && !report->faulted) *report = r;
+    }
+    return KVA_OK;
+}

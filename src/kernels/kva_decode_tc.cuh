@@ -1,0 +1,825 @@
+/*
+ * kva_decode_tc.cuh - the tensor-core decode kernel (mma.sync m16n8k16, sm_80+): a persistent CTA of 4 warps
+ * executes its worker's list of work items (src/core/internal.h): up to 8 packed query rows of one (request, KV
+ * head) against a KV range. Used for batch decode and small-tile prefill whenever q and KV share a 16-bit dtype,
+ * or KV is fp8 (head dim >= 128), without fused RoPE; kva_decode.cuh (CUDA cores) covers the rest.
+ *
+ * One instance per inclusion, specialised by macros (defined by the includer or by NVRTC -D options):
+ *   KVA_KERNEL_NAME, KVA_DQK (= KVA_DVO: 64, 128, 256), KVA_QT, KVA_KT, KVA_OT, KVA_ROWS (1, 2, 4, 8: size of the
+ *   cross-warp combine buffer only; the MMA always computes 8 rows), KVA_NO_BOUNDS_CHECK (benchmark only: no page
+ *   index check).
+ *
+ * Work decomposition. The KV range of an item is cut into subtiles of 16 tokens; warp w takes subtiles w, w+4, ...
+ * Each warp runs its own cp.async pipeline of KVK_TC_STAGES(D, es) subtile buffers over the flattened sequence of
+ * its subtiles across ALL items of the worker, so the first loads of the next item are in flight while the current
+ * item finishes (no CTA barrier per tile; two CTA barriers per item, in the epilogue).
+ *
+ * Per subtile (one warp, 16 tokens, rows padded to 8):
+ *   S^T[16 tok x 8 rows] = K[16 x D] . Q^T[D x 8]      A = K (ldmatrix from shared memory), B = Q (registers)
+ *   online softmax on S^T in registers (each thread holds 2 rows x 2 tokens; row max over 8 lanes: 3 shuffles)
+ *   O^T[D x 8 rows] += V^T[D x 16 tok] . P^T[16 x 8]    A = V^T (ldmatrix.trans), B = P^T (4 shuffles from S^T)
+ * The K-dim of the PV product is a permutation of the subtile's tokens (pi2 below) chosen so that P^T's B fragment
+ * comes from just two source lanes. fp8 KV: K is converted from shared memory in registers (the QK reduction over
+ * the head dim uses a permuted dim order, the same for Q), V through ldmatrix.trans on byte pairs + prmt; both
+ * as f16 with Q in f16 (scaled by a power of two so its largest element stays below 2^14).
+ *
+ * Shared memory layout of a subtile row (one token, D * es bytes): 16-byte chunk c is stored at chunk
+ * c ^ f(t), f(t) = (t & 7) ^ ((t & 8) >> 1): conflict-free for the cp.async writes, the K ldmatrix (tokens 0-7 and
+ * 8-15) and the V ldmatrix.trans (token sets {0,8,1,9,2,10,3,11} and {4,12,5,13,6,14,7,15}).
+ *
+ * Split KV: an item with partial >= 0 writes its partial slot; with KVK_FLAG_FUSED_MERGE the CTA that writes the
+ * last partial of a merge task (a counter in the high half of the task's num_partials, restored by that CTA)
+ * merges the task's partials itself, so no merge kernel runs. The task of an item is in item.pad_ (finish_plan).
+ *
+ * Faults: page indices are checked against the pool (one compare per lane per subtile); a bad index zero-fills
+ * the token, records (request, page) in the status word, and the item's rows get o = 0, lse = -inf (partials:
+ * KVK_FAULT_LSE_BITS, which the merge turns into o = 0, lse = -inf).
+ */
+#include "kva_common.cuh"
+
+#ifndef KVA_KERNEL_NAME
+#error "KVA_KERNEL_NAME must be defined"
+#endif
+
+/* ---- helpers (once per translation unit) ---- */
+#ifndef KVA_TC_HELPERS
+#define KVA_TC_HELPERS
+
+KVA_DEV void kva_ldsm_x4(unsigned addr, unsigned* r) {
+    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+KVA_DEV void kva_ldsm_x4_t(unsigned addr, unsigned* r) {
+    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+KVA_DEV void kva_mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("{ mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3}; }"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+KVA_DEV void kva_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("{ mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3}; }"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
+    unsigned r;
+    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+KVA_DEV void kva_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
+KVA_DEV int kva_tc_swz(int t) { return (t & 7) ^ ((t & 8) >> 1); }
+/* token of K-index k (0..15) of the PV product */
+KVA_DEV int kva_tc_pi2(int k) { return ((k >> 1) & 3) + 4 * (k >> 3) + 8 * (k & 1); }
+KVA_DEV uint4 kva_ldg16(const void* p) {
+    uint4 v;
+    asm volatile("{ ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+KVA_DEV unsigned kva_ldg_u32(const void* p) {
+    unsigned v;
+    asm volatile("{ ld.global.nc.u32 %0, [%1]; }" : "=r"(v) : "l"(p));
+    return v;
+}
+KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
+    uint4 a = kva_ldg16(it), b = kva_ldg16((const char*)it + 16);
+    kvk_work_item w;
+    w.req = (int)a.x;
+    w.kv_head = (int)a.y;
+    w.row_start = (int)a.z;
+    w.rows = (int)a.w;
+    w.kv_start = (int)b.x;
+    w.kv_end = (int)b.y;
+    w.partial = (int)b.z;
+    w.pad_ = (int)b.w;
+    return w;
+}
+#endif /* KVA_TC_HELPERS */
+
+/* ---- geometry ---- */
+#undef TC_NW
+#undef TC_ES
+#undef TC_FP8
+#undef TC_D
+#undef TC_ROWB
+#undef TC_CPR
+#undef TC_KB
+#undef TC_SB
+#undef TC_ST
+#undef TC_KS
+#undef TC_MT
+#undef TC_R
+#undef TC_PIPE
+#undef TC_COMB
+#undef TC_KFIX
+#undef TC_MMA
+#undef TC_PACK
+#undef TC_QPAIR
+
+#define TC_NW 4
+#define TC_ES KVK_DEC_ES(KVA_KT)
+#define TC_FP8 (TC_ES == 1)
+#define TC_D KVA_DQK
+#define TC_ROWB (TC_D * TC_ES)      /* bytes per token row */
+#define TC_CPR (TC_ROWB / 16)        /* 16-byte chunks per row (>= 8) */
+#define TC_KB (16 * TC_ROWB)         /* K (or V) bytes of a subtile */
+#define TC_SB (2 * TC_KB)            /* stage bytes */
+#define TC_ST KVK_TC_STAGES(TC_D, TC_ES)
+#define TC_KS (TC_D / 16)            /* k-steps of QK, m-tiles of PV */
+#define TC_MT (TC_D / 16)
+#define TC_R KVA_ROWS
+#define TC_PIPE (TC_NW * TC_ST * TC_SB)
+#define TC_COMB (TC_NW * TC_D * TC_R * 4)
+#if KVA_KT == KVK_E4M3
+#define TC_KFIX KVA_E4M3_FIX
+#else
+#define TC_KFIX 1.0f
+#endif
+#if KVA_KT == KVK_BF16
+#define TC_MMA kva_mma_bf16
+#define TC_PACK kva_f32x2_to_bf16x2
+#else
+#define TC_MMA kva_mma_f16
+#define TC_PACK kva_f32x2_to_f16x2
+#endif
+#if KVA_QT == KVK_F16
+#define TC_QPAIR kva_f16x2_to_f32
+#else
+#define TC_QPAIR kva_bf16x2_to_f32
+#endif
+
+#if KVA_DQK != KVA_DVO
+#error "the tensor-core decode kernel needs head_dim_qk == head_dim_vo"
+#endif
+#if KVA_DQK != 64 && KVA_DQK != 128 && KVA_DQK != 256
+#error "head dim must be 64, 128 or 256"
+#endif
+#if TC_CPR < 8
+#error "the tensor-core decode kernel needs rows of at least 128 bytes (fp8 KV: head dim >= 128)"
+#endif
+#if !TC_FP8 && KVA_QT != KVA_KT
+#error "the tensor-core decode kernel needs q and KV of the same 16-bit dtype"
+#endif
+#if KVA_ROWS != 1 && KVA_ROWS != 2 && KVA_ROWS != 4 && KVA_ROWS != 8
+#error "KVA_ROWS must be 1, 2, 4 or 8"
+#endif
+#ifndef KVA_NO_BOUNDS_CHECK
+#define KVA_NO_BOUNDS_CHECK 0
+#endif
+
+extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(const kvk_attn_params p) {
+    extern __shared__ __align__(128) char kva_smem[];
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int g8 = lane >> 2; /* MMA fragment row group */
+    const int q4 = lane & 3;  /* MMA fragment column pair */
+    const unsigned sbase = kva_smem_addr(kva_smem);
+    const unsigned wpipe = sbase + (unsigned)(warp * (TC_ST * TC_SB));
+    float* const s_comb = (float*)(kva_smem + TC_PIPE);            /* [NW][D][R] */
+    float* const s_md = (float*)(kva_smem + TC_PIPE + TC_COMB);    /* [NW][8][2]: m, d */
+    int* const s_sbad = (int*)(s_md + TC_NW * 16);                 /* [NW][ST] */
+    int* const s_flag = s_sbad + TC_NW * TC_ST;                    /* [4] */
+
+    const unsigned flags = p.flags;
+    const bool ragged = (flags & KVK_FLAG_RAGGED) != 0;
+    const bool sigmoid = (flags & KVK_FLAG_SIGMOID) != 0;
+    const float neg_inf = KVA_NEG_INF;
+    const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
+    const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
+    const kvk_i32* windptr = (const kvk_i32*)(p.ws + p.off_worker_indptr);
+
+    /* ---- warm L2 with this CTA's slice of the plan's int region and of the page table: the dependent header and
+       page-index loads below then hit L2 instead of HBM (small, latency-bound calls; cold caches) ---- */
+    {
+        const long long lo = p.off_counts, n = p.off_partial_o - p.off_counts;
+        const long long per = ((n + gridDim.x - 1) / gridDim.x + 127) & ~127ll;
+        for (long long o = (long long)tid * 128; o < per; o += KVK_THREADS * 128) {
+            const long long a = per * blockIdx.x + o;
+            if (a < n) kva_prefetch_l2(p.ws + lo + a);
+        }
+        if (!ragged && p.num_entries > 0) {
+            const long long nb = p.num_entries * 4;
+            const long long per2 = ((nb + gridDim.x - 1) / gridDim.x + 127) & ~127ll;
+            for (long long o = (long long)tid * 128; o < per2; o += KVK_THREADS * 128) {
+                const long long a = per2 * blockIdx.x + o;
+                if (a < nb) kva_prefetch_l2((const char*)p.indices + a);
+            }
+        }
+    }
+
+    const int it_begin = windptr[blockIdx.x];
+    const int it_end = windptr[blockIdx.x + 1];
+
+    /* ---- per-lane constants ---- */
+    /* cp.async: lane copies token (lane >> 1), chunks 2i + (lane & 1) */
+    const int ptok = lane >> 1;
+    unsigned pdst[4];
+    {
+        const int f = kva_tc_swz(ptok);
+        const int b = (lane & 1) ^ (f & 1);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) pdst[k] = (unsigned)(ptok * TC_ROWB + 16 * b + 32 * (k ^ (f >> 1)));
+    }
+#if !TC_FP8
+    /* K ldmatrix: token (lane & 7) + 8 * ((lane >> 3) & 1), chunk 2 ks + (lane >> 4) */
+    unsigned koff[4];
+    {
+        const int t = (lane & 7) + 8 * ((lane >> 3) & 1);
+        const int f = kva_tc_swz(t);
+        const int h = (lane >> 4) ^ (f & 1);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) koff[k] = (unsigned)(t * TC_ROWB + 16 * h + 32 * (k ^ (f >> 1)));
+    }
+    /* V ldmatrix.trans: K-index (lane & 7) + 8 * (lane >> 4) (token pi2), chunk 2 mt + ((lane >> 3) & 1) */
+    unsigned voff[4];
+    {
+        const int t = kva_tc_pi2((lane & 7) + 8 * (lane >> 4));
+        const int f = kva_tc_swz(t);
+        const int h = ((lane >> 3) & 1) ^ (f & 1);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) voff[k] = (unsigned)(t * TC_ROWB + 16 * h + 32 * (k ^ (f >> 1)));
+    }
+#else
+    /* fp8 K: rows g8 and g8 + 8, this lane's D/4 bytes: chunks q4 * (CPR/4) + h */
+    unsigned k8off[2][TC_CPR / 4];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int t = g8 + 8 * hh;
+        const int f = kva_tc_swz(t);
+#pragma unroll
+        for (int h = 0; h < TC_CPR / 4; ++h) k8off[hh][h] = (unsigned)(t * TC_ROWB + 16 * ((q4 * (TC_CPR / 4) + h) ^ f));
+    }
+    /* fp8 V ldmatrix.trans on byte pairs: block (lane >> 3): token group (blk & 1), chunk 2 m2 + (blk >> 1) */
+    unsigned voff[4];
+    {
+        const int t = kva_tc_pi2((lane & 7) + 8 * ((lane >> 3) & 1));
+        const int f = kva_tc_swz(t);
+        const int h = (lane >> 4) ^ (f & 1);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) voff[k] = (unsigned)(t * TC_ROWB + 16 * h + 32 * (k ^ (f >> 1)));
+    }
+#endif
+
+    const char* const kbase = (const char*)p.k;
+    const char* const vbase = (const char*)p.v;
+
+    /* ================= producer: the warp's subtile sequence, STAGES - 1 subtiles ahead ================= */
+    int pr_it = it_begin - 1, pr_s = 0, pr_nsub = 0, pr_kv0 = 0, pr_kv1 = 0, pr_req = 0, pr_rbase = 0;
+    const char* pr_kb = kbase;
+    const char* pr_vb = vbase;
+    int pr_nx_it = -1, pr_nx_rq_ok = 0, pr_nx_rbase = 0;
+    kvk_work_item pr_nx;
+    pr_nx.req = 0;
+    pr_nx.kv_head = 0;
+    pr_nx.kv_start = 0;
+    pr_nx.kv_end = 0;
+    bool alive = true;
+
+    /* advance the producer cursor to its next subtile (crossing items); false when the worker's list is done */
+#define TC_PR_NEXT()                                                                                          \
+    do {                                                                                                      \
+        pr_s += TC_NW;                                                                                        \
+        while (pr_s >= pr_nsub) {                                                                             \
+            if (++pr_it >= it_end) {                                                                          \
+                alive = false;                                                                                \
+                break;                                                                                        \
+            }                                                                                                 \
+            kvk_work_item w_ = pr_nx_it == pr_it ? pr_nx : kva_tc_load_item(items + pr_it);                   \
+            const int rb_ = (pr_nx_it == pr_it && pr_nx_rq_ok) ? pr_nx_rbase : reqs[w_.req].kv_start;         \
+            pr_kv0 = w_.kv_start;                                                                             \
+            pr_kv1 = w_.kv_end;                                                                               \
+            pr_nsub = pr_kv1 > pr_kv0 ? (pr_kv1 - pr_kv0 + 15) >> 4 : 0;                                      \
+            pr_req = w_.req;                                                                                  \
+            pr_rbase = rb_;                                                                                   \
+            pr_kb = kbase + (long long)w_.kv_head * p.k_stride_head * TC_ES;                                  \
+            pr_vb = vbase + (long long)w_.kv_head * p.v_stride_head * TC_ES;                                  \
+            pr_s = warp;                                                                                      \
+            pr_nx_rq_ok = 0;                                                                                  \
+            if (pr_it + 1 < it_end) {                                                                         \
+                pr_nx = kva_tc_load_item(items + pr_it + 1);                                                  \
+                pr_nx_it = pr_it + 1;                                                                         \
+            }                                                                                                 \
+        }                                                                                                     \
+    } while (0)
+
+    /* a fetched subtile: the page index load is in flight until TC_ISSUE uses it */
+    typedef struct {
+        const char* kb;
+        const char* vb;
+        int pg, sl, has, req, live;
+    } tc_rec;
+#define TC_FETCH(R)                                                                                           \
+    do {                                                                                                      \
+        (R).live = alive ? 1 : 0;                                                                             \
+        (R).has = 0;                                                                                          \
+        (R).pg = 0;                                                                                           \
+        (R).sl = 0;                                                                                           \
+        (R).kb = pr_kb;                                                                                       \
+        (R).vb = pr_vb;                                                                                       \
+        (R).req = pr_req;                                                                                     \
+        if (alive) {                                                                                          \
+            const int j_ = pr_kv0 + pr_s * 16 + ptok;                                                         \
+            if (j_ < pr_kv1) {                                                                                \
+                (R).has = 1;                                                                                  \
+                if (ragged) {                                                                                 \
+                    (R).sl = pr_rbase + j_;                                                                   \
+                } else {                                                                                      \
+                    const int e_ = (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift);                      \
+                    (R).pg = kva_ldg_i32(p.indices + pr_rbase + e_);                                          \
+                    (R).sl = j_ - e_ * p.page_size;                                                           \
+                }                                                                                             \
+            }                                                                                                 \
+            TC_PR_NEXT();                                                                                     \
+        }                                                                                                     \
+    } while (0)
+
+    /* issue a fetched subtile into stage ST_ (cp.async, zero-fill past the range or on a bad page) */
+#define TC_ISSUE(R, ST_)                                                                                      \
+    do {                                                                                                      \
+        if ((R).live) {                                                                                       \
+            bool ok_ = (R).has != 0;                                                                          \
+            int bad_ = 0;                                                                                     \
+            if (!KVA_NO_BOUNDS_CHECK && ok_ && !ragged &&                                                     \
+                (unsigned long long)(unsigned)(R).pg >= (unsigned long long)p.num_pages) {                    \
+                ok_ = false;                                                                                  \
+                bad_ = 1;                                                                                     \
+                const unsigned long long k_ = ~(((unsigned long long)(unsigned)(R).req << 32) |               \
+                                                (unsigned long long)(unsigned)(R).pg);                        \
+                atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key, k_);                          \
+            }                                                                                                 \
+            const long long pgl_ = ok_ ? (long long)(R).pg : 0ll;                                             \
+            const long long sll_ = ok_ ? (long long)(R).sl : 0ll;                                             \
+            const char* ks_ = (R).kb + (pgl_ * p.k_stride_page + sll_ * p.k_stride_token) * TC_ES + (lane & 1) * 16; \
+            const char* vs_ = (R).vb + (pgl_ * p.v_stride_page + sll_ * p.v_stride_token) * TC_ES + (lane & 1) * 16; \
+            const unsigned st_ = wpipe + (unsigned)((ST_) * TC_SB);                                           \
+            const unsigned nb_ = ok_ ? 16u : 0u;                                                              \
+            _Pragma("unroll") for (int i_ = 0; i_ < TC_CPR / 2; ++i_) {                                       \
+                const unsigned d_ = st_ + pdst[i_ & 3] + 128u * (unsigned)(i_ >> 2);                          \
+                kva_cp_async16(d_, ks_ + 32 * i_, nb_);                                                       \
+                kva_cp_async16(d_ + TC_KB, vs_ + 32 * i_, nb_);                                               \
+            }                                                                                                 \
+            const int any_ = __any_sync(0xffffffffu, bad_);                                                   \
+            if (lane == 0) s_sbad[warp * TC_ST + (ST_)] = any_;                                               \
+        }                                                                                                     \
+        if (alive && !pr_nx_rq_ok && pr_nx_it == pr_it + 1) { /* the producer's next request, ahead of use */ \
+            pr_nx_rbase = reqs[pr_nx.req].kv_start;                                                           \
+            pr_nx_rq_ok = 1;                                                                                  \
+        }                                                                                                     \
+    } while (0)
+
+    {
+        pr_nsub = 0;
+        pr_s = 0;
+        TC_PR_NEXT(); /* the first subtile */
+    }
+    /* prologue: fetch the first STAGES - 1 subtiles (page loads in flight together), then issue them */
+    {
+        tc_rec pro[TC_ST - 1];
+#pragma unroll
+        for (int s = 0; s < TC_ST - 1; ++s) TC_FETCH(pro[s]);
+#pragma unroll
+        for (int s = 0; s < TC_ST - 1; ++s) {
+            TC_ISSUE(pro[s], s);
+            kva_cp_async_commit();
+        }
+    }
+    tc_rec nrec;
+    TC_FETCH(nrec);
+
+    /* ================= consumer ================= */
+    int cc = 0; /* consumer subtile counter (stage = cc % ST) */
+    /* item header of the next item (prefetched) */
+    kvk_work_item cn_item;
+    kvk_request cn_rq;
+    cn_item.req = 0;
+    cn_item.rows = 0;
+    if (it_begin < it_end) {
+        cn_item = kva_tc_load_item(items + it_begin);
+        cn_rq = reqs[cn_item.req];
+    }
+    /* q of the next item, raw */
+#if !TC_FP8
+    unsigned qn[TC_KS][2];
+#else
+    uint4 qn[TC_KS / 2];
+#endif
+#define TC_LOAD_Q(ITEM, RQ)                                                                                   \
+    do {                                                                                                      \
+        const bool qv_ = g8 < (ITEM).rows;                                                                    \
+        const int pr_ = (ITEM).row_start + (qv_ ? g8 : 0);                                                    \
+        const int i_ = pr_ / p.group_size;                                                                    \
+        const int qh_ = (ITEM).kv_head * p.group_size + (pr_ - i_ * p.group_size);                            \
+        const unsigned short* qp_ = (const unsigned short*)p.q + (long long)((RQ).qo_start + i_) * p.q_stride_row + \
+                                    (long long)qh_ * p.q_stride_head;                                         \
+        TC_LOAD_Q_ROW(qp_, qv_);                                                                              \
+    } while (0)
+#if !TC_FP8
+#define TC_LOAD_Q_ROW(QP, QV)                                                                                 \
+    _Pragma("unroll") for (int ks_ = 0; ks_ < TC_KS; ++ks_) {                                                 \
+        qn[ks_][0] = (QV) ? kva_ldg_u32((QP) + 16 * ks_ + 2 * q4) : 0u;                                       \
+        qn[ks_][1] = (QV) ? kva_ldg_u32((QP) + 16 * ks_ + 8 + 2 * q4) : 0u;                                   \
+    }
+#else
+#define TC_LOAD_Q_ROW(QP, QV)                                                                                 \
+    _Pragma("unroll") for (int h_ = 0; h_ < TC_KS / 2; ++h_) {                                                \
+        if (QV) qn[h_] = kva_ldg16((QP) + q4 * (TC_D / 4) + 8 * h_);                                          \
+        else qn[h_] = make_uint4(0u, 0u, 0u, 0u);                                                             \
+    }
+#endif
+    if (it_begin < it_end) TC_LOAD_Q(cn_item, cn_rq);
+
+    for (int it = it_begin; it < it_end; ++it) {
+        const kvk_work_item item = cn_item;
+        const kvk_request rq = cn_rq;
+        /* next item's header: its record now, its request after the first subtile */
+        int cn_stage = 0;
+        if (it + 1 < it_end) cn_item = kva_tc_load_item(items + it + 1);
+
+        const int kv0 = item.kv_start, kv1 = item.kv_end;
+        const int nsub = kv1 > kv0 ? (kv1 - kv0 + 15) >> 4 : 0;
+
+        /* ---- q fragments (B operand of S^T = K . Q^T) ---- */
+        unsigned qf[TC_KS][2];
+        float qscale = p.q_scale * TC_KFIX;
+#if !TC_FP8
+#pragma unroll
+        for (int ks = 0; ks < TC_KS; ++ks) {
+            qf[ks][0] = qn[ks][0];
+            qf[ks][1] = qn[ks][1];
+        }
+#else
+        {
+            /* element (h, e) of this lane's slice is dim q4 * D/4 + 8 h + e; k-step ks takes dims 4 ks .. 4 ks + 3 */
+            float mx = 0.0f;
+#pragma unroll
+            for (int h = 0; h < TC_KS / 2; ++h) {
+                const unsigned w[4] = {qn[h].x, qn[h].y, qn[h].z, qn[h].w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float a, b;
+                    TC_QPAIR(w[e], &a, &b);
+                    mx = fmaxf(mx, fmaxf(fabsf(a), fabsf(b)));
+                }
+            }
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
+            const int sh = ex > 13 ? ex - 13 : 0;
+            const float down = __uint_as_float((unsigned)(127 - sh) << 23);
+            qscale *= __uint_as_float((unsigned)(127 + (sh > 127 ? 127 : sh)) << 23);
+#pragma unroll
+            for (int h = 0; h < TC_KS / 2; ++h) {
+                const unsigned w[4] = {qn[h].x, qn[h].y, qn[h].z, qn[h].w};
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float a0, a1, a2, a3;
+                    TC_QPAIR(w[2 * e], &a0, &a1);
+                    TC_QPAIR(w[2 * e + 1], &a2, &a3);
+                    qf[2 * h + e][0] = kva_f32x2_to_f16x2(a0 * down, a1 * down);
+                    qf[2 * h + e][1] = kva_f32x2_to_f16x2(a2 * down, a3 * down);
+                }
+            }
+        }
+#endif
+
+        /* ---- per-row facts of this lane's S^T rows 2 q4, 2 q4 + 1 ---- */
+        int qpos[2];
+        long long mbit[2];
+        float slope[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int r = 2 * q4 + e;
+            const int pr = item.row_start + (r < item.rows ? r : (item.rows > 0 ? item.rows - 1 : 0));
+            const int i = pr / p.group_size;
+            const int qh = item.kv_head * p.group_size + (pr - i * p.group_size);
+            qpos[e] = rq.kv_len - rq.qo_len + i;
+            mbit[e] = rq.mask_offset * 8 + (long long)i * rq.kv_len;
+            float sl = 0.0f;
+            if (flags & KVK_FLAG_ALIBI) sl = p.alibi_slopes ? p.alibi_slopes[qh] : kva_alibi_slope(qh, p.num_qo_heads);
+            slope[e] = sl;
+        }
+
+        float oacc[TC_MT][4];
+#pragma unroll
+        for (int mt = 0; mt < TC_MT; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) oacc[mt][e] = 0.0f;
+        float m0 = neg_inf, m1 = neg_inf, d0 = 0.0f, d1 = 0.0f;
+        int item_bad = 0;
+
+        for (int s = warp; s < nsub; s += TC_NW, ++cc) {
+            KVA_CP_ASYNC_WAIT(TC_ST - 2);
+            __syncwarp();
+            /* refill the stage consumed last iteration with the subtile STAGES - 1 ahead */
+            {
+                const int ist = (cc + TC_ST - 1) % TC_ST;
+                TC_ISSUE(nrec, ist);
+                kva_cp_async_commit();
+                TC_FETCH(nrec);
+            }
+            const int stg = cc % TC_ST;
+            const unsigned kst = wpipe + (unsigned)(stg * TC_SB);
+            const unsigned vst = kst + TC_KB;
+            item_bad |= s_sbad[warp * TC_ST + stg];
+            const int tile0 = kv0 + s * 16;
+
+            /* ---- S^T = K . Q^T ---- */
+            float sa[2][4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sa[0][e] = sa[1][e] = 0.0f;
+#if !TC_FP8
+#pragma unroll
+            for (int ks = 0; ks < TC_KS; ++ks) {
+                unsigned a[4];
+                kva_ldsm_x4(kst + koff[ks & 3] + 128u * (unsigned)(ks >> 2), a);
+                TC_MMA(sa[ks & 1], a, qf[ks][0], qf[ks][1]);
+            }
+#else
+#pragma unroll
+            for (int h = 0; h < TC_CPR / 4; ++h) {
+                const uint4 wlo = kva_ld_shared16(kst + k8off[0][h]);
+                const uint4 whi = kva_ld_shared16(kst + k8off[1][h]);
+                const unsigned lo[4] = {wlo.x, wlo.y, wlo.z, wlo.w};
+                const unsigned hi[4] = {whi.x, whi.y, whi.z, whi.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int ks = 4 * h + e;
+                    unsigned a[4];
+#if KVA_KT == KVK_E4M3
+                    a[0] = kva_e4m3x2_to_f16x2((unsigned short)(lo[e] & 0xffffu));
+                    a[2] = kva_e4m3x2_to_f16x2((unsigned short)(lo[e] >> 16));
+                    a[1] = kva_e4m3x2_to_f16x2((unsigned short)(hi[e] & 0xffffu));
+                    a[3] = kva_e4m3x2_to_f16x2((unsigned short)(hi[e] >> 16));
+#else
+                    a[0] = kva_e5m2x2_to_f16x2((unsigned short)(lo[e] & 0xffffu));
+                    a[2] = kva_e5m2x2_to_f16x2((unsigned short)(lo[e] >> 16));
+                    a[1] = kva_e5m2x2_to_f16x2((unsigned short)(hi[e] & 0xffffu));
+                    a[3] = kva_e5m2x2_to_f16x2((unsigned short)(hi[e] >> 16));
+#endif
+                    TC_MMA(sa[ks & 1], a, qf[ks][0], qf[ks][1]);
+                }
+            }
+#endif
+            /* x[0]: token g8, row 2q4; x[1]: token g8, row 2q4+1; x[2], x[3]: token g8 + 8 */
+            float x[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) x[e] = (sa[0][e] + sa[1][e]) * qscale;
+            {
+                const bool tail = tile0 + 16 > kv1;
+                if (tail || (flags & (KVK_FLAG_ALIBI | KVK_FLAG_SOFTCAP | KVK_FLAG_CAUSAL | KVK_FLAG_WINDOW |
+                                      KVK_FLAG_CUSTOM))) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int r = e & 1;
+                        const int j = tile0 + g8 + 8 * (e >> 1);
+                        float v = x[e];
+                        bool vis = j < kv1;
+                        if (flags & KVK_FLAG_ALIBI) v += slope[r] * (float)(j - qpos[r]);
+                        if (flags & KVK_FLAG_SOFTCAP) v = p.softcap * kva_tanh(v * (1.0f / p.softcap));
+                        if ((flags & KVK_FLAG_CAUSAL) && j > qpos[r]) vis = false;
+                        if ((flags & KVK_FLAG_WINDOW) && j < qpos[r] - p.window_left) vis = false;
+                        if ((flags & KVK_FLAG_CUSTOM) && vis) {
+                            const long long bit = mbit[r] + j;
+                            if (((p.custom_mask[bit >> 3] >> (bit & 7)) & 1) == 0) vis = false;
+                        }
+                        if (flags & KVK_FLAG_TRANSFORM) v *= KVA_LOG2E;
+                        x[e] = vis ? v : neg_inf;
+                    }
+                }
+            }
+            /* ---- online softmax (or sigmoid) ---- */
+            float pv[4];
+            if (!sigmoid) {
+                float mx0 = fmaxf(x[0], x[2]), mx1 = fmaxf(x[1], x[3]);
+#pragma unroll
+                for (int o = 4; o < 32; o <<= 1) {
+                    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+                    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+                }
+                const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+                const float mu0 = mn0 == neg_inf ? 0.0f : mn0, mu1 = mn1 == neg_inf ? 0.0f : mn1;
+                const float al0 = kva_exp2(m0 - mu0), al1 = kva_exp2(m1 - mu1);
+                m0 = mn0;
+                m1 = mn1;
+                pv[0] = kva_exp2(x[0] - mu0);
+                pv[2] = kva_exp2(x[2] - mu0);
+                pv[1] = kva_exp2(x[1] - mu1);
+                pv[3] = kva_exp2(x[3] - mu1);
+                d0 = d0 * al0 + (pv[0] + pv[2]);
+                d1 = d1 * al1 + (pv[1] + pv[3]);
+                if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+                    for (int mt = 0; mt < TC_MT; ++mt) {
+                        oacc[mt][0] *= al0;
+                        oacc[mt][1] *= al1;
+                        oacc[mt][2] *= al0;
+                        oacc[mt][3] *= al1;
+                    }
+                }
+            } else {
+                const float sb = p.sigmoid_bias;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) pv[e] = x[e] == neg_inf ? 0.0f : kva_rcp(1.0f + kva_exp2(-(x[e] + sb)));
+            }
+            /* ---- P^T B fragment: b0 = P(tokens q4, q4 + 8; row g8), b1 = P(tokens q4 + 4, q4 + 12; row g8) ---- */
+            unsigned pb0, pb1;
+            {
+                const unsigned X0 = TC_PACK(pv[0], pv[2]);
+                const unsigned X1 = TC_PACK(pv[1], pv[3]);
+                const int src = q4 * 4 + (g8 >> 1);
+                const unsigned y0a = __shfl_sync(0xffffffffu, X0, src);
+                const unsigned y1a = __shfl_sync(0xffffffffu, X1, src);
+                const unsigned y0b = __shfl_sync(0xffffffffu, X0, src + 16);
+                const unsigned y1b = __shfl_sync(0xffffffffu, X1, src + 16);
+                pb0 = (g8 & 1) ? y1a : y0a;
+                pb1 = (g8 & 1) ? y1b : y0b;
+            }
+            /* ---- O^T += V^T . P^T ---- */
+#if !TC_FP8
+#pragma unroll
+            for (int mt = 0; mt < TC_MT; ++mt) {
+                unsigned a[4];
+                kva_ldsm_x4_t(vst + voff[mt & 3] + 128u * (unsigned)(mt >> 2), a);
+                TC_MMA(oacc[mt], a, pb0, pb1);
+            }
+#else
+#pragma unroll
+            for (int m2 = 0; m2 < TC_MT / 2; ++m2) {
+                unsigned r[4];
+                kva_ldsm_x4_t(vst + voff[m2 & 3] + 128u * (unsigned)(m2 >> 2), r);
+                /* r[0]: tokens of K-index 2q4, 2q4+1 (group 0), dims 2 g8, 2 g8 + 1 of chunk 2 m2;
+                   r[1]: group 1 (K-index + 8); r[2], r[3]: chunk 2 m2 + 1 */
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    unsigned a[4];
+#if KVA_KT == KVK_E4M3
+#define TC_CV8 kva_e4m3x2_to_f16x2
+#else
+#define TC_CV8 kva_e5m2x2_to_f16x2
+#endif
+                    a[0] = TC_CV8((unsigned short)kva_prmt(r[2 * hh], 0u, 0x0020u));
+                    a[1] = TC_CV8((unsigned short)kva_prmt(r[2 * hh], 0u, 0x0031u));
+                    a[2] = TC_CV8((unsigned short)kva_prmt(r[2 * hh + 1], 0u, 0x0020u));
+                    a[3] = TC_CV8((unsigned short)kva_prmt(r[2 * hh + 1], 0u, 0x0031u));
+#undef TC_CV8
+                    TC_MMA(oacc[2 * m2 + hh], a, pb0, pb1);
+                }
+            }
+#endif
+            /* the next item's request record, once this item's first subtile is done */
+            if (cn_stage == 0) {
+                cn_stage = 1;
+                if (it + 1 < it_end) cn_rq = reqs[cn_item.req];
+            }
+        }
+
+        /* ---- next item's request and q in flight during the epilogue ---- */
+        if (it + 1 < it_end) {
+            if (cn_stage == 0) cn_rq = reqs[cn_item.req];
+            TC_LOAD_Q(cn_item, cn_rq);
+        }
+
+        /* ================= item epilogue ================= */
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) {
+            d0 += __shfl_xor_sync(0xffffffffu, d0, o);
+            d1 += __shfl_xor_sync(0xffffffffu, d1, o);
+        }
+        if (g8 == 0) {
+            s_md[(warp * 8 + 2 * q4) * 2 + 0] = m0;
+            s_md[(warp * 8 + 2 * q4) * 2 + 1] = d0;
+            s_md[(warp * 8 + 2 * q4 + 1) * 2 + 0] = m1;
+            s_md[(warp * 8 + 2 * q4 + 1) * 2 + 1] = d1;
+        }
+        if (2 * q4 < TC_R) {
+            float* const cw = s_comb + warp * (TC_D * TC_R);
+#pragma unroll
+            for (int mt = 0; mt < TC_MT; ++mt) {
+#if !TC_FP8
+                const int dlo = 16 * mt + g8, dhi = dlo + 8;
+#else
+                const int dlo = 16 * mt + 2 * g8, dhi = dlo + 1;
+#endif
+#if TC_R >= 2
+                *(float2*)(cw + dlo * TC_R + 2 * q4) = make_float2(oacc[mt][0], oacc[mt][1]);
+                *(float2*)(cw + dhi * TC_R + 2 * q4) = make_float2(oacc[mt][2], oacc[mt][3]);
+#else
+                cw[dlo] = oacc[mt][0];
+                cw[dhi] = oacc[mt][2];
+#endif
+            }
+        }
+        const int faulted = __syncthreads_or(item_bad);
+        if (faulted && tid == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
+
+        const bool to_partial = item.partial >= 0;
+        {
+            float* const po = (float*)(p.ws + p.off_partial_o);
+            float* const pl = (float*)(p.ws + p.off_partial_lse);
+            const int rows = item.rows < TC_R ? item.rows : TC_R;
+            for (int r = 0; r < rows; ++r) {
+                /* row factors (every thread, from shared memory) */
+                float mw[TC_NW], dw[TC_NW];
+                float M = neg_inf;
+#pragma unroll
+                for (int w = 0; w < TC_NW; ++w) {
+                    mw[w] = s_md[(w * 8 + r) * 2 + 0];
+                    dw[w] = s_md[(w * 8 + r) * 2 + 1];
+                    M = fmaxf(M, mw[w]);
+                }
+                const float Mu = M == neg_inf ? 0.0f : M;
+                float ew[TC_NW];
+                float dsum = 0.0f;
+#pragma unroll
+                for (int w = 0; w < TC_NW; ++w) {
+                    ew[w] = sigmoid ? 1.0f : kva_exp2(mw[w] - Mu);
+                    dsum += ew[w] * dw[w];
+                }
+                float scale = p.v_scale * TC_KFIX;
+                float lse;
+                if (sigmoid) {
+                    lse = 0.0f;
+                } else {
+                    scale = dsum > 0.0f ? scale / dsum : 0.0f;
+                    lse = dsum > 0.0f ? Mu + kva_log2(dsum) : neg_inf;
+                }
+                if (faulted) {
+                    scale = 0.0f;
+                    lse = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : neg_inf;
+                }
+                const int pr = item.row_start + r;
+                const int i = pr / p.group_size;
+                const int qh = item.kv_head * p.group_size + (pr - i * p.group_size);
+                const long long orow = rq.qo_start + i;
+                for (int d = tid; d < TC_D; d += KVK_THREADS) {
+                    float acc = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < TC_NW; ++w) acc += ew[w] * s_comb[(w * TC_D + d) * TC_R + r];
+                    const float o = acc * scale;
+                    if (to_partial) {
+                        po[((long long)item.partial * p.tile_q + r) * TC_D + d] = o;
+                    } else {
+#if KVA_OT == KVK_F32
+                        ((float*)p.o)[orow * p.o_stride_row + (long long)qh * p.o_stride_head + d] = o;
+#elif KVA_OT == KVK_F16
+                        ((unsigned short*)p.o)[orow * p.o_stride_row + (long long)qh * p.o_stride_head + d] =
+                            kva_f32_to_f16(o);
+#else
+                        ((unsigned short*)p.o)[orow * p.o_stride_row + (long long)qh * p.o_stride_head + d] =
+                            kva_f32_to_bf16(o);
+#endif
+                    }
+                }
+                if (tid == 0) {
+                    if (to_partial) pl[(long long)item.partial * p.tile_q + r] = lse;
+                    else if (p.lse) p.lse[orow * p.lse_stride_row + (long long)qh * p.lse_stride_head] = lse;
+                }
+            }
+        }
+
+        /* ---- fused split-KV merge: the CTA that writes a task's last partial merges the task ---- */
+        if (to_partial && (flags & KVK_FLAG_FUSED_MERGE)) {
+            __threadfence();
+            __syncthreads();
+            kvk_merge_task* const mtask = (kvk_merge_task*)(p.ws + p.off_merge) + item.pad_;
+            if (tid == 0) {
+                const int old = atomicAdd(&mtask->num_partials, 0x10000);
+                const int n = old & 0xffff;
+                const int last = (old >> 16) == n - 1;
+                if (last) {
+                    __threadfence();
+                    mtask->num_partials = n; /* restore for the next run or graph replay */
+                }
+                s_flag[0] = last;
+            }
+            __syncthreads();
+            if (s_flag[0]) {
+                __threadfence();
+                kvk_merge_task tk = *mtask;
+                tk.num_partials &= 0xffff;
+                kva_merge_task_rows(&tk, reqs[tk.req].qo_start, (const float*)(p.ws + p.off_partial_o),
+                                    (const float*)(p.ws + p.off_partial_lse), p.tile_q, TC_D, p.group_size, sigmoid,
+                                    p.o, KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
+                                    p.lse_stride_head, warp, TC_NW, lane);
+            }
+        }
+        __syncthreads(); /* s_comb, s_md, s_flag are reused by the next item */
+    }
+    KVA_CP_ASYNC_WAIT(0);
+}
+
+#undef TC_PR_NEXT
+#undef TC_FETCH
+#undef TC_ISSUE
+#undef TC_LOAD_Q
+#undef TC_LOAD_Q_ROW
