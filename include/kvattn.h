@@ -395,8 +395,11 @@ KVA_API kva_status kva_merge_states(kva_context* context, const kva_tensor* v, c
  * tokens). append_k [nnz, num_heads, head_dim_qk], append_v [nnz, num_heads, head_dim_vo] (f32/f16/bf16 or the
  * pool dtype); token i goes to request batch_indices[i] at position positions[i] (both arrays in backend memory). paged->indices, indptr and
  * last_page_len are required; batch_size is the number of requests in the page table. A token whose
- * position or page lies outside its request or the pool is not written and the call reports
- * KVA_ERR_PAGE_INDEX_OUT_OF_RANGE (CPU: detected before anything is written). */
+ * request, position or page lies outside the batch, its request or the pool is never written. The CPU
+ * backend checks everything before writing and returns KVA_ERR_PAGE_INDEX_OUT_OF_RANGE,
+ * KVA_ERR_PAGETABLE_MALFORMED or KVA_ERR_INVALID_ARGUMENT (nothing written). The CUDA backend cannot read
+ * device arrays on the host without a sync: it returns KVA_OK, writes the valid tokens only, and records the
+ * first bad token in a context-owned fault word that kva_read_faults reports (request = token index). */
 KVA_API kva_status kva_append_paged_kv_cache(kva_context* context, const kva_tensor* append_k,
                                              const kva_tensor* append_v, const int32_t* batch_indices,
                                              const int32_t* positions, int64_t nnz, const kva_paged_kv* paged,
@@ -446,6 +449,7 @@ KVA_API kva_status kva_alibi_slopes(int32_t num_heads, float* slopes);
  * desc: mask_mode NONE or CAUSAL (CUSTOM is refused: give block_mask instead); pos_encoding must be
  * KVA_POS_NONE (the composed op does not see dense positions: KVA_ERR_UNSUPPORTED). Soft cap, sm_scale, every
  * dtype and sigmoid mode work as for the other ops.
+ * Graph mode is not offered for BSR plans (one plan per sparsity pattern; re-plan when it changes).
  * Variable block sizes per KV head (FlashInfer's VariableBlockSparseAttentionWrapper) are not provided. */
 
 typedef struct kva_bsr_params {

@@ -32,7 +32,7 @@ _Static_assert(sizeof(kvk_status) <= KVA__STATUS_BYTES, "status region");
 _Static_assert(sizeof(kvk_merge_states_params) <= 4000, "merge_states params must fit the 4 KB parameter space");
 
 /* backend_data slots of a plan */
-enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2 };
+enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2, KVA__BD_FUSED = 3 };
 #define KVA__BD_MAGIC_VALUE 0x6b7661637564616eull /* "kvacudan" */
 
 static kva__cuda_state* kva__st(const kva_context* ctx) { return (kva__cuda_state*)ctx->backend_state; }
@@ -144,6 +144,32 @@ out:
     return status;
 }
 
+/* Fused split-KV merge (tensor-core kernel): each split item learns its merge task (item.pad_), and the task's
+ * num_partials must leave its high half free for the arrival counter. Returns 1 when the plan can use it. */
+static int kva__prepare_fused_merge(kva__plan_data* plan, const kva_workspace* ws) {
+    if (plan->num_merge <= 0) return 1;
+    if (!ws->host) return 0;
+    char* base = (char*)ws->host;
+    const kva__merge_task* mt = (const kva__merge_task*)(base + plan->off_merge);
+    kva__work_item* items = (kva__work_item*)(base + plan->off_items);
+    const int32_t nm = plan->num_merge;
+    for (int32_t t = 0; t < nm; ++t)
+        if (mt[t].num_partials >= 32768 || (t > 0 && mt[t].partial_first < mt[t - 1].partial_first)) return 0;
+    for (int32_t i = 0; i < plan->num_items; ++i) {
+        const int32_t slot = items[i].partial;
+        if (slot < 0) continue;
+        int32_t lo = 0, hi = nm - 1; /* last task with partial_first <= slot */
+        while (lo < hi) {
+            int32_t mid = (lo + hi + 1) / 2;
+            if (mt[mid].partial_first <= slot) lo = mid;
+            else hi = mid - 1;
+        }
+        if (slot < mt[lo].partial_first || slot >= mt[lo].partial_first + mt[lo].num_partials) return 0;
+        items[i].pad_ = lo;
+    }
+    return 1;
+}
+
 static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, const kva_workspace* ws, void* stream) {
     kva__cuda_state* st = kva__st(ctx);
     int pushed;
@@ -152,11 +178,20 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     kva__kchoice c;
     int index = -1;
     if (status == KVA_OK) status = kva__cuda_select(&plan->desc, (kva_op)plan->op, plan->tile_q, 0, &c);
+    if (status == KVA_OK && c.key.family == KVA__KF_DECODE_TC && c.smem > (size_t)st->max_smem_optin) {
+        /* e.g. head dim 256 on a device with less than 227 KB of shared memory per block */
+        c.key.family = KVA__KF_DECODE;
+        c.key.rope = plan->desc.pos_encoding == KVA_POS_ROPE_LLAMA;
+        c.smem = kva__kkey_smem(&c.key);
+    }
+    if (status == KVA_OK && st->no_bounds_check) c.key.nochk = 1;
     if (status == KVA_OK) status = kva__cuda_kernel(ctx, st, &c.key, &index);
     if (status == KVA_OK) {
         plan->backend_data[KVA__BD_KERNEL] = (uint64_t)(index + 1);
         plan->backend_data[KVA__BD_SMEM] = (uint64_t)c.smem;
         plan->backend_data[KVA__BD_MAGIC] = KVA__BD_MAGIC_VALUE;
+        plan->backend_data[KVA__BD_FUSED] =
+            c.key.family == KVA__KF_DECODE_TC && plan->int_region_end > 0 && kva__prepare_fused_merge(plan, ws);
         if (plan->int_region_end > 0) {
             if (!ws->host || !ws->device)
                 status = kva__set_error(KVA_ERR_INVALID_ARGUMENT, "plan: the CUDA backend needs workspace->device "
@@ -272,6 +307,8 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     p.off_items = (int64_t)pd->off_items;
     p.off_partial_o = (int64_t)pd->off_partial_o;
     p.off_partial_lse = (int64_t)pd->off_partial_lse;
+    p.off_merge = (int64_t)pd->off_merge;
+    p.num_entries = pd->graph_mode ? 0 : pd->num_page_entries; /* graph replays may use a shorter page table */
     p.q_stride_row = a->q.stride[0];
     p.q_stride_head = a->q.stride[1];
     p.o_stride_row = a->o.stride[0];
@@ -292,6 +329,8 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     if (d->mask_mode == KVA_MASK_CUSTOM) flags |= KVK_FLAG_CUSTOM;
     if (d->window_left >= 0) flags |= KVK_FLAG_WINDOW;
     if (op == KVA_OP_BATCH_PREFILL_RAGGED) flags |= KVK_FLAG_RAGGED;
+    const bool fused = pd->backend_data[KVA__BD_FUSED] != 0;
+    if (fused) flags |= KVK_FLAG_FUSED_MERGE;
     p.flags = flags;
     const float log2e = 1.4426950408889634f;
     p.q_scale = d->sm_scale * a->k_scale * ((flags & KVK_FLAG_TRANSFORM) ? 1.0f : log2e);
@@ -330,7 +369,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     if (graph || pd->num_items > 0)
         status = kva__launch(st, ke->fn, (unsigned)pd->num_workers, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
                              "run: launching the attention kernel");
-    if (status == KVA_OK && (graph || pd->num_merge > 0)) {
+    if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
         unsigned grid = (unsigned)pd->num_workers;
         if (!graph && pd->num_merge < pd->num_workers) grid = (unsigned)pd->num_merge;
         status = kva__launch(st, st->fn_merge_partials, grid, 0, s, &mp, "run: launching the merge kernel");
@@ -622,6 +661,13 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
                   "CUDA backend: device %d allows %d bytes of shared memory per block; the kernels need %d", (int)ctx->device,
                   st->max_smem_optin, kmax);
     st->ctas_per_sm = smem_sm / (kmax + 1024) >= 2 ? 2 : 1;
+    {
+        const char* nb = getenv("KVATTN_BENCH_NO_BOUNDS_CHECK");
+        st->no_bounds_check = nb && nb[0] == '1' && nb[1] == '\0';
+        if (st->no_bounds_check)
+            kva__log(ctx, KVA_LOG_WARN, "kvattn: KVATTN_BENCH_NO_BOUNDS_CHECK=1: page indices are NOT checked "
+                                        "(benchmark builds only)");
+    }
     const char* env = getenv("KVATTN_CUDA_CTAS_PER_SM");
     if (env && (env[0] == '1' || env[0] == '2') && env[1] == '\0') {
         int want = env[0] - '0';

@@ -16,7 +16,8 @@
 
 typedef enum kva__kfamily {
     KVA__KF_DECODE = 1, /* kva_decode.cuh: CUDA-core attention over <= 8 packed rows */
-    KVA__KF_UTIL = 2    /* kva_util.cuh: merges and append (one module) */
+    KVA__KF_UTIL = 2,   /* kva_util.cuh: merges and append (one module) */
+    KVA__KF_DECODE_TC = 4 /* kva_decode_tc.cuh: tensor-core attention over <= 8 packed rows (3: cuda_prefill.h) */
 } kva__kfamily;
 
 typedef struct kva__kkey {
@@ -25,6 +26,7 @@ typedef struct kva__kkey {
     int32_t qt, kt, ot; /* kva_dtype */
     int32_t rows;       /* 1, 2, 4, 8 */
     int32_t rope;       /* 0 / 1 */
+    int32_t nochk;      /* 1: no page-index bounds check (KVATTN_BENCH_NO_BOUNDS_CHECK, benchmark only) */
 } kva__kkey;
 
 /* The kernel choice for one descriptor, op and tile size. */
@@ -40,7 +42,9 @@ typedef struct kva__kchoice {
 kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile_q, int32_t max_packed,
                             kva__kchoice* out);
 
-/* Symbol name ("kva_dec_d128_qbf16_kvbf16_obf16_r8_rope0"; util: "kva_util") */
+/* Dynamic shared memory of an attention kernel key (0 for the util module) */
+size_t kva__kkey_smem(const kva__kkey* k);
+/* Symbol name ("kva_dec_d128_qbf16_kvbf16_obf16_r8_rope0", "kva_tc_d128_qbf16_kvbf16_obf16_r4"; util: "kva_util") */
 void kva__kkey_name(const kva__kkey* k, char* buf, size_t size);
 /* NVRTC -D options for the key; returns the count (at most max) */
 int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max);
@@ -84,6 +88,12 @@ typedef struct kva__aot_image {
 } kva__aot_image;
 extern const kva__aot_image kva__aot_images[];
 extern const int kva__num_aot_images;
+/* Names of the attention kernels in the prebuilt fatbins (the same set for every target), sorted (strcmp) */
+extern const char* const kva__aot_names[];
+extern const int kva__num_aot_names;
+/* Is this kernel name in the prebuilt set? (looked up before cuModuleGetFunction, which must not be asked for a
+   symbol the module lacks) */
+int kva__aot_has(const char* name);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Backend state                                                                                   */
@@ -113,6 +123,7 @@ typedef struct kva__cuda_state {
     int num_sms;
     int max_smem_optin;
     int ctas_per_sm;
+    int no_bounds_check;    /* KVATTN_BENCH_NO_BOUNDS_CHECK=1: kernels built without the page-index check */
     char name[256];
     char arch[16];          /* NVRTC target, e.g. "sm_90a" */
     char cache_dir[1024];   /* "" = no disk cache */

@@ -71,7 +71,6 @@ kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile
                   (int)tile_q);
     kva__kchoice c;
     memset(&c, 0, sizeof c);
-    c.key.family = KVA__KF_DECODE;
     c.key.dqk = d->head_dim_qk;
     c.key.dvo = d->head_dim_vo;
     c.key.qt = d->q_dtype;
@@ -80,9 +79,38 @@ kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile
     c.key.rows = kva__pow2_ceil(tile_q);
     c.key.rope = d->pos_encoding == KVA_POS_ROPE_LLAMA;
     c.tile_q = tile_q;
-    c.smem = (size_t)KVK_DEC_SMEM(c.key.dqk, c.key.dvo, KVK_DEC_ES(c.key.kt), c.key.rows);
+    /* The tensor-core kernel (kva_decode_tc.cuh) unless it lacks the variant: fused RoPE, q and 16-bit KV of
+       different dtypes, or fp8 KV at head dim 64; those run on the CUDA-core kernel (kva_decode.cuh). */
+    const bool fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
+    const bool tc = !c.key.rope && ((!fp8 && d->q_dtype == d->kv_dtype) || (fp8 && d->head_dim_qk >= 128));
+    if (tc) {
+        c.key.family = KVA__KF_DECODE_TC;
+        c.key.rope = 0;
+        c.smem = (size_t)KVK_TC_SMEM(c.key.dqk, KVK_DEC_ES(c.key.kt), c.key.rows);
+    } else {
+        c.key.family = KVA__KF_DECODE;
+        c.smem = (size_t)KVK_DEC_SMEM(c.key.dqk, c.key.dvo, KVK_DEC_ES(c.key.kt), c.key.rows);
+    }
     if (out) *out = c;
     return KVA_OK;
+}
+
+size_t kva__kkey_smem(const kva__kkey* k) {
+    if (k->family == KVA__KF_DECODE_TC) return (size_t)KVK_TC_SMEM(k->dqk, KVK_DEC_ES(k->kt), k->rows);
+    if (k->family == KVA__KF_DECODE) return (size_t)KVK_DEC_SMEM(k->dqk, k->dvo, KVK_DEC_ES(k->kt), k->rows);
+    return 0;
+}
+
+int kva__aot_has(const char* name) {
+    int lo = 0, hi = kva__num_aot_names - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        int c = strcmp(kva__aot_names[mid], name);
+        if (c == 0) return 1;
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return 0;
 }
 
 void kva__fastdiv_magic(int32_t d, uint32_t* mul, uint32_t* shift) {
@@ -112,8 +140,12 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
         snprintf(buf, size, "kva_util");
         return;
     }
-    snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_rope%d", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
-             kva__dt(k->ot), (int)k->rows, (int)k->rope);
+    if (k->family == KVA__KF_DECODE_TC)
+        snprintf(buf, size, "kva_tc_d%d_q%s_kv%s_o%s_r%d%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, k->nochk ? "_nochk" : "");
+    else
+        snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_rope%d%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, (int)k->rope, k->nochk ? "_nochk" : "");
 }
 
 int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
@@ -128,11 +160,17 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     snprintf(defs[5], 128, "-DKVA_OT=%d", (int)k->ot);
     snprintf(defs[6], 128, "-DKVA_ROWS=%d", (int)k->rows);
     snprintf(defs[7], 128, "-DKVA_ROPE=%d", (int)k->rope);
+    if (k->nochk && max >= 9) {
+        snprintf(defs[8], 128, "-DKVA_NO_BOUNDS_CHECK=1");
+        return 9;
+    }
     return 8;
 }
 
 const char* kva__kkey_source(const kva__kkey* k) {
-    return k->family == KVA__KF_UTIL ? "#include \"kva_util.cuh\"\n" : "#include \"kva_decode.cuh\"\n";
+    if (k->family == KVA__KF_UTIL) return "#include \"kva_util.cuh\"\n";
+    if (k->family == KVA__KF_DECODE_TC) return "#include \"kva_decode_tc.cuh\"\n";
+    return "#include \"kva_decode.cuh\"\n";
 }
 
 int kva__kkey_enumerate(kva__kkey* keys, int max) {
@@ -166,6 +204,28 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                             }
                             ++n;
                         }
+    /* tensor-core kernels: q = KV (16-bit), or fp8 KV at head dims 128 and 256; no RoPE */
+    for (int a = 0; a < 3; ++a)
+        for (int b = 0; b < 2; ++b)
+            for (int c = 0; c < 4; ++c) {
+                const int fp8 = kts[c] == KVA_DTYPE_E4M3 || kts[c] == KVA_DTYPE_E5M2;
+                if (!fp8 && kts[c] != qts[b]) continue;
+                if (fp8 && dims[a] < 128) continue;
+                for (int e = 0; e < 3; ++e)
+                    for (int r = 0; r < 4; ++r) {
+                        if (n < max) {
+                            kva__kkey* k = &keys[n];
+                            memset(k, 0, sizeof *k);
+                            k->family = KVA__KF_DECODE_TC;
+                            k->dqk = k->dvo = dims[a];
+                            k->qt = qts[b];
+                            k->kt = kts[c];
+                            k->ot = ots[e];
+                            k->rows = rows[r];
+                        }
+                        ++n;
+                    }
+            }
     return n;
 }
 
@@ -458,7 +518,7 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
         e.key = *k;
         char name[128];
         kva__kkey_name(k, name, sizeof name);
-        if (k->family == KVA__KF_DECODE && st->aot) {
+        if ((k->family == KVA__KF_DECODE || k->family == KVA__KF_DECODE_TC) && st->aot && kva__aot_has(name)) {
             CUresult r = cu->ModuleGetFunction(&e.fn, st->aot, name);
             if (r != CUDA_SUCCESS) e.fn = NULL;
         }
@@ -480,8 +540,8 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
                 goto unlock;
             }
         }
-        if (k->family == KVA__KF_DECODE) {
-            size_t smem = (size_t)KVK_DEC_SMEM(k->dqk, k->dvo, KVK_DEC_ES(k->kt), k->rows);
+        if (k->family == KVA__KF_DECODE || k->family == KVA__KF_DECODE_TC) {
+            size_t smem = kva__kkey_smem(k);
             CUresult r = cu->FuncSetAttribute(e.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
             if (r != CUDA_SUCCESS) {
                 if (e.module) cu->ModuleUnload(e.module);
