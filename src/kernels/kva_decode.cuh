@@ -75,6 +75,9 @@
 #define KVA_KFIX 1.0f
 #endif
 
+#ifndef KVA_NO_BOUNDS_CHECK
+#define KVA_NO_BOUNDS_CHECK 0
+#endif
 #if KVA_DQK != KVA_DVO
 #error "the CUDA-core kernel needs head_dim_qk == head_dim_vo"
 #endif
@@ -219,7 +222,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
                     int e_ = (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift);                  \
                     int pg_ = kva_ldg_i32(pidx + e_);                                               \
                     (SL)[u_] = j_ - e_ * p.page_size;                                               \
-                    if ((unsigned long long)(unsigned)pg_ < (unsigned long long)p.num_pages) {      \
+                    if (KVA_NO_BOUNDS_CHECK ||                                                      \
+                        (unsigned long long)(unsigned)pg_ < (unsigned long long)p.num_pages) {      \
                         (PG)[u_] = pg_;                                                             \
                     } else {                                                                        \
                         unsigned long long k_ = ~(((unsigned long long)(unsigned)item.req << 32) |  \
