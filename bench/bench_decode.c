@@ -9,7 +9,13 @@
  * Output: one line per workload on stdout, and with --csv FILE a CSV that bench/peers_decode.py reads to run
  * the peers on the same shapes (the KV lengths of every request are in the CSV).
  *
- * usage: kva_bench_decode [--iters N] [--csv FILE] [--only SUBSTR] [--quick]
+ * Bounds check (--bounds-check, on by default; --no-bounds-check-ab 0 turns it off): D1 64 x 8k and D5 (page 16
+ * and 1) are also timed with a second context whose kernels are built without the page-index check
+ * (KVATTN_BENCH_NO_BOUNDS_CHECK=1, NVRTC), interleaving the two plans launch by launch; the cost is reported as
+ * (checked - unchecked) / unchecked of the medians.
+ *
+ * usage: kva_bench_decode [--iters N] [--csv FILE] [--only 'A|B' (substrings of name, group or shape)] [--quick]
+ *                         [--no-bounds-check-ab 0|1]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
@@ -172,8 +178,237 @@ static double now_s(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+/* --only "A|B|...": any alternative is a substring of the name, group or shape */
+static int matches(const char* only, const wl* w) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", only);
+    for (char* tok = strtok(buf, "|"); tok; tok = strtok(NULL, "|"))
+        if (strstr(w->name, tok) || strstr(w->group, tok) || strstr(w->label, tok)) return 1;
+    return 0;
+}
+
+/* one workload's device buffers and plan */
+typedef struct wl_run {
+    void *k, *v, *q, *o, *lse;
+    int* dind;
+    kva_workspace ws;
+    kva_plan plan;
+    kva_run_args a;
+    double bytes;
+    float plan_us;
+} wl_run;
+
+static void wl_setup(kva_context* ctx, const wl* w, void* dsrc, size_t src_bytes, cudaStream_t s, wl_run* R,
+                     const wl_run* share) {
+    const int B = w->batch, HQ = w->hq, HK = w->hkv, D = w->d, ps = w->page_size;
+    const size_t kes = kva_dtype_size(w->kv);
+    memset(R, 0, sizeof *R);
+    int* indptr = (int*)calloc((size_t)B + 1, sizeof(int));
+    int* last = (int*)calloc((size_t)B, sizeof(int));
+    long long tokens = 0;
+    for (int b = 0; b < B; ++b) {
+        int np = (w->lens[b] + ps - 1) / ps;
+        indptr[b + 1] = indptr[b] + np;
+        last[b] = w->lens[b] - (np - 1) * ps;
+        tokens += w->lens[b];
+    }
+    const int64_t npages = indptr[B];
+    if (share) { /* same pools and page table (another context's plan of the same workload) */
+        R->k = share->k, R->v = share->v, R->q = share->q, R->o = share->o, R->lse = share->lse, R->dind = share->dind;
+    } else {
+        int* indices = (int*)malloc(sizeof(int) * (size_t)(npages > 0 ? npages : 1));
+        for (int64_t i = 0; i < npages; ++i) indices[i] = (int)i;
+        for (int64_t i = npages - 1; i > 0; --i) { /* scattered pages */
+            int64_t j = (int64_t)(xs() % (uint64_t)(i + 1));
+            int t = indices[i];
+            indices[i] = indices[j];
+            indices[j] = t;
+        }
+        const size_t pool_bytes = (size_t)npages * ps * HK * D * kes;
+        CU(cudaMalloc(&R->k, pool_bytes));
+        CU(cudaMalloc(&R->v, pool_bytes));
+        for (size_t off = 0; off < pool_bytes; off += src_bytes) {
+            size_t n = pool_bytes - off < src_bytes ? pool_bytes - off : src_bytes;
+            CU(cudaMemcpy((char*)R->k + off, dsrc, n, cudaMemcpyDeviceToDevice));
+            CU(cudaMemcpy((char*)R->v + off, (char*)dsrc + (src_bytes - n) / 2 / 16 * 16, n, cudaMemcpyDeviceToDevice));
+        }
+        if (kes == 1) { /* keep fp8 finite: bytes of bf16 randoms include NaN patterns; use fixed finite bytes */
+            CU(cudaMemset(R->k, 0x11, pool_bytes));
+            CU(cudaMemset(R->v, 0x22, pool_bytes));
+        }
+        CU(cudaMalloc(&R->q, (size_t)B * HQ * D * 2));
+        CU(cudaMalloc(&R->o, (size_t)B * HQ * D * 2));
+        CU(cudaMalloc(&R->lse, (size_t)B * HQ * 4));
+        CU(cudaMemcpy(R->q, dsrc, (size_t)B * HQ * D * 2, cudaMemcpyDeviceToDevice));
+        CU(cudaMalloc((void**)&R->dind, sizeof(int) * (size_t)(npages > 0 ? npages : 1)));
+        CU(cudaMemcpy(R->dind, indices, sizeof(int) * (size_t)npages, cudaMemcpyHostToDevice));
+        free(indices);
+    }
+
+    kva_attention_desc d;
+    kva_attention_desc_init(&d, HQ, HK, D, KVA_DTYPE_BF16);
+    d.kv_dtype = w->kv;
+    kva_plan_params pp;
+    kva_plan_params_init(&pp);
+    pp.batch_size = B;
+    pp.kv_indptr = indptr;
+    pp.kv_last_page_len = last;
+    pp.page_size = ps;
+    pp.num_pages = npages;
+    if (w->graph) {
+        pp.graph_mode = 1;
+        pp.max_batch_size = B;
+    }
+    size_t db = 0, hb = 0;
+    if (w->graph) KV(kva_workspace_bound(ctx, &d, KVA_OP_BATCH_DECODE, B, B, &db, &hb));
+    else KV(kva_plan_workspace_size(ctx, &d, KVA_OP_BATCH_DECODE, &pp, &db, &hb));
+    R->ws.device_bytes = db;
+    R->ws.host_bytes = hb;
+    CU(cudaMalloc(&R->ws.device, db));
+    CU(cudaMallocHost(&R->ws.host, hb));
+    float pt[15];
+    for (int i = 0; i < 15; ++i) {
+        double t0 = now_s();
+        KV(kva_plan_make(ctx, &d, KVA_OP_BATCH_DECODE, &pp, &R->ws, &R->plan, s));
+        pt[i] = (float)((now_s() - t0) * 1e6);
+    }
+    qsort(pt, 15, sizeof(float), cmp_f);
+    R->plan_us = pt[7];
+    kva_run_args_init(&R->a);
+    R->a.q = kva_tensor_make(R->q, KVA_DTYPE_BF16, 3, B, HQ, D, 0);
+    R->a.o = kva_tensor_make(R->o, KVA_DTYPE_BF16, 3, B, HQ, D, 0);
+    R->a.lse = kva_tensor_make(R->lse, KVA_DTYPE_F32, 2, B, HQ, 0, 0);
+    KV(kva_paged_kv_init(&R->a.paged, R->k, R->v, w->kv, KVA_LAYOUT_NHD, npages, ps, HK, D, D));
+    R->a.paged.indices = R->dind;
+    R->a.stream = s;
+    R->bytes = (double)tokens * HK * 2 * D * kes + (double)B * HQ * D * 2 * 2;
+    free(indptr);
+    free(last);
+}
+
+static void wl_free(wl_run* R, int owns_buffers) {
+    if (owns_buffers) {
+        cudaFree(R->k);
+        cudaFree(R->v);
+        cudaFree(R->q);
+        cudaFree(R->o);
+        cudaFree(R->lse);
+        cudaFree(R->dind);
+    }
+    cudaFree(R->ws.device);
+    cudaFreeHost(R->ws.host);
+}
+
+static void* g_flush;
+static size_t g_flush_bytes;
+static cudaEvent_t g_e0, g_e1;
+
+/* one cold-L2 timed launch (graph replay when exec != NULL), microseconds */
+static float time_once(kva_context* ctx, wl_run* R, cudaGraphExec_t exec, cudaStream_t s, int it) {
+    CU(cudaMemsetAsync(g_flush, it & 0xff, g_flush_bytes, s));
+    CU(cudaEventRecord(g_e0, s));
+    if (exec) CU(cudaGraphLaunch(exec, s));
+    else KV(kva_run(ctx, &R->plan, &R->ws, &R->a));
+    CU(cudaEventRecord(g_e1, s));
+    CU(cudaEventSynchronize(g_e1));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, g_e0, g_e1));
+    return ms * 1000.0f;
+}
+
+static void csv_row(FILE* f, const wl* w, const char* name, const wl_run* R, double t_us) {
+    if (!f) return;
+    /* name and label are quoted: names hold commas ("D4 uniform[512,1024]") */
+    fprintf(f, "%s,\"%s\",\"%s\",%d,%d,%d,%s,%d,%d,%.0f,%.2f,%.1f,", w->group, name, w->label, w->hq, w->hkv, w->d,
+            kva_dtype_name(w->kv), w->page_size, w->batch, R->bytes, t_us, (double)R->plan_us);
+    for (int b = 0; b < w->batch; ++b) fprintf(f, "%s%d", b ? ";" : "", w->lens[b]);
+    fprintf(f, "\n");
+    fflush(f);
+}
+
+/* Kernel timeline of one cold launch (tensor-core kernel built with KVA_TC_TRACE through NVRTC): per CTA, the SM
+   clock at points of its first item (see kva_decode_tc.cuh) and the global timer at start and end. */
+static void trace_workload(const kva_context_options* opt, const wl* w, const wl_run* R, void* dsrc, size_t src_bytes,
+                           cudaStream_t s, const struct cudaDeviceProp* prop) {
+    const int nslot = 16, maxw = 4096;
+    unsigned long long* dtr = NULL;
+    CU(cudaMalloc((void**)&dtr, sizeof(unsigned long long) * nslot * maxw));
+    char buf[64];
+    snprintf(buf, sizeof buf, "%p", (void*)dtr);
+    setenv("KVATTN_BENCH_TRACE_PTR", buf, 1);
+    kva_context_options o2 = *opt;
+    o2.log_level = KVA_LOG_ERROR;
+    kva_context* ctx = NULL;
+    kva_status st = kva_context_create(&o2, &ctx);
+    unsetenv("KVATTN_BENCH_TRACE_PTR");
+    if (st != KVA_OK) {
+        printf("trace: no context (%s)\n", kva_last_error_message());
+        cudaFree(dtr);
+        return;
+    }
+    const int W = kva_context_num_workers(ctx);
+    wl_run T;
+    wl_setup(ctx, w, dsrc, src_bytes, s, &T, R);
+    unsigned long long* h = (unsigned long long*)calloc((size_t)nslot * maxw, sizeof *h);
+    const double ghz = prop->clockRate / 1e6; /* kHz -> GHz */
+    for (int rep = 0; rep < 4; ++rep) {
+        CU(cudaMemsetAsync(dtr, 0, sizeof(unsigned long long) * nslot * maxw, s));
+        float us = time_once(ctx, &T, NULL, s, rep);
+        if (rep < 3) continue;
+        CU(cudaMemcpy(h, dtr, sizeof(unsigned long long) * nslot * (W < maxw ? W : maxw), cudaMemcpyDeviceToHost));
+        unsigned long long g0 = ~0ull, gstart_max = 0, gend = 0;
+        int nwork = 0;
+        for (int b = 0; b < W && b < maxw; ++b) {
+            const unsigned long long* t = h + (size_t)b * nslot;
+            if (!t[14]) continue;
+            if (t[14] < g0) g0 = t[14];
+            if (t[14] > gstart_max) gstart_max = t[14];
+            if (t[15] > gend) gend = t[15];
+            if (t[5]) nwork++;
+        }
+        printf("trace %s %s: event %.1f us; kernel span %.2f us (global timer), CTA starts spread %.2f us; %d CTAs "
+               "with work; SM clock %.2f GHz\n",
+               w->name, w->label, us, (gend - g0) / 1e3, (gstart_max - g0) / 1e3, nwork, ghz);
+        static const char* names[] = {"",        "windptr", "item+req", "KV issued", "KV data", "computed",
+                                      "CTA sync", "written", "atomic",   "merged",    "end"};
+        printf("  us since the CTA's start (median / max over CTAs with work):");
+        for (int i = 1; i <= 10; ++i) {
+            double v[4096];
+            int n = 0;
+            for (int b = 0; b < W && b < maxw; ++b) {
+                const unsigned long long* t = h + (size_t)b * nslot;
+                if (!t[5] || !t[i] || !t[0]) continue;
+                v[n++] = (double)(t[i] - t[0]) / (ghz * 1e3);
+            }
+            if (!n) continue;
+            for (int a = 1; a < n; ++a) /* insertion sort (small) */
+                for (int c = a; c > 0 && v[c] < v[c - 1]; --c) {
+                    double x = v[c];
+                    v[c] = v[c - 1];
+                    v[c - 1] = x;
+                }
+            printf(" %s %.2f/%.2f;", names[i], v[n / 2], v[n - 1]);
+        }
+        printf("\n");
+        /* when did the CTAs with work start, relative to the first CTA */
+        double smax = 0;
+        for (int b = 0; b < W && b < maxw; ++b) {
+            const unsigned long long* t = h + (size_t)b * nslot;
+            if (t[5] && t[14] && (t[14] - g0) / 1e3 > smax) smax = (t[14] - g0) / 1e3;
+        }
+        printf("  last CTA with work started %.2f us after the first CTA\n", smax);
+    }
+    free(h);
+    wl_free(&T, 0);
+    kva_context_destroy(ctx);
+    cudaFree(dtr);
+}
+
 int main(int argc, char** argv) {
-    int iters = 30, quick = 0;
+    int iters = 30, quick = 0, bc_ab = 1;
+    const char* ab_env = "KVATTN_BENCH_NO_BOUNDS_CHECK";
+    const char* ab_only = NULL;
+    const char* trace_only = NULL;
     const char* csv = NULL;
     const char* only = NULL;
     double hbm_override = 0;
@@ -182,9 +417,16 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "--csv") && i + 1 < argc) csv = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--hbm") && i + 1 < argc) hbm_override = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--no-bounds-check-ab") && i + 1 < argc) bc_ab = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ab-env") && i + 1 < argc) ab_env = argv[++i];
+        else if (!strcmp(argv[i], "--ab-only") && i + 1 < argc) ab_only = argv[++i];
+        else if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace_only = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else {
-            fprintf(stderr, "usage: %s [--iters N] [--csv FILE] [--only SUBSTR] [--hbm TB/s] [--quick]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--iters N] [--csv FILE] [--only SUBSTR] [--hbm TB/s] [--quick] "
+                    "[--no-bounds-check-ab 0|1] [--ab-env VAR] [--ab-only 'A|B'] [--trace 'A|B']\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -213,11 +455,18 @@ int main(int argc, char** argv) {
     kva_context* ctx = NULL;
     KV(kva_context_create(&opt, &ctx));
     printf("kvattn workers: %d\n", kva_context_num_workers(ctx));
+    kva_context* ctx_nochk = NULL;
+    if (bc_ab) { /* kernels without the page-index check, for the A/B cost of the check (benchmark only) */
+        setenv(ab_env, "1", 1);
+        kva_context_options o2 = opt;
+        o2.log_level = KVA_LOG_ERROR;
+        if (kva_context_create(&o2, &ctx_nochk) != KVA_OK) ctx_nochk = NULL;
+        unsetenv(ab_env);
+    }
 
     /* L2 flush buffer */
-    const size_t flush_bytes = (size_t)512 << 20;
-    void* flush;
-    CU(cudaMalloc(&flush, flush_bytes));
+    g_flush_bytes = (size_t)512 << 20;
+    CU(cudaMalloc(&g_flush, g_flush_bytes));
     /* one random source buffer replicated into pools */
     const size_t src_bytes = (size_t)64 << 20;
     uint16_t* hsrc = (uint16_t*)malloc(src_bytes);
@@ -234,167 +483,107 @@ int main(int argc, char** argv) {
 
     cudaStream_t s;
     CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
+    CU(cudaEventCreate(&g_e0));
+    CU(cudaEventCreate(&g_e1));
     FILE* fcsv = csv ? fopen(csv, "w") : NULL;
     if (fcsv) fprintf(fcsv, "group,name,label,hq,hkv,d,kv_dtype,page_size,batch,bytes,kvattn_us,plan_us,lens\n");
     printf("%-28s %-12s %10s %10s %8s %8s %9s\n", "workload", "shape", "time_us", "TB/s", "%HBM", "plan_us", "bytes");
+    char bc_lines[8][320];
+    int nbc = 0;
 
     for (int wi = 0; wi < nwl; ++wi) {
         wl* w = &wls[wi];
-        if (only && !strstr(w->name, only) && !strstr(w->group, only)) continue;
-        const int B = w->batch, HQ = w->hq, HK = w->hkv, D = w->d, ps = w->page_size;
-        const size_t kes = kva_dtype_size(w->kv);
-        int* indptr = (int*)calloc((size_t)B + 1, sizeof(int));
-        int* last = (int*)calloc((size_t)B, sizeof(int));
-        long long tokens = 0;
-        for (int b = 0; b < B; ++b) {
-            int np = (w->lens[b] + ps - 1) / ps;
-            indptr[b + 1] = indptr[b] + np;
-            last[b] = w->lens[b] - (np - 1) * ps;
-            tokens += w->lens[b];
-        }
-        const int64_t npages = indptr[B];
-        int* indices = (int*)malloc(sizeof(int) * (size_t)npages);
-        for (int64_t i = 0; i < npages; ++i) indices[i] = (int)i;
-        for (int64_t i = npages - 1; i > 0; --i) { /* scattered pages */
-            int64_t j = (int64_t)(xs() % (uint64_t)(i + 1));
-            int t = indices[i];
-            indices[i] = indices[j];
-            indices[j] = t;
-        }
-        const size_t pool_bytes = (size_t)npages * ps * HK * D * kes;
-        void *k, *v, *q, *o, *lse;
-        int* dind;
-        CU(cudaMalloc(&k, pool_bytes));
-        CU(cudaMalloc(&v, pool_bytes));
-        for (size_t off = 0; off < pool_bytes; off += src_bytes) {
-            size_t n = pool_bytes - off < src_bytes ? pool_bytes - off : src_bytes;
-            CU(cudaMemcpy((char*)k + off, dsrc, n, cudaMemcpyDeviceToDevice));
-            CU(cudaMemcpy((char*)v + off, (char*)dsrc + (src_bytes - n) / 2 / 16 * 16, n, cudaMemcpyDeviceToDevice));
-        }
-        if (kes == 1) { /* keep fp8 finite: bytes of bf16 randoms include NaN patterns; clear the top bit pairs */
-            CU(cudaMemset(k, 0x11, pool_bytes));
-            CU(cudaMemset(v, 0x22, pool_bytes));
-        }
-        CU(cudaMalloc(&q, (size_t)B * HQ * D * 2));
-        CU(cudaMalloc(&o, (size_t)B * HQ * D * 2));
-        CU(cudaMalloc(&lse, (size_t)B * HQ * 4));
-        CU(cudaMemcpy(q, dsrc, (size_t)B * HQ * D * 2, cudaMemcpyDeviceToDevice));
-        CU(cudaMalloc((void**)&dind, sizeof(int) * (size_t)npages));
-        CU(cudaMemcpy(dind, indices, sizeof(int) * (size_t)npages, cudaMemcpyHostToDevice));
-
-        kva_attention_desc d;
-        kva_attention_desc_init(&d, HQ, HK, D, KVA_DTYPE_BF16);
-        d.kv_dtype = w->kv;
-        kva_plan_params pp;
-        kva_plan_params_init(&pp);
-        pp.batch_size = B;
-        pp.kv_indptr = indptr;
-        pp.kv_last_page_len = last;
-        pp.page_size = ps;
-        pp.num_pages = npages;
-        if (w->graph) {
-            pp.graph_mode = 1;
-            pp.max_batch_size = B;
-        }
-        size_t db = 0, hb = 0;
-        if (w->graph) KV(kva_workspace_bound(ctx, &d, KVA_OP_BATCH_DECODE, B, B, &db, &hb));
-        else KV(kva_plan_workspace_size(ctx, &d, KVA_OP_BATCH_DECODE, &pp, &db, &hb));
-        kva_workspace ws;
-        memset(&ws, 0, sizeof ws);
-        ws.device_bytes = db;
-        ws.host_bytes = hb;
-        CU(cudaMalloc(&ws.device, db));
-        CU(cudaMallocHost(&ws.host, hb));
-        kva_plan plan;
-        /* plan time (host) */
-        float pt[15];
-        for (int i = 0; i < 15; ++i) {
-            double t0 = now_s();
-            KV(kva_plan_make(ctx, &d, KVA_OP_BATCH_DECODE, &pp, &ws, &plan, s));
-            pt[i] = (float)((now_s() - t0) * 1e6);
-        }
-        qsort(pt, 15, sizeof(float), cmp_f);
-        kva_run_args a;
-        kva_run_args_init(&a);
-        a.q = kva_tensor_make(q, KVA_DTYPE_BF16, 3, B, HQ, D, 0);
-        a.o = kva_tensor_make(o, KVA_DTYPE_BF16, 3, B, HQ, D, 0);
-        a.lse = kva_tensor_make(lse, KVA_DTYPE_F32, 2, B, HQ, 0, 0);
-        KV(kva_paged_kv_init(&a.paged, k, v, w->kv, KVA_LAYOUT_NHD, npages, ps, HK, D, D));
-        a.paged.indices = dind;
-        a.stream = s;
-
-        const double bytes = (double)tokens * HK * 2 * D * kes + (double)B * HQ * D * 2 * 2;
+        if (only && !matches(only, w)) continue;
+        wl_run R;
+        wl_setup(ctx, w, dsrc, src_bytes, s, &R, NULL);
         float* times = (float*)malloc(sizeof(float) * (size_t)iters);
         cudaGraphExec_t exec = NULL;
         cudaGraph_t graph = NULL;
         if (w->graph) {
             CU(cudaStreamSynchronize(s));
             CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            KV(kva_run(ctx, &plan, &ws, &a));
+            KV(kva_run(ctx, &R.plan, &R.ws, &R.a));
             CU(cudaStreamEndCapture(s, &graph));
             CU(cudaGraphInstantiate(&exec, graph, 0));
         }
         for (int it = -3; it < iters; ++it) {
-            CU(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s));
-            CU(cudaEventRecord(e0, s));
-            if (w->graph) CU(cudaGraphLaunch(exec, s));
-            else KV(kva_run(ctx, &plan, &ws, &a));
-            CU(cudaEventRecord(e1, s));
-            CU(cudaEventSynchronize(e1));
-            float ms = 0;
-            CU(cudaEventElapsedTime(&ms, e0, e1));
-            if (it >= 0) times[it] = ms * 1000.0f;
+            float t = time_once(ctx, &R, exec, s, it);
+            if (it >= 0) times[it] = t;
         }
         qsort(times, (size_t)iters, sizeof(float), cmp_f);
         const double t_us = times[iters / 2];
-        const double tbs = bytes / (t_us * 1e-6) / 1e12;
-        const char* nm = w->name;
-        printf("%-28s %-12s %10.1f %10.3f %7.1f%% %8.1f %9.3g\n", nm, w->label, t_us, tbs, 100.0 * tbs / hbm,
-               (double)pt[7], bytes);
-        double warm_us = 0;
+        const double tbs = R.bytes / (t_us * 1e-6) / 1e12;
+        printf("%-28s %-12s %10.1f %10.3f %7.1f%% %8.1f %9.3g\n", w->name, w->label, t_us, tbs, 100.0 * tbs / hbm,
+               (double)R.plan_us, R.bytes);
+        csv_row(fcsv, w, w->name, &R, t_us);
         if (w->graph) { /* back-to-back replays, warm L2: the per-call cost in a captured decode step */
             const int reps = 200;
-            CU(cudaEventRecord(e0, s));
+            CU(cudaEventRecord(g_e0, s));
             for (int r = 0; r < reps; ++r) CU(cudaGraphLaunch(exec, s));
-            CU(cudaEventRecord(e1, s));
-            CU(cudaEventSynchronize(e1));
+            CU(cudaEventRecord(g_e1, s));
+            CU(cudaEventSynchronize(g_e1));
             float ms = 0;
-            CU(cudaEventElapsedTime(&ms, e0, e1));
-            warm_us = ms * 1000.0 / reps;
+            CU(cudaEventElapsedTime(&ms, g_e0, g_e1));
+            const double warm_us = ms * 1000.0 / reps;
             printf("%-28s %-12s %10.1f us per replay, back to back (warm L2)\n", "D7 graph replay (warm)", w->label,
                    warm_us);
+            char nm[128];
+            snprintf(nm, sizeof nm, "%s (warm)", w->name);
+            csv_row(fcsv, w, nm, &R, warm_us);
             cudaGraphExecDestroy(exec);
             cudaGraphDestroy(graph);
         }
-        if (fcsv) {
-            fprintf(fcsv, "%s,%s,%s,%d,%d,%d,%s,%d,%d,%.0f,%.2f,%.1f,", w->group, nm, w->label, HQ, HK, D,
-                    kva_dtype_name(w->kv), ps, B, bytes, t_us, (double)pt[7]);
-            for (int b = 0; b < B; ++b) fprintf(fcsv, "%s%d", b ? ";" : "", w->lens[b]);
-            fprintf(fcsv, "\n");
-            if (w->graph) {
-                fprintf(fcsv, "%s,%s (warm),%s,%d,%d,%d,%s,%d,%d,%.0f,%.2f,%.1f,", w->group, nm, w->label, HQ, HK, D,
-                        kva_dtype_name(w->kv), ps, B, bytes, warm_us, (double)pt[7]);
-                for (int b = 0; b < B; ++b) fprintf(fcsv, "%s%d", b ? ";" : "", w->lens[b]);
-                fprintf(fcsv, "\n");
+        /* bounds-check A/B: D1 64 x 8k, D5 page 16 and page 1 */
+        const int bc_this = ctx_nochk && nbc < 8 && !w->graph &&
+                            (ab_only ? matches(ab_only, w)
+                                     : ((!strcmp(w->group, "D1") && w->batch == 64 && w->lens[0] == 8192) ||
+                                        !strcmp(w->group, "D5")));
+        const int is_bc = !strcmp(ab_env, "KVATTN_BENCH_NO_BOUNDS_CHECK");
+        if (bc_this) {
+            wl_run N;
+            wl_setup(ctx_nochk, w, dsrc, src_bytes, s, &N, &R);
+            const int n2 = iters < 40 ? 40 : iters;
+            float* ta = (float*)malloc(sizeof(float) * (size_t)n2);
+            float* tb = (float*)malloc(sizeof(float) * (size_t)n2);
+            for (int it = -3; it < n2; ++it) {
+                float x = time_once(ctx, &R, NULL, s, it);
+                float y = time_once(ctx_nochk, &N, NULL, s, it + 7);
+                if (it >= 0) {
+                    ta[it] = x;
+                    tb[it] = y;
+                }
             }
-            fflush(fcsv);
+            qsort(ta, (size_t)n2, sizeof(float), cmp_f);
+            qsort(tb, (size_t)n2, sizeof(float), cmp_f);
+            const double a_us = ta[n2 / 2], b_us = tb[n2 / 2];
+            if (is_bc)
+                snprintf(bc_lines[nbc++], sizeof bc_lines[0],
+                         "bounds check: %-22s %-10s checked %8.1f us, unchecked %8.1f us: cost %+.2f%% (medians of %d "
+                         "interleaved cold launches)",
+                         w->name, w->label, a_us, b_us, 100.0 * (a_us - b_us) / b_us, n2);
+            else
+                snprintf(bc_lines[nbc++], sizeof bc_lines[0],
+                         "A/B %s=1: %-22s %-10s default %8.1f us, with it %8.1f us: default is %+.2f%% (medians of %d "
+                         "interleaved cold launches)",
+                         ab_env, w->name, w->label, a_us, b_us, 100.0 * (a_us - b_us) / b_us, n2);
+            printf("%s\n", bc_lines[nbc - 1]);
+            char nm[128];
+            snprintf(nm, sizeof nm, "%s [no bounds check]", w->name);
+            wl bw = *w;
+            snprintf(bw.group, sizeof bw.group, "BC");
+            if (is_bc) {
+                csv_row(fcsv, &bw, nm, &N, b_us);
+                snprintf(nm, sizeof nm, "%s [bounds check, A/B]", w->name);
+                csv_row(fcsv, &bw, nm, &R, a_us);
+            }
+            free(ta);
+            free(tb);
+            wl_free(&N, 0);
         }
+        if (trace_only && !w->graph && matches(trace_only, w)) trace_workload(&opt, w, &R, dsrc, src_bytes, s, &prop);
         fflush(stdout);
         free(times);
-        cudaFree(k);
-        cudaFree(v);
-        cudaFree(q);
-        cudaFree(o);
-        cudaFree(lse);
-        cudaFree(dind);
-        cudaFree(ws.device);
-        cudaFreeHost(ws.host);
-        free(indptr);
-        free(last);
-        free(indices);
+        wl_free(&R, 1);
     }
     /* measured read ceiling: a device-to-device copy of 2 GB (read + write) */
     {
@@ -403,12 +592,12 @@ int main(int argc, char** argv) {
         if (cudaMalloc(&a, nb) == cudaSuccess && cudaMalloc(&b, nb) == cudaSuccess) {
             float best = 1e30f;
             for (int i = 0; i < 5; ++i) {
-                CU(cudaEventRecord(e0, s));
+                CU(cudaEventRecord(g_e0, s));
                 CU(cudaMemcpyAsync(b, a, nb, cudaMemcpyDeviceToDevice, s));
-                CU(cudaEventRecord(e1, s));
-                CU(cudaEventSynchronize(e1));
+                CU(cudaEventRecord(g_e1, s));
+                CU(cudaEventSynchronize(g_e1));
                 float ms;
-                CU(cudaEventElapsedTime(&ms, e0, e1));
+                CU(cudaEventElapsedTime(&ms, g_e0, g_e1));
                 if (ms < best) best = ms;
             }
             printf("device copy ceiling: %.3f TB/s (read + write of 1 GiB)\n", 2.0 * nb / (best * 1e-3) / 1e12);
@@ -416,7 +605,9 @@ int main(int argc, char** argv) {
             cudaFree(b);
         }
     }
+    for (int i = 0; i < nbc; ++i) printf("%s\n", bc_lines[i]);
     if (fcsv) fclose(fcsv);
+    if (ctx_nochk) kva_context_destroy(ctx_nochk);
     kva_context_destroy(ctx);
     return 0;
 }

@@ -79,13 +79,21 @@ def main():
 
     results = []
     for r in rows:
-        B, hq, hkv, d, ps = int(r["batch"]), int(r["hq"]), int(r["hkv"]), int(r["d"]), int(r["page_size"])
-        lens = [int(x) for x in r["lens"].split(";")]
+        res = {"row": r, "cudnn": None, "flash": None, "fi": None, "note": ""}
+        try:
+            B, hq, hkv, d, ps = int(r["batch"]), int(r["hq"]), int(r["hkv"]), int(r["d"]), int(r["page_size"])
+            lens = [int(x) for x in r["lens"].split(";")]
+            float(r["kvattn_us"]), float(r["bytes"])
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            print("peers_decode.py: skipping a malformed CSV row (%s): %r" % (e, r), file=sys.stderr)
+            continue
         kvdt = r["kv_dtype"]
         is_graph = r["group"] == "D7"
         warm = "(warm)" in r["name"]
-        res = {"row": r, "cudnn": None, "flash": None, "fi": None, "note": ""}
         uniform = len(set(lens)) == 1
+        if r["group"] == "BC":  # bounds-check A/B rows: kvattn only
+            results.append(res)
+            continue
         torch.manual_seed(0)
         # ---- SDPA on contiguous K/V ----
         if uniform and kvdt == "bf16":
@@ -164,18 +172,40 @@ def main():
     if bal:
         lines.append("D4 load balance (time ragged / time equal lengths, same bytes): " + "; ".join(bal))
         lines.append("")
-    lines.append("| workload | shape | MB | kvattn us | TB/s | %HBM | cuDNN us | flash us | FlashInfer us | vs cuDNN | notes |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    bc = [res for res in results if res["row"]["group"] == "BC"]
+    if bc:
+        lines.append("Bounds check (kernels built with / without the page-index check, interleaved cold launches):")
+        for k in range(0, len(bc) - 1, 2):
+            a, b = bc[k]["row"], bc[k + 1]["row"]
+            nochk, chk = (a, b) if "no bounds check" in a["name"] else (b, a)
+            tn, tc = float(nochk["kvattn_us"]), float(chk["kvattn_us"])
+            lines.append("- %s (%s): checked %.1f us, unchecked %.1f us: cost %+.2f%%" % (
+                chk["name"].split(" [")[0], chk["label"], tc, tn, 100.0 * (tc - tn) / tn))
+        lines.append("")
+
+    def f1(x):
+        return "%.1f" % x if x is not None else "-"
+
+    def ratio(ref, x):
+        return "%.2fx" % (ref / x) if ref and x else "-"
+
+    lines.append("Ratios are speed relative to cuDNN SDPA in this run (cuDNN time / time; > 1 is faster than cuDNN).")
+    lines.append("")
+    lines.append("| workload | shape | MB | kvattn us | kvattn TB/s | %HBM | cuDNN us | cuDNN TB/s | flash us | "
+                 "FlashInfer us | kvattn vs cuDNN | flash vs cuDNN | FlashInfer vs cuDNN | notes |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for res in results:
         r = res["row"]
+        if r["group"] == "BC":
+            continue
         t = float(r["kvattn_us"])
         by = float(r["bytes"])
         tbs = by / (t * 1e-6) / 1e12
         pct = "%.1f" % (100.0 * tbs / hbm) if hbm else "?"
-        f = lambda x: "%.1f" % x if x is not None else "-"
-        ratio = "%.2fx" % (res["cudnn"] / t) if res["cudnn"] else "-"
-        lines.append("| %s | %s | %.1f | %.1f | %.3f | %s | %s | %s | %s | %s | %s |" % (
-            r["name"], r["label"], by / 1e6, t, tbs, pct, f(res["cudnn"]), f(res["flash"]), f(res["fi"]), ratio,
+        ctbs = "%.3f" % (by / (res["cudnn"] * 1e-6) / 1e12) if res["cudnn"] else "-"
+        lines.append("| %s | %s | %.1f | %.1f | %.3f | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            r["name"], r["label"], by / 1e6, t, tbs, pct, f1(res["cudnn"]), ctbs, f1(res["flash"]), f1(res["fi"]),
+            ratio(res["cudnn"], t), ratio(res["cudnn"], res["flash"]), ratio(res["cudnn"], res["fi"]),
             res["note"].strip()))
     text = "\n".join(lines) + "\n"
     if args.out:

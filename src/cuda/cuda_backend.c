@@ -184,14 +184,15 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
         c.key.rope = plan->desc.pos_encoding == KVA_POS_ROPE_LLAMA;
         c.smem = kva__kkey_smem(&c.key);
     }
-    if (status == KVA_OK && st->no_bounds_check) c.key.nochk = 1;
+    if (status == KVA_OK && st->no_bounds_check) c.key.nochk |= 1;
+    if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
     if (status == KVA_OK) status = kva__cuda_kernel(ctx, st, &c.key, &index);
     if (status == KVA_OK) {
         plan->backend_data[KVA__BD_KERNEL] = (uint64_t)(index + 1);
         plan->backend_data[KVA__BD_SMEM] = (uint64_t)c.smem;
         plan->backend_data[KVA__BD_MAGIC] = KVA__BD_MAGIC_VALUE;
-        plan->backend_data[KVA__BD_FUSED] =
-            c.key.family == KVA__KF_DECODE_TC && plan->int_region_end > 0 && kva__prepare_fused_merge(plan, ws);
+        plan->backend_data[KVA__BD_FUSED] = c.key.family == KVA__KF_DECODE_TC && !st->no_fused_merge &&
+                                            plan->int_region_end > 0 && kva__prepare_fused_merge(plan, ws);
         if (plan->int_region_end > 0) {
             if (!ws->host || !ws->device)
                 status = kva__set_error(KVA_ERR_INVALID_ARGUMENT, "plan: the CUDA backend needs workspace->device "
@@ -309,6 +310,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     p.off_partial_lse = (int64_t)pd->off_partial_lse;
     p.off_merge = (int64_t)pd->off_merge;
     p.num_entries = pd->graph_mode ? 0 : pd->num_page_entries; /* graph replays may use a shorter page table */
+    p.trace = (kvk_u64*)(uintptr_t)st->trace_ptr;
     p.q_stride_row = a->q.stride[0];
     p.q_stride_head = a->q.stride[1];
     p.o_stride_row = a->o.stride[0];
@@ -664,6 +666,10 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
     {
         const char* nb = getenv("KVATTN_BENCH_NO_BOUNDS_CHECK");
         st->no_bounds_check = nb && nb[0] == '1' && nb[1] == '\0';
+        const char* nf = getenv("KVATTN_BENCH_NO_FUSED_MERGE"); /* A/B of the fused split-KV merge */
+        st->no_fused_merge = nf && nf[0] == '1' && nf[1] == '\0';
+        const char* tp = getenv("KVATTN_BENCH_TRACE_PTR"); /* benchmark: kernel timestamps into this buffer */
+        st->trace_ptr = tp && *tp ? strtoull(tp, NULL, 0) : 0ull;
         if (st->no_bounds_check)
             kva__log(ctx, KVA_LOG_WARN, "kvattn: KVATTN_BENCH_NO_BOUNDS_CHECK=1: page indices are NOT checked "
                                         "(benchmark builds only)");

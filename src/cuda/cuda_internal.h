@@ -26,7 +26,8 @@ typedef struct kva__kkey {
     int32_t qt, kt, ot; /* kva_dtype */
     int32_t rows;       /* 1, 2, 4, 8 */
     int32_t rope;       /* 0 / 1 */
-    int32_t nochk;      /* 1: no page-index bounds check (KVATTN_BENCH_NO_BOUNDS_CHECK, benchmark only) */
+    int32_t nochk;      /* benchmark-only builds: bit 0 no page-index bounds check (KVATTN_BENCH_NO_BOUNDS_CHECK),
+                           bit 1 timestamp trace (KVATTN_BENCH_TRACE_PTR, tensor-core kernel) */
 } kva__kkey;
 
 /* The kernel choice for one descriptor, op and tile size. */
@@ -124,6 +125,8 @@ typedef struct kva__cuda_state {
     int max_smem_optin;
     int ctas_per_sm;
     int no_bounds_check;    /* KVATTN_BENCH_NO_BOUNDS_CHECK=1: kernels built without the page-index check */
+    int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
+    unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */
     char name[256];
     char arch[16];          /* NVRTC target, e.g. "sm_90a" */
     char cache_dir[1024];   /* "" = no disk cache */

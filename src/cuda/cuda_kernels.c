@@ -141,11 +141,11 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
         return;
     }
     if (k->family == KVA__KF_DECODE_TC)
-        snprintf(buf, size, "kva_tc_d%d_q%s_kv%s_o%s_r%d%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
-                 kva__dt(k->ot), (int)k->rows, k->nochk ? "_nochk" : "");
+        snprintf(buf, size, "kva_tc_d%d_q%s_kv%s_o%s_r%d%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, (k->nochk & 1) ? "_nochk" : "", (k->nochk & 2) ? "_trace" : "");
     else
         snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_rope%d%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
-                 kva__dt(k->ot), (int)k->rows, (int)k->rope, k->nochk ? "_nochk" : "");
+                 kva__dt(k->ot), (int)k->rows, (int)k->rope, (k->nochk & 1) ? "_nochk" : "");
 }
 
 int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
@@ -160,11 +160,10 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     snprintf(defs[5], 128, "-DKVA_OT=%d", (int)k->ot);
     snprintf(defs[6], 128, "-DKVA_ROWS=%d", (int)k->rows);
     snprintf(defs[7], 128, "-DKVA_ROPE=%d", (int)k->rope);
-    if (k->nochk && max >= 9) {
-        snprintf(defs[8], 128, "-DKVA_NO_BOUNDS_CHECK=1");
-        return 9;
-    }
-    return 8;
+    int n = 8;
+    if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1");
+    if ((k->nochk & 2) && max > n) snprintf(defs[n++], 128, "-DKVA_TC_TRACE=1");
+    return n;
 }
 
 const char* kva__kkey_source(const kva__kkey* k) {
@@ -549,6 +548,8 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
                 goto unlock;
             }
             e.max_smem_set = (int)smem;
+            /* the most shared memory per SM, so that two CTAs fit (a preference; ignored where unsupported) */
+            (void)cu->FuncSetAttribute(e.fn, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
         }
         st->kernels[n] = e;
         __atomic_store_n(&st->num_kernels, n + 1, __ATOMIC_RELEASE);

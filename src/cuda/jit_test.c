@@ -100,6 +100,11 @@ static int same(const kva__kkey* a, const kva__kkey* b) { return memcmp(a, b, si
 
 /* covering set: a key is kept when it is D128/bf16/bf16/bf16 except along at most... (see file comment) */
 static int in_covering_set(const kva__kkey* k) {
+    if (k->family == KVA__KF_DECODE_TC) {
+        /* bf16 at every (dim, rows); every dtype triple at (128, 8) and (256, 8) */
+        if (k->qt == KVA_DTYPE_BF16 && k->kt == KVA_DTYPE_BF16 && k->ot == KVA_DTYPE_BF16) return 1;
+        return (k->dqk == 128 || k->dqk == 256) && k->rows == 8;
+    }
     if (k->family != KVA__KF_DECODE) return 1;
     const int base_types = k->qt == KVA_DTYPE_BF16 && k->kt == KVA_DTYPE_BF16 && k->ot == KVA_DTYPE_BF16;
     if (base_types) return 1;                                      /* every (dim, rows, rope) */

@@ -249,48 +249,61 @@ KVA_DEV void kva_store4(void* base, long long i, int dtype, float a, float b, fl
     }
 }
 
-/* L2-coherent loads (data written by other CTAs of the running kernel) */
-KVA_DEV float kva_ldcg_f32(const float* p) {
-    float v;
-    asm volatile("{ ld.global.cg.f32 %0, [%1]; }" : "=f"(v) : "l"(p) : "memory");
-    return v;
-}
-KVA_DEV float4 kva_ldcg_f32x4(const float* p) {
-    float4 v;
-    asm volatile("{ ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4]; }"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
 /* Merge rows [0, tk->rows) of a task: partial slots partial_first .. + num_partials in KV order, o and lse of
  * the tile's rows. Warp `warp` of `nwarps` takes rows warp, warp + nwarps, ...; lanes along the head dim in groups
- * of 4 (dvo % 4 == 0). Softmax: M = max lse, w_k = exp2(lse_k - M), o = sum w_k o_k / sum w_k, lse = M + log2(sum);
- * a partial with KVK_FAULT_LSE_BITS (its request hit a bad page) makes the rows o = 0, lse = -inf. Sigmoid: the sum
- * of the partials. */
+ * of 4 (dvo % 4 == 0, dvo <= 256). Softmax: M = max lse, w_k = exp2(lse_k - M), o = sum w_k o_k / sum w_k,
+ * lse = M + log2(sum); a partial with KVK_FAULT_LSE_BITS (its request hit a bad page) makes the rows o = 0,
+ * lse = -inf. Sigmoid: the sum of the partials. Partials are read through L2 (__ldcg: they may have been written
+ * by other CTAs of the running kernel); the loads of a chunk of 32 partials are independent, so they overlap
+ * (a handful of L2 round trips per row whatever the number of partials). Deterministic: a fixed order. */
 KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const float* po, const float* pl, int tile_q,
                                  int dvo, int g, int sigmoid, void* o, int o_dtype, long long o_stride_row,
                                  long long o_stride_head, float* lse, long long lse_stride_row,
                                  long long lse_stride_head, int warp, int nwarps, int lane) {
     const float neg_inf = KVA_NEG_INF;
+    const int n = tk->num_partials;
     for (int r = warp; r < tk->rows; r += nwarps) {
-        /* pass 1: max lse and fault check */
+        const float* lr = pl + (long long)tk->partial_first * tile_q + r; /* lse of partial k: lr[k * tile_q] */
+        const float* orow_p = po + ((long long)tk->partial_first * tile_q + r) * dvo;
+        const long long ostep = (long long)tile_q * dvo;
+        /* pass 1: max lse and fault check (lanes in parallel) */
         float mx = neg_inf;
         int fault = 0;
-        for (int k = lane; k < tk->num_partials; k += 32) {
-            float l = kva_ldcg_f32(pl + (long long)(tk->partial_first + k) * tile_q + r);
+        for (int k = lane; k < n; k += 32) {
+            float l = __ldcg(lr + (long long)k * tile_q);
             if (__float_as_uint(l) == KVK_FAULT_LSE_BITS) fault = 1;
             else mx = fmaxf(mx, l);
         }
         mx = kva_warp_max(mx);
         fault = __any_sync(KVA_FULL, fault);
         const float m_use = mx == neg_inf ? 0.0f : mx;
-        /* pass 2: weights (every lane the same sequence, so the sums are deterministic) */
+        /* pass 2: chunks of 32 partials; lane kk holds the weight of partial c0 + kk */
         float wsum = 0.0f;
-        if (!sigmoid) {
-            for (int k = 0; k < tk->num_partials; ++k)
-                wsum += kva_exp2(kva_ldcg_f32(pl + (long long)(tk->partial_first + k) * tile_q + r) - m_use);
+        float4 acc[2];
+        acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+        acc[1] = acc[0];
+        for (int c0 = 0; c0 < n; c0 += 32) {
+            float w = 0.0f;
+            if (c0 + lane < n) w = sigmoid ? 1.0f : kva_exp2(__ldcg(lr + (long long)(c0 + lane) * tile_q) - m_use);
+            wsum += kva_warp_sum(w);
+            if (fault) continue;
+            const int cn = n - c0 < 32 ? n - c0 : 32;
+#pragma unroll 4
+            for (int kk = 0; kk < cn; ++kk) {
+                const float wk = __shfl_sync(KVA_FULL, w, kk);
+                const float* src = orow_p + (long long)(c0 + kk) * ostep;
+#pragma unroll
+                for (int jj = 0; jj < 2; ++jj) {
+                    const int c = lane * 4 + 128 * jj;
+                    if (c < dvo) {
+                        const float4 v = __ldcg((const float4*)(src + c));
+                        acc[jj].x = fmaf(wk, v.x, acc[jj].x);
+                        acc[jj].y = fmaf(wk, v.y, acc[jj].y);
+                        acc[jj].z = fmaf(wk, v.z, acc[jj].z);
+                        acc[jj].w = fmaf(wk, v.w, acc[jj].w);
+                    }
+                }
+            }
         }
         float scale, l_out;
         if (sigmoid) {
@@ -303,26 +316,20 @@ KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const f
         if (fault) {
             scale = 0.0f;
             l_out = neg_inf;
+            acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+            acc[1] = acc[0];
         }
         const int pr = tk->row_start + r;
         const int i = pr / g;
         const int qh = tk->kv_head * g + pr % g;
         const long long orow = (long long)qo_start + i;
         const long long obase = orow * o_stride_row + (long long)qh * o_stride_head;
-        for (int c = lane * 4; c < dvo; c += 128) {
-            float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-            if (!fault) {
-                for (int k = 0; k < tk->num_partials; ++k) {
-                    const long long slot = tk->partial_first + k;
-                    const float w = sigmoid ? 1.0f : kva_exp2(kva_ldcg_f32(pl + slot * tile_q + r) - m_use);
-                    const float4 v = kva_ldcg_f32x4(po + (slot * tile_q + r) * dvo + c);
-                    a0 = fmaf(w, v.x, a0);
-                    a1 = fmaf(w, v.y, a1);
-                    a2 = fmaf(w, v.z, a2);
-                    a3 = fmaf(w, v.w, a3);
-                }
-            }
-            kva_store4(o, obase + c, o_dtype, a0 * scale, a1 * scale, a2 * scale, a3 * scale);
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj) {
+            const int c = lane * 4 + 128 * jj;
+            if (c < dvo)
+                kva_store4(o, obase + c, o_dtype, acc[jj].x * scale, acc[jj].y * scale, acc[jj].z * scale,
+                           acc[jj].w * scale);
         }
         if (lane == 0 && lse) lse[orow * lse_stride_row + (long long)qh * lse_stride_head] = l_out;
     }

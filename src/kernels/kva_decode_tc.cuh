@@ -12,7 +12,11 @@
  * Work decomposition. The KV range of an item is cut into subtiles of 16 tokens; warp w takes subtiles w, w+4, ...
  * Each warp runs its own cp.async pipeline of KVK_TC_STAGES(D, es) subtile buffers over the flattened sequence of
  * its subtiles across ALL items of the worker, so the first loads of the next item are in flight while the current
- * item finishes (no CTA barrier per tile; two CTA barriers per item, in the epilogue).
+ * item finishes (no CTA barrier per tile; two CTA barriers per item, in the epilogue). A buffer is refilled right
+ * after its subtile is computed, so while a warp waits every buffer is in flight (the kernel is latency-bound
+ * on HBM: bytes in flight per SM = 8 warps x STAGES x 8 KB at head dim 128). cp.async copies whole 128-byte lines
+ * (instruction i: rows i * 32/CPR + lane / CPR, chunk lane % CPR): 4-sector L2 requests. Page indices: the lane
+ * that owns a token loads its index one subtile ahead; byte offsets reach the copying lanes by shuffles.
  *
  * Per subtile (one warp, 16 tokens, rows padded to 8):
  *   S^T[16 tok x 8 rows] = K[16 x D] . Q^T[D x 8]      A = K (ldmatrix from shared memory), B = Q (registers)
@@ -75,6 +79,17 @@ KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
     return r;
 }
 KVA_DEV void kva_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
+/* benchmark trace (KVA_TC_TRACE): the SM clock once `dep` is available, and the global timer */
+KVA_DEV unsigned long long kva_clock_dep(unsigned dep) {
+    unsigned long long t;
+    asm volatile("{ .reg .u32 d; mov.u32 d, %1; mov.u64 %0, %%clock64; }" : "=l"(t) : "r"(dep) : "memory");
+    return t;
+}
+KVA_DEV unsigned long long kva_globaltimer(void) {
+    unsigned long long t;
+    asm volatile("{ mov.u64 %0, %%globaltimer; }" : "=l"(t)::"memory");
+    return t;
+}
 KVA_DEV int kva_tc_swz(int t) { return (t & 7) ^ ((t & 8) >> 1); }
 /* token of K-index k (0..15) of the PV product */
 KVA_DEV int kva_tc_pi2(int k) { return ((k >> 1) & 3) + 4 * (k >> 3) + 8 * (k & 1); }
@@ -175,6 +190,21 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
+#ifndef KVA_TC_TRACE
+#define KVA_TC_TRACE 0
+#endif
+/* trace slot i of this CTA (first item only): the SM clock after `dep` is available (thread 0) */
+#undef TC_TR
+#if KVA_TC_TRACE
+#define TC_TR(i, dep)                                                                                         \
+    do {                                                                                                      \
+        if (tid == 0 && p.trace && tr_on) p.trace[blockIdx.x * 16 + (i)] = kva_clock_dep((unsigned)(dep));   \
+    } while (0)
+#else
+#define TC_TR(i, dep) \
+    do {              \
+    } while (0)
+#endif
 
 extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(const kvk_attn_params p) {
     extern __shared__ __align__(128) char kva_smem[];
@@ -217,19 +247,23 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
         }
     }
 
+#if KVA_TC_TRACE
+    int tr_on = 1;
+    if (tid == 0 && p.trace) {
+        p.trace[blockIdx.x * 16 + 14] = kva_globaltimer();
+        p.trace[blockIdx.x * 16 + 0] = kva_clock_dep(0u);
+    }
+#endif
     const int it_begin = windptr[blockIdx.x];
     const int it_end = windptr[blockIdx.x + 1];
+    TC_TR(1, it_begin);
 
     /* ---- per-lane constants ---- */
-    /* cp.async: lane copies token (lane >> 1), chunks 2i + (lane & 1) */
-    const int ptok = lane >> 1;
-    unsigned pdst[4];
-    {
-        const int f = kva_tc_swz(ptok);
-        const int b = (lane & 1) ^ (f & 1);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) pdst[k] = (unsigned)(ptok * TC_ROWB + 16 * b + 32 * (k ^ (f >> 1)));
-    }
+    /* fetch: lane owns token (lane & 15) of a subtile (lanes 16-31 duplicate 0-15); cp.async: instruction i copies
+       rows i * RPI + lane / CPR, chunk lane % CPR (whole 128-byte lines: 4-sector L2 requests) */
+    const int ptok = lane & 15;
+    const int pchunk = lane % TC_CPR;
+    const bool kv_same = p.k_stride_page == p.v_stride_page && p.k_stride_token == p.v_stride_token;
 #if !TC_FP8
     /* K ldmatrix: token (lane & 7) + 8 * ((lane >> 3) & 1), chunk 2 ks + (lane >> 4) */
     unsigned koff[4];
@@ -343,7 +377,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
         }                                                                                                     \
     } while (0)
 
-    /* issue a fetched subtile into stage ST_ (cp.async, zero-fill past the range or on a bad page) */
+    /* issue a fetched subtile into stage ST_ (cp.async, zero-fill past the range or on a bad page): the owner lane
+       of a token computes its byte offsets, every lane copies whole lines of RPI rows per instruction */
 #define TC_ISSUE(R, ST_)                                                                                      \
     do {                                                                                                      \
         if ((R).live) {                                                                                       \
@@ -353,20 +388,28 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
                 (unsigned long long)(unsigned)(R).pg >= (unsigned long long)p.num_pages) {                    \
                 ok_ = false;                                                                                  \
                 bad_ = 1;                                                                                     \
-                const unsigned long long k_ = ~(((unsigned long long)(unsigned)(R).req << 32) |               \
-                                                (unsigned long long)(unsigned)(R).pg);                        \
-                atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key, k_);                          \
+                if (lane < 16) {                                                                              \
+                    const unsigned long long k_ = ~(((unsigned long long)(unsigned)(R).req << 32) |           \
+                                                    (unsigned long long)(unsigned)(R).pg);                    \
+                    atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key, k_);                      \
+                }                                                                                             \
             }                                                                                                 \
-            const long long pgl_ = ok_ ? (long long)(R).pg : 0ll;                                             \
-            const long long sll_ = ok_ ? (long long)(R).sl : 0ll;                                             \
-            const char* ks_ = (R).kb + (pgl_ * p.k_stride_page + sll_ * p.k_stride_token) * TC_ES + (lane & 1) * 16; \
-            const char* vs_ = (R).vb + (pgl_ * p.v_stride_page + sll_ * p.v_stride_token) * TC_ES + (lane & 1) * 16; \
+            const long long ko_ =                                                                             \
+                ok_ ? ((long long)(R).pg * p.k_stride_page + (long long)(R).sl * p.k_stride_token) * TC_ES : 0ll; \
+            const long long vo_ =                                                                             \
+                ok_ ? ((long long)(R).pg * p.v_stride_page + (long long)(R).sl * p.v_stride_token) * TC_ES : 0ll; \
+            const unsigned okm_ = __ballot_sync(0xffffffffu, ok_);                                            \
             const unsigned st_ = wpipe + (unsigned)((ST_) * TC_SB);                                           \
-            const unsigned nb_ = ok_ ? 16u : 0u;                                                              \
+            const char* kc_ = (R).kb + pchunk * 16;                                                           \
+            const char* vc_ = (R).vb + pchunk * 16;                                                           \
             _Pragma("unroll") for (int i_ = 0; i_ < TC_CPR / 2; ++i_) {                                       \
-                const unsigned d_ = st_ + pdst[i_ & 3] + 128u * (unsigned)(i_ >> 2);                          \
-                kva_cp_async16(d_, ks_ + 32 * i_, nb_);                                                       \
-                kva_cp_async16(d_ + TC_KB, vs_ + 32 * i_, nb_);                                               \
+                const int r_ = i_ * (32 / TC_CPR) + lane / TC_CPR;                                            \
+                const long long kor_ = __shfl_sync(0xffffffffu, ko_, r_);                                     \
+                const long long vor_ = kv_same ? kor_ : __shfl_sync(0xffffffffu, vo_, r_);                   \
+                const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                          \
+                const unsigned d_ = st_ + (unsigned)(r_ * TC_ROWB + 16 * (pchunk ^ kva_tc_swz(r_)));           \
+                kva_cp_async16(d_, kc_ + kor_, nb_);                                                          \
+                kva_cp_async16(d_ + TC_KB, vc_ + vor_, nb_);                                                  \
             }                                                                                                 \
             const int any_ = __any_sync(0xffffffffu, bad_);                                                   \
             if (lane == 0) s_sbad[warp * TC_ST + (ST_)] = any_;                                               \
@@ -382,17 +425,19 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
         pr_s = 0;
         TC_PR_NEXT(); /* the first subtile */
     }
-    /* prologue: fetch the first STAGES - 1 subtiles (page loads in flight together), then issue them */
+    TC_TR(2, pr_rbase);
+    /* prologue: fetch the first STAGES subtiles (page loads in flight together), then issue them into every stage */
     {
-        tc_rec pro[TC_ST - 1];
+        tc_rec pro[TC_ST];
 #pragma unroll
-        for (int s = 0; s < TC_ST - 1; ++s) TC_FETCH(pro[s]);
+        for (int s = 0; s < TC_ST; ++s) TC_FETCH(pro[s]);
 #pragma unroll
-        for (int s = 0; s < TC_ST - 1; ++s) {
+        for (int s = 0; s < TC_ST; ++s) {
             TC_ISSUE(pro[s], s);
             kva_cp_async_commit();
         }
     }
+    TC_TR(3, 0);
     tc_rec nrec;
     TC_FETCH(nrec);
 
@@ -518,15 +563,10 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
         int item_bad = 0;
 
         for (int s = warp; s < nsub; s += TC_NW, ++cc) {
-            KVA_CP_ASYNC_WAIT(TC_ST - 2);
+            /* every stage is in flight while we wait (the stage is refilled right after its compute, below) */
+            KVA_CP_ASYNC_WAIT(TC_ST - 1);
             __syncwarp();
-            /* refill the stage consumed last iteration with the subtile STAGES - 1 ahead */
-            {
-                const int ist = (cc + TC_ST - 1) % TC_ST;
-                TC_ISSUE(nrec, ist);
-                kva_cp_async_commit();
-                TC_FETCH(nrec);
-            }
+            if (s == warp) TC_TR(4, 0);
             const int stg = cc % TC_ST;
             const unsigned kst = wpipe + (unsigned)(stg * TC_SB);
             const unsigned vst = kst + TC_KB;
@@ -676,6 +716,11 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
                 }
             }
 #endif
+            /* refill this stage with the subtile STAGES ahead (every lane is done reading it) */
+            __syncwarp();
+            TC_ISSUE(nrec, stg);
+            kva_cp_async_commit();
+            TC_FETCH(nrec);
             /* the next item's request record, once this item's first subtile is done */
             if (cn_stage == 0) {
                 cn_stage = 1;
@@ -683,6 +728,7 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
             }
         }
 
+        TC_TR(5, __float_as_uint(oacc[0][0]));
         /* ---- next item's request and q in flight during the epilogue ---- */
         if (it + 1 < it_end) {
             if (cn_stage == 0) cn_rq = reqs[cn_item.req];
@@ -720,6 +766,7 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
             }
         }
         const int faulted = __syncthreads_or(item_bad);
+        TC_TR(6, faulted);
         if (faulted && tid == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
 
         const bool to_partial = item.partial >= 0;
@@ -787,6 +834,7 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
             }
         }
 
+        TC_TR(7, 0);
         /* ---- fused split-KV merge: the CTA that writes a task's last partial merges the task ---- */
         if (to_partial && (flags & KVK_FLAG_FUSED_MERGE)) {
             __threadfence();
@@ -803,6 +851,7 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
                 s_flag[0] = last;
             }
             __syncthreads();
+            TC_TR(8, s_flag[0]);
             if (s_flag[0]) {
                 __threadfence();
                 kvk_merge_task tk = *mtask;
@@ -814,8 +863,18 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
             }
         }
         __syncthreads(); /* s_comb, s_md, s_flag are reused by the next item */
+        TC_TR(9, 0);
+#if KVA_TC_TRACE
+        tr_on = 0;
+#endif
     }
     KVA_CP_ASYNC_WAIT(0);
+#if KVA_TC_TRACE
+    if (tid == 0 && p.trace) {
+        p.trace[blockIdx.x * 16 + 10] = kva_clock_dep(0u);
+        p.trace[blockIdx.x * 16 + 15] = kva_globaltimer();
+    }
+#endif
 }
 
 #undef TC_PR_NEXT

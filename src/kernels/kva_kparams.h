@@ -123,6 +123,7 @@ typedef struct kvk_attn_params {
     kvk_i64 off_counts, off_worker_indptr, off_requests, off_items, off_partial_o, off_partial_lse;
     kvk_i64 off_merge;          /* merge tasks (fused merge) */
     kvk_i64 num_entries;        /* page-table entries of the plan (L2 prefetch) */
+    kvk_u64* trace;             /* benchmark trace (kernels built with KVA_TC_TRACE), else NULL */
     kvk_i64 q_stride_row, q_stride_head;
     kvk_i64 o_stride_row, o_stride_head;
     kvk_i64 lse_stride_row, lse_stride_head;

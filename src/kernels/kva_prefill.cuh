@@ -57,6 +57,10 @@ KVA_DEV void kvp_ldsm4_t(unsigned addr, unsigned* r) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
+/* 4-byte async copy global -> shared (L1-cached); src_bytes = 0 writes zeros and reads nothing */
+KVA_DEV void kvp_cp_async4(unsigned dst, const void* src, unsigned src_bytes) {
+    asm volatile("{ cp.async.ca.shared.global [%0], [%1], 4, %2; }" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
 KVA_DEV void kvp_st_shared16(unsigned addr, uint4 v) {
     asm volatile("{ st.shared.v4.u32 [%0], {%1, %2, %3, %4}; }" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
@@ -253,10 +257,14 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #define KVP_RW (16 * KVP_MQ)          /* rows per warp */
 #define KVP_TKV KVK_PF_TKV(KVA_DQK, KVA_TQ)
 #define KVP_KW (KVP_TKV / KVP_WKV)    /* keys per warp per tile */
-/* keys per online-softmax step: the whole slice, except at TQ 128 x D 128 with RoPE or an fp8 / converted KV on
-   sm_90, where 64-key steps leave no register headroom (S is 64 registers next to O's 128) */
-#if KVP_D == 128 && KVA_TQ == 128 && (KVA_ROPE || KVP_ES == 1 || KVA_QT != KVP_CT) && defined(__CUDA_ARCH__) && \
-    __CUDA_ARCH__ >= 900
+/* Keys per online-softmax step (KVP_SK): the warp's whole slice of the tile, except at TQ 128 x D 128 where S (64
+   registers for 64 keys) next to O (128) leaves ptxas no headroom: there the 64-key tile is done in two 32-key
+   steps (Q fragments are re-read from shared memory once more per tile) on sm_90, and on sm_80 when RoPE, fp8 or
+   a q conversion adds work to the loop. KVA_PF_SK (32 or 64, a -D option) overrides it for tuning. */
+#if defined(KVA_PF_SK)
+#define KVP_SK (KVA_PF_SK < KVP_KW ? KVA_PF_SK : KVP_KW)
+#elif KVP_D == 128 && KVA_TQ == 128 && \
+    ((defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || KVA_ROPE || KVP_ES == 1 || KVA_QT != KVP_CT)
 #define KVP_SK 32
 #else
 #define KVP_SK KVP_KW
@@ -496,6 +504,8 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
     const unsigned kv_s = sbase + KVP_OFF_KV;
     long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [S][TKV] */
     long long* const s_voff = s_koff + KVP_S * KVP_TKV;
+    const int* const s_pidx = (const int*)(s_voff + KVP_S * KVP_TKV); /* [S][TKV] prefetched page indices */
+    const unsigned s_pidx_a = kva_smem_addr(s_pidx);
     const int* const s_qpos = KVP_S_QPOS(smem);
     const float* const s_slope = KVP_S_SLOPE(smem);
     const long long* const s_mbit = KVP_S_MBIT(smem);
@@ -506,30 +516,42 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
     const kvp_ctx* const ctx = KVP_S_CTX(smem);
     const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
 
-    /* K/V byte offsets of tile T's rows into ring slot T % S (threads < TKV, one row each) */
-#define KVP_OFFSETS(T)                                                                                 \
+    /* K/V byte offsets of tile T's rows into ring slot T % S (threads < TKV, one row each; one bounds check per page
+       index; an out-of-range page zero-fills the row and faults the item). The page-table entries come from
+       KVP_IDX_PREFETCH: a 4-byte cp.async per row into the index ring, issued 2 S - 1 tiles ahead inside the
+       commit group of an earlier K/V tile, so the lookup's latency never stalls the mainloop and no register
+       holds it. Each thread reads back only the entry it copied itself (after its own wait_group). */
+#define KVP_IDX_PREFETCH(T)                                                                            \
+    do {                                                                                               \
+        if (tid < KVP_TKV && !ragged) {                                                                \
+            const int j_ = ctx->kv0 + (T) * KVP_TKV + tid;                                             \
+            const bool ok_ = (T) < ntiles && j_ < ctx->kv1;                                            \
+            const int e_ = ok_ ? (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift) : 0;             \
+            kvp_cp_async4(s_pidx_a + (unsigned)((((T) % KVP_S) * KVP_TKV + tid) * 4), ctx->pidx + e_,  \
+                          ok_ ? 4u : 0u);                                                              \
+        }                                                                                              \
+    } while (0)
+#define KVP_OFFS_STORE(T, PG)                                                                          \
     do {                                                                                               \
         if (tid < KVP_TKV) {                                                                           \
             const int j_ = ctx->kv0 + (T) * KVP_TKV + tid;                                             \
+            const int pg_ = (PG);                                                                      \
             long long ko_ = -1, vo_ = -1;                                                              \
-            if ((T) < ctx->ntiles && j_ < ctx->kv1) {                                                  \
+            if ((T) < ntiles && j_ < ctx->kv1) {                                                       \
                 if (ragged) {                                                                          \
                     const long long tok_ = ctx->tok0 + j_;                                             \
                     ko_ = tok_ * p.k_stride_token * KVP_ES;                                            \
                     vo_ = tok_ * p.v_stride_token * KVP_ES;                                            \
-                } else {                                                                               \
+                } else if ((unsigned long long)(unsigned)pg_ < (unsigned long long)p.num_pages) {      \
                     const int e_ = (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift);               \
-                    const int pg_ = kva_ldg_i32(ctx->pidx + e_);                                       \
-                    if ((unsigned long long)(unsigned)pg_ < (unsigned long long)p.num_pages) {         \
-                        const long long sl_ = (long long)(j_ - e_ * p.page_size);                      \
-                        ko_ = ((long long)pg_ * p.k_stride_page + sl_ * p.k_stride_token) * KVP_ES;    \
-                        vo_ = ((long long)pg_ * p.v_stride_page + sl_ * p.v_stride_token) * KVP_ES;    \
-                    } else { /* rare: record the key now, keep one flag for the item */               \
-                        atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,                \
-                                  ~(((unsigned long long)(unsigned)ctx->req << 32) |                   \
-                                    (unsigned long long)(unsigned)pg_));                               \
-                        ((kvp_ctx*)ctx)->fault = 1;                                                    \
-                    }                                                                                  \
+                    const long long sl_ = (long long)(j_ - e_ * p.page_size);                          \
+                    ko_ = ((long long)pg_ * p.k_stride_page + sl_ * p.k_stride_token) * KVP_ES;        \
+                    vo_ = ((long long)pg_ * p.v_stride_page + sl_ * p.v_stride_token) * KVP_ES;        \
+                } else { /* rare: record the key now, keep one flag for the item */                   \
+                    atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,                    \
+                              ~(((unsigned long long)(unsigned)ctx->req << 32) |                       \
+                                (unsigned long long)(unsigned)pg_));                                   \
+                    ((kvp_ctx*)ctx)->fault = 1;                                                        \
                 }                                                                                      \
             }                                                                                          \
             s_koff[((T) % KVP_S) * KVP_TKV + tid] = ko_;                                               \
@@ -561,8 +583,18 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
 
     /* ---- prologue ---- */
     __syncthreads(); /* row facts and the item context visible */
+    {
+        int pg[KVP_S]; /* the first S tiles' entries directly (loads in flight together) */
 #pragma unroll
-    for (int T = 0; T < KVP_S; ++T) KVP_OFFSETS(T);
+        for (int T = 0; T < KVP_S; ++T) {
+            pg[T] = 0;
+            const int j_ = ctx->kv0 + T * KVP_TKV + tid;
+            if (tid < KVP_TKV && !ragged && T < ntiles && j_ < ctx->kv1)
+                pg[T] = kva_ldg_i32(ctx->pidx + (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift));
+        }
+#pragma unroll
+        for (int T = 0; T < KVP_S; ++T) KVP_OFFS_STORE(T, pg[T]);
+    }
     if (lane == 0) { /* this warp's rows: any valid one, and the q_pos range of the valid ones */
         kvp_ctx* const c = KVP_S_CTX(smem);
         const int act = wr0 < item.rows;
@@ -573,6 +605,8 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
     }
     __syncthreads(); /* offsets and warp bounds visible */
     KVP_FN(kvp_load_q)(p, item, smem);
+#pragma unroll
+    for (int T = KVP_S; T < 2 * KVP_S - 1; ++T) KVP_IDX_PREFETCH(T); /* consumed in iterations 0 .. S-2 */
     kva_cp_async_commit();
 #pragma unroll
     for (int T = 0; T < KVP_S - 1; ++T) {
@@ -625,8 +659,8 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
         KVA_CP_ASYNC_WAIT(KVP_S - 2);
         __syncthreads(); /* tile t landed; every warp is done with tile t - 1's stage and offsets */
         KVP_ISSUE(t + KVP_S - 1);
+        KVP_IDX_PREFETCH(t + 2 * KVP_S - 1); /* lands with tile t + S - 1, read in iteration t + S - 1 */
         kva_cp_async_commit();
-        KVP_OFFSETS(t + KVP_S);
 
         const int st = t % KVP_S;
         const int j0 = ctx->kv0 + t * KVP_TKV;
@@ -654,7 +688,7 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
             const int jw1 = jw0 + KVP_SK - 1;
             bool skip = !ctx->wact[warp] || jw0 >= kv1;
             if (causal && jw0 > wqmax) skip = true;
-            if (window && jw1 < wqmin - p.window_left) skip = true;
+            if (window && (long long)jw1 < (long long)wqmin - p.window_left) skip = true;
             if (skip) continue; /* warp-uniform; no barrier in the sub-step loop */
 
             /* ---- S = Q K^T ---- */
@@ -695,7 +729,7 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
                with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
             const float qsc = p.q_scale * KVP_KFIX;
             const bool full = !(flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) && qsc > 0.0f && jw1 < kv1 &&
-                              (!causal || jw1 <= wqmin) && (!window || jw0 >= wqmax - p.window_left);
+                              (!causal || jw1 <= wqmin) && (!window || (long long)jw0 >= (long long)wqmax - p.window_left);
             float sc = qsc; /* s * sc is the log2-domain logit */
             if (!full) {
                 sc = 1.0f;
@@ -817,10 +851,12 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
                                 ps += pv;
                             }
                         d[mq][h] = d[mq][h] * al + ps;
+                        if (__any_sync(KVP_FULL, al != 1.0f)) { /* most tiles leave every row's max unchanged */
 #pragma unroll
-                        for (int n = 0; n < KVP_ND; ++n) {
-                            o[mq][n][2 * h] *= al;
-                            o[mq][n][2 * h + 1] *= al;
+                            for (int n = 0; n < KVP_ND; ++n) {
+                                o[mq][n][2 * h] *= al;
+                                o[mq][n][2 * h + 1] *= al;
+                            }
                         }
                     }
             } else {
@@ -857,6 +893,10 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
                 }
             }
         }
+        /* offsets of tile t + S into slot t % S (its last reader was KVP_ISSUE(t), an iteration ago; the next
+           comes after a barrier); its page entries were prefetched with tile t's group, complete since this
+           iteration's wait */
+        KVP_OFFS_STORE(t + KVP_S, s_pidx[(t % KVP_S) * KVP_TKV + tid]);
     }
 
     /* ---- hand the state to the epilogue ---- */
@@ -883,7 +923,8 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
                 for (int n = 0; n < KVP_ND; ++n) *(float2*)(dst + n * 8) = make_float2(o[mq][n][2 * h], o[mq][n][2 * h + 1]);
             }
     }
-#undef KVP_OFFSETS
+#undef KVP_IDX_PREFETCH
+#undef KVP_OFFS_STORE
 #undef KVP_ISSUE
 }
 

@@ -15,7 +15,8 @@
  *            (16-bit: swizzled; fp8: plain rows) | fp8 only: converted K and V [TKV][D] 16-bit (swizzled).
  *            After the mainloop the same bytes hold the epilogue's staging: per KV warp slice and row the
  *            unnormalised O (D + 8 floats, padded against bank conflicts), the running max and the sum.
- *   offsets: STAGES x TKV x (K byte offset, V byte offset) (i64; -1 = zero-fill the row)
+ *   offsets: STAGES x TKV x (K byte offset, V byte offset) (i64; -1 = zero-fill the row), then STAGES x TKV
+ *            prefetched page-table entries (i32, cp.async 2 * STAGES - 1 tiles ahead)
  *   rows:    per tile row: mask bit base (i64), q_pos, global query row, query head, ALiBi slope (24 bytes);
  *            then 128 bytes of item context (K/V base pointers, page table, KV range: read by the copy code after
  *            each barrier instead of occupying registers across the mainloop)
@@ -48,7 +49,7 @@
 #define KVK_PF_REGION(d, tq, es)                                                                  \
     (KVK_PF_MAIN_BYTES(d, tq, es) > KVK_PF_EPI_BYTES(d, tq) ? KVK_PF_MAIN_BYTES(d, tq, es)       \
                                                             : KVK_PF_EPI_BYTES(d, tq))
-#define KVK_PF_OFFS_BYTES(d, tq, es) (KVK_PF_STAGES(d, tq, es) * KVK_PF_TKV(d, tq) * 16)
+#define KVK_PF_OFFS_BYTES(d, tq, es) (KVK_PF_STAGES(d, tq, es) * KVK_PF_TKV(d, tq) * 20)
 #define KVK_PF_ROW_BYTES(tq) ((tq) * 24 + 128) /* + the item context (pointers and bounds) */
 #define KVK_PF_FREQ_BYTES(d) ((d) * 4)
 
