@@ -350,12 +350,54 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
     wl_run T;
     wl_setup(ctx, w, dsrc, src_bytes, s, &T, R);
     unsigned long long* h = (unsigned long long*)calloc((size_t)nslot * maxw, sizeof *h);
-    const double ghz = prop->clockRate / 1e6; /* kHz -> GHz */
-    for (int rep = 0; rep < 4; ++rep) {
+    (void)prop;
+    for (int rep = 0; rep < 5; ++rep) {
+        /* reps 0-2 warm up; rep 3: cold L2 (flushed), as timed; rep 4: right after rep 3, no flush (warm caches) */
         CU(cudaMemsetAsync(dtr, 0, sizeof(unsigned long long) * nslot * maxw, s));
-        float us = time_once(ctx, &T, NULL, s, rep);
+        float us;
+        if (rep < 4) {
+            us = time_once(ctx, &T, NULL, s, rep);
+        } else {
+            CU(cudaEventRecord(g_e0, s));
+            KV(kva_run(ctx, &T.plan, &T.ws, &T.a));
+            CU(cudaEventRecord(g_e1, s));
+            CU(cudaEventSynchronize(g_e1));
+            float ms = 0;
+            CU(cudaEventElapsedTime(&ms, g_e0, g_e1));
+            us = ms * 1000.0f;
+        }
         if (rep < 3) continue;
+        printf("%s", rep == 3 ? "[cold L2] " : "[warm, no flush] ");
         CU(cudaMemcpy(h, dtr, sizeof(unsigned long long) * nslot * (W < maxw ? W : maxw), cudaMemcpyDeviceToHost));
+        const char* tdir = getenv("KVA_BENCH_TRACE_DIR");
+        if (tdir && rep == 3) { /* raw per-CTA trace (SM clock slots, global timer start/end) */
+            char fn[512];
+            snprintf(fn, sizeof fn, "%s/trace_%d_%d_%d.csv", tdir, w->batch, w->lens[0], w->hkv);
+            FILE* f = fopen(fn, "w");
+            if (f) {
+                fprintf(f, "cta");
+                for (int i = 0; i < nslot; ++i) fprintf(f, ",s%d", i);
+                fprintf(f, "\n");
+                for (int b = 0; b < W && b < maxw; ++b) {
+                    fprintf(f, "%d", b);
+                    for (int i = 0; i < nslot; ++i) fprintf(f, ",%llu", h[(size_t)b * nslot + i]);
+                    fprintf(f, "\n");
+                }
+                fclose(f);
+            }
+        }
+        /* SM clock: cycles / ns of the longest CTA (clock64 and the global timer over the same span) */
+        double ghz = 1.98;
+        {
+            unsigned long long best = 0;
+            for (int b = 0; b < W && b < maxw; ++b) {
+                const unsigned long long* t = h + (size_t)b * nslot;
+                if (t[15] > t[14] && t[10] > t[0] && t[15] - t[14] > best && t[15] - t[14] > 2000) {
+                    best = t[15] - t[14];
+                    ghz = (double)(t[10] - t[0]) / (double)(t[15] - t[14]);
+                }
+            }
+        }
         unsigned long long g0 = ~0ull, gstart_max = 0, gend = 0;
         int nwork = 0;
         for (int b = 0; b < W && b < maxw; ++b) {
@@ -369,10 +411,13 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
         printf("trace %s %s: event %.1f us; kernel span %.2f us (global timer), CTA starts spread %.2f us; %d CTAs "
                "with work; SM clock %.2f GHz\n",
                w->name, w->label, us, (gend - g0) / 1e3, (gstart_max - g0) / 1e3, nwork, ghz);
-        static const char* names[] = {"",        "windptr", "item+req", "KV issued", "KV data", "computed",
-                                      "CTA sync", "written", "atomic",   "merged",    "end"};
+        static const char* names[] = {"",         "windptr", "item+req", "KV issued", "KV data", "computed",
+                                      "CTA sync", "written", "atomic",   "merged",    "end",     "pages fetched",
+                                      "row 0 out"};
+        static const int order[] = {1, 2, 11, 3, 4, 5, 6, 12, 7, 8, 9, 10};
         printf("  us since the CTA's start (median / max over CTAs with work):");
-        for (int i = 1; i <= 10; ++i) {
+        for (int oi = 0; oi < 12; ++oi) {
+            const int i = order[oi];
             double v[4096];
             int n = 0;
             for (int b = 0; b < W && b < maxw; ++b) {
@@ -457,11 +502,19 @@ int main(int argc, char** argv) {
     printf("kvattn workers: %d\n", kva_context_num_workers(ctx));
     kva_context* ctx_nochk = NULL;
     if (bc_ab) { /* kernels without the page-index check, for the A/B cost of the check (benchmark only) */
-        setenv(ab_env, "1", 1);
+        char ab_name[128];
+        snprintf(ab_name, sizeof ab_name, "%s", ab_env);
+        char* eq = strchr(ab_name, '=');
+        const char* ab_val = "1";
+        if (eq) {
+            *eq = '\0';
+            ab_val = eq + 1;
+        }
+        setenv(ab_name, ab_val, 1);
         kva_context_options o2 = opt;
         o2.log_level = KVA_LOG_ERROR;
         if (kva_context_create(&o2, &ctx_nochk) != KVA_OK) ctx_nochk = NULL;
-        unsetenv(ab_env);
+        unsetenv(ab_name);
     }
 
     /* L2 flush buffer */
@@ -563,7 +616,7 @@ int main(int argc, char** argv) {
                          w->name, w->label, a_us, b_us, 100.0 * (a_us - b_us) / b_us, n2);
             else
                 snprintf(bc_lines[nbc++], sizeof bc_lines[0],
-                         "A/B %s=1: %-22s %-10s default %8.1f us, with it %8.1f us: default is %+.2f%% (medians of %d "
+                         "A/B %s: %-22s %-10s default %8.1f us, with it %8.1f us: default is %+.2f%% (medians of %d "
                          "interleaved cold launches)",
                          ab_env, w->name, w->label, a_us, b_us, 100.0 * (a_us - b_us) / b_us, n2);
             printf("%s\n", bc_lines[nbc - 1]);

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # gpu_check.sh - the GPU suite and the decode benchmark in one call, on the GPU machine.
 #
-# Run from the repository root with the build directory (compiled elsewhere with -DKVA_CUDA=ON) carried:
-#     bash scripts/gpu_check.sh            # BUILD=build-cuda by default; results under $OUT (or ./gpu_out)
+# Run from the repository root with the build directory (compiled elsewhere with -DKVA_CUDA=ON) carried. build-cuda
+# itself is larger than the 64 MB a `run` call carries; scripts/sync_build_dev.sh copies what this script runs
+# into build-dev (about 20 MB), the default when present:
+#     cmake --build build-cuda -j2 && bash scripts/sync_build_dev.sh     # here
+#     bash scripts/gpu_check.sh            # on the GPU machine, carry ["build-dev"]; results under $OUT (or ./gpu_out)
 # Steps (each with its own time limit; the whole script stays under ~8 minutes):
 #   1. device, driver, toolkit and torch versions
 #   2. the test suite binaries with KVA_TEST_BACKEND=cuda, then kva_cuda_selftest (graph replay after re-plan,
@@ -11,7 +14,9 @@
 #   4. kva_bench_decode on WORKLOADS.md D1-D7, then bench/peers_decode.py (torch SDPA cuDNN/flash, FlashInfer)
 #      -> $OUT/bench_decode.md; the results table is printed last
 set -u
-BUILD=${BUILD:-build-cuda}
+if [ -z "${BUILD:-}" ]; then
+    if [ -x build-dev/kva_cuda_selftest ]; then BUILD=build-dev; else BUILD=build-cuda; fi
+fi
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 LOG="$OUT/gpu_check.log"

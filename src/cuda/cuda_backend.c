@@ -320,6 +320,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
         p.lse_stride_head = a->lse.ndim > 1 ? a->lse.stride[1] : 1;
     }
     p.group_size = pd->group_size;
+    kva__fastdiv_magic(pd->group_size, &p.g_mul, &p.g_shift);
     p.num_qo_heads = d->num_qo_heads;
     p.tile_q = pd->tile_q;
     p.window_left = d->window_left;
@@ -368,13 +369,14 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     CUstream s = (CUstream)a->stream;
     kva_status status = KVA_OK;
     const bool graph = pd->graph_mode != 0;
+    const unsigned grid = (unsigned)pd->num_workers; /* one persistent CTA per planner worker */
     if (graph || pd->num_items > 0)
-        status = kva__launch(st, ke->fn, (unsigned)pd->num_workers, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
+        status = kva__launch(st, ke->fn, grid, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
                              "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
-        unsigned grid = (unsigned)pd->num_workers;
-        if (!graph && pd->num_merge < pd->num_workers) grid = (unsigned)pd->num_merge;
-        status = kva__launch(st, st->fn_merge_partials, grid, 0, s, &mp, "run: launching the merge kernel");
+        unsigned mgrid = (unsigned)pd->num_workers;
+        if (!graph && pd->num_merge < pd->num_workers) mgrid = (unsigned)pd->num_merge;
+        status = kva__launch(st, st->fn_merge_partials, mgrid, 0, s, &mp, "run: launching the merge kernel");
     }
     kva__leave(st, pushed);
     return status;

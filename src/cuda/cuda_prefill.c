@@ -109,12 +109,12 @@ int32_t kva__cuda_prefill_tile_q(const kva_attention_desc* d, kva_op op, double 
 
 int kva__cuda_prefill_prefer_for_decode(const kva_attention_desc* d) {
     if (d->num_kv_heads <= 0) return 0;
-    return d->num_qo_heads / d->num_kv_heads >= 8;
+    return d->num_qo_heads / d->num_kv_heads > 8;
 }
 
 void kva__cuda_prefill_name(const kva__kkey* k, char* buf, size_t size) {
-    snprintf(buf, size, "kva_pf_d%d_q%s_kv%s_o%s_t%d_rope%d", (int)k->dqk, kva__pf_dt(k->qt), kva__pf_dt(k->kt),
-             kva__pf_dt(k->ot), (int)k->rows, (int)k->rope);
+    snprintf(buf, size, "kva_pf_d%d_q%s_kv%s_o%s_t%d_rope%d%s", (int)k->dqk, kva__pf_dt(k->qt), kva__pf_dt(k->kt),
+             kva__pf_dt(k->ot), (int)k->rows, (int)k->rope, (k->nochk & 1) ? "_nochk" : "");
 }
 
 int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max) {
@@ -129,7 +129,9 @@ int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max) {
     snprintf(defs[5], 128, "-DKVA_OT=%d", (int)k->ot);
     snprintf(defs[6], 128, "-DKVA_TQ=%d", (int)k->rows);
     snprintf(defs[7], 128, "-DKVA_ROPE=%d", (int)k->rope);
-    return 8;
+    int n = 8;
+    if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1"); /* benchmark builds only */
+    return n;
 }
 
 const char* kva__cuda_prefill_source(void) { return "#include \"kva_prefill.cuh\"\n"; }

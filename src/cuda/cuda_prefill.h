@@ -49,13 +49,15 @@ int kva__cuda_prefill_supported(const kva_attention_desc* d, kva_op op, int32_t 
 kva_status kva__cuda_prefill_select(const kva_attention_desc* d, kva_op op, int32_t tile_q, int max_smem_optin,
                                     kva__kkey* key, size_t* smem);
 
-/* Whether batch decode should use this family rather than the CUDA-core kernel (a heuristic to confirm on the
- * GPU): GQA groups of 8 or more fill at least half of the 16 MMA rows and read each K/V tile once for the group. */
+/* Whether batch decode should use this family rather than the decode families (a heuristic to confirm on the
+ * GPU): GQA groups above 8 rows, which the decode kernels split into several tiles of <= 8 rows (each reading the
+ * KV again), run as one 16- or 64-row tile here. */
 int kva__cuda_prefill_prefer_for_decode(const kva_attention_desc* d);
 
-/* "kva_pf_d128_qbf16_kvbf16_obf16_t128_rope0" */
+/* "kva_pf_d128_qbf16_kvbf16_obf16_t128_rope0" ("_nochk" appended for benchmark keys with nochk bit 0) */
 void kva__cuda_prefill_name(const kva__kkey* k, char* buf, size_t size);
-/* NVRTC -D options of a key (8 of them); returns the count written (0 if max < 8) */
+/* NVRTC -D options of a key (8, or 9 with -DKVA_NO_BOUNDS_CHECK=1 for nochk bit 0); returns the count written
+ * (0 if max < 8) */
 int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max);
 /* Main NVRTC source of every instance */
 const char* kva__cuda_prefill_source(void);

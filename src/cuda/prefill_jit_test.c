@@ -239,6 +239,16 @@ static void test_host(void) {
               strstr(defs[0], name) != NULL,
           "defines");
     CHECK(kva__cuda_prefill_defines(&k, defs, 7) == 0, "defines need room for 8");
+    {
+        kva__kkey kn = k;
+        kn.nochk = 1;
+        char nn[128], dn[9][128];
+        kva__cuda_prefill_name(&kn, nn, sizeof nn);
+        CHECK(strcmp(nn, "kva_pf_d128_qbf16_kvbf16_obf16_t128_rope0_nochk") == 0 &&
+                  kva__cuda_prefill_defines(&kn, dn, 9) == 9 && strcmp(dn[8], "-DKVA_NO_BOUNDS_CHECK=1") == 0 &&
+                  strstr(dn[0], nn) != NULL,
+              "benchmark key without bounds checks: %s", nn);
+    }
     /* tile_q -> kernel tile */
     for (int t = 1; t <= 128; ++t) {
         CHECK(kva__cuda_prefill_select(&d, KVA_OP_BATCH_PREFILL_PAGED, t, 0, &k, NULL) == KVA_OK &&
@@ -278,7 +288,7 @@ static void test_host(void) {
     for (int g = 1; g <= 16; ++g) {
         kva_attention_desc_init(&d, 2 * g, 2, 64, KVA_DTYPE_BF16);
         CHECK(kva__cuda_prefill_supported(&d, KVA_OP_BATCH_DECODE, g, lim90, why, sizeof why), "decode g %d: %s", g, why);
-        CHECK(kva__cuda_prefill_prefer_for_decode(&d) == (g >= 8), "decode preference g %d", g);
+        CHECK(kva__cuda_prefill_prefer_for_decode(&d) == (g > 8), "decode preference g %d", g);
     }
     /* the enumeration holds every key select can produce, and every key fits sm_80 except D256 x TQ16 */
     int n = kva__cuda_prefill_enumerate(NULL, 0);

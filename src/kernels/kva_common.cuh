@@ -266,72 +266,86 @@ KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const f
         const float* lr = pl + (long long)tk->partial_first * tile_q + r; /* lse of partial k: lr[k * tile_q] */
         const float* orow_p = po + ((long long)tk->partial_first * tile_q + r) * dvo;
         const long long ostep = (long long)tile_q * dvo;
-        /* pass 1: max lse and fault check (lanes in parallel) */
+        /* the first 16 partials' values (head dims lane*4 .. +4) are loaded together with the lse values */
+        float4 v[16];
+        const int c0l = lane * 4;
+#pragma unroll
+        for (int kk = 0; kk < 16; ++kk) {
+            v[kk] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (kk < n && c0l < dvo) v[kk] = __ldcg((const float4*)(orow_p + kk * ostep + c0l));
+        }
+        /* pass 1: max lse and fault check (lanes in parallel); lane k keeps lse k and k + 32 */
+        float l_a = neg_inf, l_b = neg_inf;
         float mx = neg_inf;
         int fault = 0;
         for (int k = lane; k < n; k += 32) {
             float l = __ldcg(lr + (long long)k * tile_q);
+            if (k == lane) l_a = l;
+            else if (k == lane + 32) l_b = l;
             if (__float_as_uint(l) == KVK_FAULT_LSE_BITS) fault = 1;
             else mx = fmaxf(mx, l);
         }
         mx = kva_warp_max(mx);
         fault = __any_sync(KVA_FULL, fault);
         const float m_use = mx == neg_inf ? 0.0f : mx;
-        /* pass 2: chunks of 32 partials; lane kk holds the weight of partial c0 + kk */
+        /* weights of chunks of 32 partials (lane kk: partial c0 + kk), the sum in a fixed order */
         float wsum = 0.0f;
-        float4 acc[2];
-        acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-        acc[1] = acc[0];
         for (int c0 = 0; c0 < n; c0 += 32) {
             float w = 0.0f;
-            if (c0 + lane < n) w = sigmoid ? 1.0f : kva_exp2(__ldcg(lr + (long long)(c0 + lane) * tile_q) - m_use);
+            if (c0 + lane < n) {
+                const float l = c0 == 0 ? l_a : (c0 == 32 ? l_b : __ldcg(lr + (long long)(c0 + lane) * tile_q));
+                w = sigmoid ? 1.0f : kva_exp2(l - m_use);
+            }
             wsum += kva_warp_sum(w);
-            if (fault) continue;
-            const int cn = n - c0 < 32 ? n - c0 : 32;
-#pragma unroll 4
-            for (int kk = 0; kk < cn; ++kk) {
-                const float wk = __shfl_sync(KVA_FULL, w, kk);
-                const float* src = orow_p + (long long)(c0 + kk) * ostep;
+        }
+        /* o: head dims lane*4 (+128 for dvo 256, a second sweep), partials in batches of 16 */
+#pragma unroll 1
+        for (int jj = 0; jj < 2; ++jj) {
+            const int c = c0l + 128 * jj;
+            if (jj > 0 && 128 >= dvo) break;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (!fault) {
+                for (int k0 = 0; k0 < n; k0 += 16) {
+                    if (k0 > 0 || jj > 0) {
 #pragma unroll
-                for (int jj = 0; jj < 2; ++jj) {
-                    const int c = lane * 4 + 128 * jj;
-                    if (c < dvo) {
-                        const float4 v = __ldcg((const float4*)(src + c));
-                        acc[jj].x = fmaf(wk, v.x, acc[jj].x);
-                        acc[jj].y = fmaf(wk, v.y, acc[jj].y);
-                        acc[jj].z = fmaf(wk, v.z, acc[jj].z);
-                        acc[jj].w = fmaf(wk, v.w, acc[jj].w);
+                        for (int kk = 0; kk < 16; ++kk)
+                            if (k0 + kk < n && c < dvo)
+                                v[kk] = __ldcg((const float4*)(orow_p + (long long)(k0 + kk) * ostep + c));
+                    }
+                    const int c0 = k0 & ~31;
+                    float w = 0.0f; /* weights of the chunk holding k0 */
+                    if (c0 + lane < n) {
+                        const float l =
+                            c0 == 0 ? l_a : (c0 == 32 ? l_b : __ldcg(lr + (long long)(c0 + lane) * tile_q));
+                        w = sigmoid ? 1.0f : kva_exp2(l - m_use);
+                    }
+#pragma unroll
+                    for (int kk = 0; kk < 16; ++kk) {
+                        const float wk = __shfl_sync(KVA_FULL, w, (k0 + kk) & 31);
+                        if (k0 + kk < n) {
+                            acc.x = fmaf(wk, v[kk].x, acc.x);
+                            acc.y = fmaf(wk, v[kk].y, acc.y);
+                            acc.z = fmaf(wk, v[kk].z, acc.z);
+                            acc.w = fmaf(wk, v[kk].w, acc.w);
+                        }
                     }
                 }
             }
+            float scale;
+            if (sigmoid) scale = 1.0f;
+            else scale = wsum > 0.0f ? kva_rcp(wsum) : 0.0f;
+            if (fault) scale = 0.0f;
+            const int pr = tk->row_start + r;
+            const int i = pr / g;
+            const int qh = tk->kv_head * g + pr % g;
+            const long long obase = ((long long)qo_start + i) * o_stride_row + (long long)qh * o_stride_head;
+            if (c < dvo) kva_store4(o, obase + c, o_dtype, acc.x * scale, acc.y * scale, acc.z * scale, acc.w * scale);
+            if (jj == 0 && lane == 0 && lse) {
+                float l_out = sigmoid ? 0.0f : (wsum > 0.0f ? m_use + kva_log2(wsum) : neg_inf);
+                if (fault) l_out = neg_inf;
+                lse[((long long)qo_start + i) * lse_stride_row + (long long)qh * lse_stride_head] = l_out;
+            }
         }
-        float scale, l_out;
-        if (sigmoid) {
-            scale = 1.0f;
-            l_out = 0.0f;
-        } else {
-            scale = wsum > 0.0f ? 1.0f / wsum : 0.0f;
-            l_out = wsum > 0.0f ? m_use + kva_log2(wsum) : neg_inf;
-        }
-        if (fault) {
-            scale = 0.0f;
-            l_out = neg_inf;
-            acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-            acc[1] = acc[0];
-        }
-        const int pr = tk->row_start + r;
-        const int i = pr / g;
-        const int qh = tk->kv_head * g + pr % g;
-        const long long orow = (long long)qo_start + i;
-        const long long obase = orow * o_stride_row + (long long)qh * o_stride_head;
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj) {
-            const int c = lane * 4 + 128 * jj;
-            if (c < dvo)
-                kva_store4(o, obase + c, o_dtype, acc[jj].x * scale, acc[jj].y * scale, acc[jj].z * scale,
-                           acc[jj].w * scale);
-        }
-        if (lane == 0 && lse) lse[orow * lse_stride_row + (long long)qh * lse_stride_head] = l_out;
     }
 }
 

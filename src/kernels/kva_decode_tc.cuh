@@ -231,17 +231,17 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
     /* ---- warm L2 with this CTA's slice of the plan's int region and of the page table: the dependent header and
        page-index loads below then hit L2 instead of HBM (small, latency-bound calls; cold caches) ---- */
     {
-        const long long lo = p.off_counts, n = p.off_partial_o - p.off_counts;
-        const long long per = ((n + gridDim.x - 1) / gridDim.x + 127) & ~127ll;
-        for (long long o = (long long)tid * 128; o < per; o += KVK_THREADS * 128) {
-            const long long a = per * blockIdx.x + o;
-            if (a < n) kva_prefetch_l2(p.ws + lo + a);
+        const unsigned n = (unsigned)(p.off_partial_o - p.off_counts);
+        const unsigned per = ((n + gridDim.x - 1u) / gridDim.x + 127u) & ~127u;
+        for (unsigned o = (unsigned)tid * 128u; o < per; o += KVK_THREADS * 128u) {
+            const unsigned a = per * blockIdx.x + o;
+            if (a < n) kva_prefetch_l2(p.ws + p.off_counts + a);
         }
         if (!ragged && p.num_entries > 0) {
-            const long long nb = p.num_entries * 4;
-            const long long per2 = ((nb + gridDim.x - 1) / gridDim.x + 127) & ~127ll;
-            for (long long o = (long long)tid * 128; o < per2; o += KVK_THREADS * 128) {
-                const long long a = per2 * blockIdx.x + o;
+            const unsigned long long nb = (unsigned long long)p.num_entries * 4ull;
+            const unsigned long long per2 = ((nb + gridDim.x - 1u) / gridDim.x + 127u) & ~127ull;
+            for (unsigned long long o = (unsigned long long)tid * 128u; o < per2; o += KVK_THREADS * 128u) {
+                const unsigned long long a = per2 * blockIdx.x + o;
                 if (a < nb) kva_prefetch_l2((const char*)p.indices + a);
             }
         }
@@ -264,6 +264,9 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
     const int ptok = lane & 15;
     const int pchunk = lane % TC_CPR;
     const bool kv_same = p.k_stride_page == p.v_stride_page && p.k_stride_token == p.v_stride_token;
+    /* pages of 16k tokens: a subtile starting at a multiple of 16 lies in one page (row r at slot + r) */
+    const bool ps16 = !ragged && (p.page_size & 15) == 0;
+    const long long kstb = p.k_stride_token * TC_ES, vstb = p.v_stride_token * TC_ES;
 #if !TC_FP8
     /* K ldmatrix: token (lane & 7) + 8 * ((lane >> 3) & 1), chunk 2 ks + (lane >> 4) */
     unsigned koff[4];
@@ -350,7 +353,7 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
     typedef struct {
         const char* kb;
         const char* vb;
-        int pg, sl, has, req, live;
+        int pg, sl, has, req, live, one_page;
     } tc_rec;
 #define TC_FETCH(R)                                                                                           \
     do {                                                                                                      \
@@ -361,8 +364,10 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
         (R).kb = pr_kb;                                                                                       \
         (R).vb = pr_vb;                                                                                       \
         (R).req = pr_req;                                                                                     \
-        if (alive) {                                                                                          \
+        (R).one_page = 0;                                                                                     \
+        if ((R).live) {                                                                                       \
             const int j_ = pr_kv0 + pr_s * 16 + ptok;                                                         \
+            (R).one_page = ps16 && ((pr_kv0 + pr_s * 16) & 15) == 0;                                          \
             if (j_ < pr_kv1) {                                                                                \
                 (R).has = 1;                                                                                  \
                 if (ragged) {                                                                                 \
@@ -394,22 +399,37 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
                     atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key, k_);                      \
                 }                                                                                             \
             }                                                                                                 \
-            const long long ko_ =                                                                             \
-                ok_ ? ((long long)(R).pg * p.k_stride_page + (long long)(R).sl * p.k_stride_token) * TC_ES : 0ll; \
-            const long long vo_ =                                                                             \
-                ok_ ? ((long long)(R).pg * p.v_stride_page + (long long)(R).sl * p.v_stride_token) * TC_ES : 0ll; \
             const unsigned okm_ = __ballot_sync(0xffffffffu, ok_);                                            \
             const unsigned st_ = wpipe + (unsigned)((ST_) * TC_SB);                                           \
             const char* kc_ = (R).kb + pchunk * 16;                                                           \
             const char* vc_ = (R).vb + pchunk * 16;                                                           \
-            _Pragma("unroll") for (int i_ = 0; i_ < TC_CPR / 2; ++i_) {                                       \
-                const int r_ = i_ * (32 / TC_CPR) + lane / TC_CPR;                                            \
-                const long long kor_ = __shfl_sync(0xffffffffu, ko_, r_);                                     \
-                const long long vor_ = kv_same ? kor_ : __shfl_sync(0xffffffffu, vo_, r_);                   \
-                const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                          \
-                const unsigned d_ = st_ + (unsigned)(r_ * TC_ROWB + 16 * (pchunk ^ kva_tc_swz(r_)));           \
-                kva_cp_async16(d_, kc_ + kor_, nb_);                                                          \
-                kva_cp_async16(d_ + TC_KB, vc_ + vor_, nb_);                                                  \
+            if ((R).one_page) { /* one page: row r at (page, slot0 + r); no per-row offsets to gather */      \
+                const int pg0_ = __shfl_sync(0xffffffffu, (R).pg, 0);                                         \
+                const int sl0_ = __shfl_sync(0xffffffffu, (R).sl, 0);                                        \
+                const long long r0_ = lane / TC_CPR;                                                          \
+                const char* kr_ = kc_ + ((long long)pg0_ * p.k_stride_page + (long long)sl0_ * p.k_stride_token) * TC_ES + r0_ * kstb; \
+                const char* vr_ = vc_ + ((long long)pg0_ * p.v_stride_page + (long long)sl0_ * p.v_stride_token) * TC_ES + r0_ * vstb; \
+                _Pragma("unroll") for (int i_ = 0; i_ < TC_CPR / 2; ++i_) {                                   \
+                    const int r_ = i_ * (32 / TC_CPR) + lane / TC_CPR;                                        \
+                    const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                      \
+                    const unsigned d_ = st_ + (unsigned)(r_ * TC_ROWB + 16 * (pchunk ^ kva_tc_swz(r_)));       \
+                    kva_cp_async16(d_, nb_ ? kr_ + (long long)(i_ * (32 / TC_CPR)) * kstb : kc_, nb_);         \
+                    kva_cp_async16(d_ + TC_KB, nb_ ? vr_ + (long long)(i_ * (32 / TC_CPR)) * vstb : vc_, nb_); \
+                }                                                                                             \
+            } else {                                                                                          \
+                const long long ko_ =                                                                         \
+                    ok_ ? ((long long)(R).pg * p.k_stride_page + (long long)(R).sl * p.k_stride_token) * TC_ES : 0ll; \
+                const long long vo_ =                                                                         \
+                    ok_ ? ((long long)(R).pg * p.v_stride_page + (long long)(R).sl * p.v_stride_token) * TC_ES : 0ll; \
+                _Pragma("unroll") for (int i_ = 0; i_ < TC_CPR / 2; ++i_) {                                   \
+                    const int r_ = i_ * (32 / TC_CPR) + lane / TC_CPR;                                        \
+                    const long long kor_ = __shfl_sync(0xffffffffu, ko_, r_);                                 \
+                    const long long vor_ = kv_same ? kor_ : __shfl_sync(0xffffffffu, vo_, r_);               \
+                    const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                      \
+                    const unsigned d_ = st_ + (unsigned)(r_ * TC_ROWB + 16 * (pchunk ^ kva_tc_swz(r_)));       \
+                    kva_cp_async16(d_, kc_ + kor_, nb_);                                                      \
+                    kva_cp_async16(d_ + TC_KB, vc_ + vor_, nb_);                                              \
+                }                                                                                             \
             }                                                                                                 \
             const int any_ = __any_sync(0xffffffffu, bad_);                                                   \
             if (lane == 0) s_sbad[warp * TC_ST + (ST_)] = any_;                                               \
@@ -431,6 +451,7 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
         tc_rec pro[TC_ST];
 #pragma unroll
         for (int s = 0; s < TC_ST; ++s) TC_FETCH(pro[s]);
+        TC_TR(11, 0);
 #pragma unroll
         for (int s = 0; s < TC_ST; ++s) {
             TC_ISSUE(pro[s], s);
@@ -574,15 +595,15 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
             const int tile0 = kv0 + s * 16;
 
             /* ---- S^T = K . Q^T ---- */
-            float sa[2][4];
+            float sa[4][4]; /* four independent MMA chains */
 #pragma unroll
-            for (int e = 0; e < 4; ++e) sa[0][e] = sa[1][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) sa[0][e] = sa[1][e] = sa[2][e] = sa[3][e] = 0.0f;
 #if !TC_FP8
 #pragma unroll
             for (int ks = 0; ks < TC_KS; ++ks) {
                 unsigned a[4];
                 kva_ldsm_x4(kst + koff[ks & 3] + 128u * (unsigned)(ks >> 2), a);
-                TC_MMA(sa[ks & 1], a, qf[ks][0], qf[ks][1]);
+                TC_MMA(sa[ks & 3], a, qf[ks][0], qf[ks][1]);
             }
 #else
 #pragma unroll
@@ -606,14 +627,14 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
                     a[1] = kva_e5m2x2_to_f16x2((unsigned short)(hi[e] & 0xffffu));
                     a[3] = kva_e5m2x2_to_f16x2((unsigned short)(hi[e] >> 16));
 #endif
-                    TC_MMA(sa[ks & 1], a, qf[ks][0], qf[ks][1]);
+                    TC_MMA(sa[ks & 3], a, qf[ks][0], qf[ks][1]);
                 }
             }
 #endif
             /* x[0]: token g8, row 2q4; x[1]: token g8, row 2q4+1; x[2], x[3]: token g8 + 8 */
             float x[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) x[e] = (sa[0][e] + sa[1][e]) * qscale;
+            for (int e = 0; e < 4; ++e) x[e] = ((sa[0][e] + sa[1][e]) + (sa[2][e] + sa[3][e])) * qscale;
             {
                 const bool tail = tile0 + 16 > kv1;
                 if (tail || (flags & (KVK_FLAG_ALIBI | KVK_FLAG_SOFTCAP | KVK_FLAG_CAUSAL | KVK_FLAG_WINDOW |
@@ -771,92 +792,130 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
 
         const bool to_partial = item.partial >= 0;
         {
+            /* rows in parallel (unrolled), thread tid: head dims tid, tid + 128 */
             float* const po = (float*)(p.ws + p.off_partial_o);
             float* const pl = (float*)(p.ws + p.off_partial_lse);
             const int rows = item.rows < TC_R ? item.rows : TC_R;
-            for (int r = 0; r < rows; ++r) {
-                /* row factors (every thread, from shared memory) */
+            float ew[TC_R][TC_NW], rsc[TC_R];
+            long long obase[TC_R];
+#pragma unroll
+            for (int r = 0; r < TC_R; ++r) {
                 float mw[TC_NW], dw[TC_NW];
                 float M = neg_inf;
 #pragma unroll
                 for (int w = 0; w < TC_NW; ++w) {
-                    mw[w] = s_md[(w * 8 + r) * 2 + 0];
-                    dw[w] = s_md[(w * 8 + r) * 2 + 1];
+                    const float2 md = *(const float2*)(s_md + (w * 8 + r) * 2);
+                    mw[w] = md.x;
+                    dw[w] = md.y;
                     M = fmaxf(M, mw[w]);
                 }
                 const float Mu = M == neg_inf ? 0.0f : M;
-                float ew[TC_NW];
                 float dsum = 0.0f;
 #pragma unroll
                 for (int w = 0; w < TC_NW; ++w) {
-                    ew[w] = sigmoid ? 1.0f : kva_exp2(mw[w] - Mu);
-                    dsum += ew[w] * dw[w];
+                    ew[r][w] = sigmoid ? 1.0f : kva_exp2(mw[w] - Mu);
+                    dsum += ew[r][w] * dw[w];
                 }
-                float scale = p.v_scale * TC_KFIX;
-                float lse;
+                float sc = p.v_scale * TC_KFIX, l;
                 if (sigmoid) {
-                    lse = 0.0f;
+                    l = 0.0f;
                 } else {
-                    scale = dsum > 0.0f ? scale / dsum : 0.0f;
-                    lse = dsum > 0.0f ? Mu + kva_log2(dsum) : neg_inf;
+                    sc = dsum > 0.0f ? sc * kva_rcp(dsum) : 0.0f;
+                    l = dsum > 0.0f ? Mu + kva_log2(dsum) : neg_inf;
                 }
                 if (faulted) {
-                    scale = 0.0f;
-                    lse = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : neg_inf;
+                    sc = 0.0f;
+                    l = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : neg_inf;
                 }
+                rsc[r] = sc;
                 const int pr = item.row_start + r;
-                const int i = pr / p.group_size;
+                const int i = (int)kva_fastdiv((unsigned)pr, p.g_mul, p.g_shift);
                 const int qh = item.kv_head * p.group_size + (pr - i * p.group_size);
-                const long long orow = rq.qo_start + i;
-                for (int d = tid; d < TC_D; d += KVK_THREADS) {
-                    float acc = 0.0f;
+                obase[r] = to_partial ? ((long long)item.partial * p.tile_q + r) * TC_D
+                                      : (rq.qo_start + i) * p.o_stride_row + (long long)qh * p.o_stride_head;
+                if (tid == r && r < rows) {
+                    if (to_partial) pl[(long long)item.partial * p.tile_q + r] = l;
+                    else if (p.lse)
+                        p.lse[(rq.qo_start + i) * p.lse_stride_row + (long long)qh * p.lse_stride_head] = l;
+                }
+            }
+            TC_TR(12, 0);
 #pragma unroll
-                    for (int w = 0; w < TC_NW; ++w) acc += ew[w] * s_comb[(w * TC_D + d) * TC_R + r];
-                    const float o = acc * scale;
-                    if (to_partial) {
-                        po[((long long)item.partial * p.tile_q + r) * TC_D + d] = o;
-                    } else {
-#if KVA_OT == KVK_F32
-                        ((float*)p.o)[orow * p.o_stride_row + (long long)qh * p.o_stride_head + d] = o;
-#elif KVA_OT == KVK_F16
-                        ((unsigned short*)p.o)[orow * p.o_stride_row + (long long)qh * p.o_stride_head + d] =
-                            kva_f32_to_f16(o);
+            for (int dd = 0; dd < (TC_D + KVK_THREADS - 1) / KVK_THREADS; ++dd) {
+                const int d = tid + KVK_THREADS * dd;
+                if (d < TC_D) {
+                    float cv[TC_NW][TC_R];
+#pragma unroll
+                    for (int w = 0; w < TC_NW; ++w) {
+#if TC_R >= 4
+#pragma unroll
+                        for (int r4 = 0; r4 < TC_R; r4 += 4) {
+                            const float4 v = *(const float4*)(s_comb + (w * TC_D + d) * TC_R + r4);
+                            cv[w][r4] = v.x;
+                            cv[w][r4 + 1] = v.y;
+                            cv[w][r4 + 2] = v.z;
+                            cv[w][r4 + 3] = v.w;
+                        }
 #else
-                        ((unsigned short*)p.o)[orow * p.o_stride_row + (long long)qh * p.o_stride_head + d] =
-                            kva_f32_to_bf16(o);
+#pragma unroll
+                        for (int r = 0; r < TC_R; ++r) cv[w][r] = s_comb[(w * TC_D + d) * TC_R + r];
 #endif
                     }
-                }
-                if (tid == 0) {
-                    if (to_partial) pl[(long long)item.partial * p.tile_q + r] = lse;
-                    else if (p.lse) p.lse[orow * p.lse_stride_row + (long long)qh * p.lse_stride_head] = lse;
+#pragma unroll
+                    for (int r = 0; r < TC_R; ++r) {
+                        if (r < rows) {
+                            float acc = 0.0f;
+#pragma unroll
+                            for (int w = 0; w < TC_NW; ++w) acc = fmaf(ew[r][w], cv[w][r], acc);
+                            const float o = acc * rsc[r];
+                            if (to_partial) {
+                                po[obase[r] + d] = o;
+                            } else {
+#if KVA_OT == KVK_F32
+                                ((float*)p.o)[obase[r] + d] = o;
+#elif KVA_OT == KVK_F16
+                                ((unsigned short*)p.o)[obase[r] + d] = kva_f32_to_f16(o);
+#else
+                                ((unsigned short*)p.o)[obase[r] + d] = kva_f32_to_bf16(o);
+#endif
+                            }
+                        }
+                    }
                 }
             }
         }
 
         TC_TR(7, 0);
-        /* ---- fused split-KV merge: the CTA that writes a task's last partial merges the task ---- */
+        /* ---- fused split-KV merge: the CTA that writes a task's last partial merges the task. One acq_rel 64-bit
+           atomic on (partial_first, num_partials) releases this CTA's partials (ordered by the barrier), counts
+           the arrival in the high half of num_partials and returns the task's first slot and size. ---- */
         if (to_partial && (flags & KVK_FLAG_FUSED_MERGE)) {
-            __threadfence();
             __syncthreads();
             kvk_merge_task* const mtask = (kvk_merge_task*)(p.ws + p.off_merge) + item.pad_;
             if (tid == 0) {
-                const int old = atomicAdd(&mtask->num_partials, 0x10000);
-                const int n = old & 0xffff;
-                const int last = (old >> 16) == n - 1;
-                if (last) {
-                    __threadfence();
-                    mtask->num_partials = n; /* restore for the next run or graph replay */
-                }
+                unsigned long long old;
+                asm volatile("{ atom.add.acq_rel.gpu.u64 %0, [%1], %2; }"
+                             : "=l"(old)
+                             : "l"(&mtask->partial_first), "l"(1ull << 48)
+                             : "memory");
+                const int n = (int)((old >> 32) & 0xffffu);
+                const int last = (int)(old >> 48) == n - 1;
+                if (last) mtask->num_partials = n; /* restore for the next run or graph replay */
                 s_flag[0] = last;
+                s_flag[1] = (int)(unsigned)(old & 0xffffffffu);
+                s_flag[2] = n;
             }
             __syncthreads();
             TC_TR(8, s_flag[0]);
             if (s_flag[0]) {
-                __threadfence();
-                kvk_merge_task tk = *mtask;
-                tk.num_partials &= 0xffff;
-                kva_merge_task_rows(&tk, reqs[tk.req].qo_start, (const float*)(p.ws + p.off_partial_o),
+                kvk_merge_task tk;
+                tk.req = item.req;
+                tk.kv_head = item.kv_head;
+                tk.row_start = item.row_start;
+                tk.rows = item.rows;
+                tk.partial_first = s_flag[1];
+                tk.num_partials = s_flag[2];
+                kva_merge_task_rows(&tk, rq.qo_start, (const float*)(p.ws + p.off_partial_o),
                                     (const float*)(p.ws + p.off_partial_lse), p.tile_q, TC_D, p.group_size, sigmoid,
                                     p.o, KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
                                     p.lse_stride_head, warp, TC_NW, lane);

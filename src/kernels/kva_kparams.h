@@ -44,7 +44,7 @@ typedef uint64_t kvk_u64;
 
 /* geometry of the tensor-core decode kernel (kva_decode_tc.cuh): 4 warps, each with its own pipeline of
    KVK_TC_STAGES subtiles of 16 tokens (K + V: 32 * d * es bytes), about 24 KB per warp (d 256 x 16-bit: 48 KB);
-   a cross-warp combine buffer [4][d][rows] f32; 256 + 16 * stages bytes of row factors and flags. */
+   a cross-warp combine buffer [4][d][rows] f32; 256 + 16 * stages + 16 bytes of row factors and flags. */
 #define KVK_TC_STAGES(d, es) \
     (24576 / (32 * (d) * (es)) < 3 ? 3 : (24576 / (32 * (d) * (es)) > 8 ? 8 : 24576 / (32 * (d) * (es))))
 #define KVK_TC_SMEM(d, es, rows) \
@@ -132,6 +132,8 @@ typedef struct kvk_attn_params {
     kvk_i64 num_pages;
     kvk_u32 ps_mul;             /* fast division by page_size: q = (umulhi(n, ps_mul) + n) >> ps_shift */
     kvk_u32 ps_shift;
+    kvk_u32 g_mul;              /* fast division by group_size (packed row -> query row) */
+    kvk_u32 g_shift;
     kvk_i32 page_size;
     kvk_i32 group_size;
     kvk_i32 num_qo_heads;

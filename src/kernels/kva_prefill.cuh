@@ -167,6 +167,19 @@ typedef struct kvp_ctx {
 } kvp_ctx;
 static_assert(sizeof(kvp_ctx) <= 128, "kvp_ctx must fit its 128 bytes");
 
+/* the same with the frequencies read from shared memory element by element (volatile: not hoisted into
+   registers, for passes that run while the O accumulators are live) */
+KVA_DEV void kvp_rope8_smem(float* x1, float* x2, float pos, const volatile float* fhi, const volatile float* flo) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        float sn, cs;
+        kvp_rope_sincos(pos, fhi[e], flo[e], &sn, &cs);
+        const float a = x1[e], b = x2[e];
+        x1[e] = a * cs - b * sn;
+        x2[e] = b * cs + a * sn;
+    }
+}
+
 /* rotate-half on one pair of 8-element chunks (x1: dims f..f+7 of the first half, x2: the same of the second) */
 KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const float* flo) {
 #pragma unroll
@@ -210,6 +223,7 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #endif
 
 #undef KVP_FN
+#undef KVP_NOCHK
 #undef KVP_D
 #undef KVP_ES
 #undef KVP_CT
@@ -245,6 +259,12 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #undef KVP_PREP_UNROLL
 
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
+/* benchmark-only builds (KVATTN_BENCH_NO_BOUNDS_CHECK): no page-index bounds check, to measure its cost */
+#if defined(KVA_NO_BOUNDS_CHECK) && KVA_NO_BOUNDS_CHECK
+#define KVP_NOCHK 1
+#else
+#define KVP_NOCHK 0
+#endif
 #define KVP_D KVA_DQK
 #define KVP_ES KVK_PF_ES(KVA_KT)
 /* compute type of the tensor cores: the KV type when it is 16-bit (q is converted if it differs), else q's */
@@ -418,12 +438,6 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
        since D/16 divides the thread count */
     {
         const int c = tid % (KVP_ND / 2);
-        float fh[8], fl[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            fh[e] = s_fhi[c * 8 + e];
-            fl[e] = s_flo[c * 8 + e];
-        }
         const int c2 = c + KVP_ND / 2;
 #if KVP_PREP_UNROLL == 1
 #pragma unroll 1
@@ -441,7 +455,7 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
             kvp_unpack8(kva_ld_shared16(raw_k + (unsigned)(r * KVP_ROWB + ((c2 ^ (r & 7)) << 4))), KVP_CT, x2);
             const unsigned dst = raw_k;
 #endif
-            kvp_rope8(x1, x2, (float)(j0 + r), fh, fl);
+            kvp_rope8_smem(x1, x2, (float)(j0 + r), s_fhi + c * 8, s_flo + c * 8);
             kvp_st_shared16(dst + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4)), kvp_pack8(x1, KVP_CT));
             kvp_st_shared16(dst + (unsigned)(r * KVP_ROWB + ((c2 ^ (r & 7)) << 4)), kvp_pack8(x2, KVP_CT));
         }
@@ -542,7 +556,7 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
                     const long long tok_ = ctx->tok0 + j_;                                             \
                     ko_ = tok_ * p.k_stride_token * KVP_ES;                                            \
                     vo_ = tok_ * p.v_stride_token * KVP_ES;                                            \
-                } else if ((unsigned long long)(unsigned)pg_ < (unsigned long long)p.num_pages) {      \
+                } else if (KVP_NOCHK || (unsigned long long)(unsigned)pg_ < (unsigned long long)p.num_pages) { \
                     const int e_ = (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift);               \
                     const long long sl_ = (long long)(j_ - e_ * p.page_size);                          \
                     ko_ = ((long long)pg_ * p.k_stride_page + sl_ * p.k_stride_token) * KVP_ES;        \

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# sync_build_dev.sh - copy what the GPU machine runs (library, benchmark, selftest, test binaries, the sm_90a
+# fatbin for SASS dumps) from build-cuda into build-dev, small enough to carry with the `run` tool.
+set -e
+cd "$(dirname "$0")/.."
+rm -rf build-dev
+mkdir -p build-dev/tests build-dev/kva_cuda_gen
+cp -a build-cuda/libkvattn.so* build-cuda/kva_bench_decode build-cuda/kva_cuda_selftest build-cuda/kva_cuda_jit_test build-dev/
+cp -a build-cuda/tests/test_ops build-cuda/tests/test_errors build-cuda/tests/test_api build-dev/tests/
+cp build-cuda/kva_cuda_gen/kva_aot_sm90a.fatbin build-dev/kva_cuda_gen/
+du -sh build-dev
