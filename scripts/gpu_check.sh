@@ -13,6 +13,8 @@
 #   3. compute-sanitizer memcheck and racecheck on a small matrix
 #   4. kva_bench_decode on WORKLOADS.md D1-D7, then bench/peers_decode.py (torch SDPA cuDNN/flash, FlashInfer)
 #      -> $OUT/bench_decode.md; the results table is printed last
+# GPU_CHECK_TESTS=0 / GPU_CHECK_SANITIZE=0 / GPU_CHECK_BENCH=0 skip steps 2 / 3 / 4 (e.g. two calls, one for the
+# tests and sanitizers and one for the benchmark, each well inside a call's time limit).
 set -u
 if [ -z "${BUILD:-}" ]; then
     if [ -x build-dev/kva_cuda_selftest ]; then BUILD=build-dev; else BUILD=build-cuda; fi
@@ -62,6 +64,7 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so.1[23] '; then
     echo "KVATTN_NVRTC_PATH=${KVATTN_NVRTC_PATH:-unset}"
 fi
 
+if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
 section "2a. test suite with KVA_TEST_BACKEND=cuda"
 export KVA_TEST_BACKEND=cuda
 if [ -x "$BUILD/tests/test_ops" ]; then
@@ -83,9 +86,12 @@ run_step "kva_cuda_selftest" 120 0 "$BUILD/kva_cuda_selftest" --verbose
 
 section "2c. NVRTC: covering set of kernel variants (sm_80, sm_90a), spill check"
 if [ -x "$BUILD/kva_cuda_jit_test" ]; then run_step "kva_cuda_jit_test" 120 20 "$BUILD/kva_cuda_jit_test"; fi
+fi
 
 section "3. compute-sanitizer"
-if [ $(( $(date +%s) - START )) -gt 300 ]; then
+if [ "${GPU_CHECK_SANITIZE:-1}" != 1 ]; then
+    note "SKIP  compute-sanitizer (GPU_CHECK_SANITIZE=0)"
+elif [ $(( $(date +%s) - START )) -gt 300 ]; then
     note "SKIP  compute-sanitizer (time budget: keep the benchmark inside the call)"
 elif command -v compute-sanitizer >/dev/null; then
     run_step "memcheck selftest --quick" 150 30 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 \
@@ -100,9 +106,11 @@ else
     note "SKIP  compute-sanitizer (not on PATH)"
 fi
 
+if [ "${GPU_CHECK_BENCH:-1}" = 1 ]; then
 section "4. decode benchmark (D1-D7) and peers"
 run_step "kva_bench_decode" 200 0 "$BUILD/kva_bench_decode" --csv "$OUT/kvattn_decode.csv"
-if [ -s "$OUT/kvattn_decode.csv" ]; then
+fi
+if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -s "$OUT/kvattn_decode.csv" ]; then
     run_step "peers_decode.py" 200 5 python3 bench/peers_decode.py --csv "$OUT/kvattn_decode.csv" \
         --out "$OUT/bench_decode.md"
 fi

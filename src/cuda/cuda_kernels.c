@@ -80,9 +80,10 @@ kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile
     c.key.rope = d->pos_encoding == KVA_POS_ROPE_LLAMA;
     c.tile_q = tile_q;
     /* The tensor-core kernel (kva_decode_tc.cuh) unless it lacks the variant: fused RoPE, q and 16-bit KV of
-       different dtypes, or fp8 KV at head dim 64; those run on the CUDA-core kernel (kva_decode.cuh). */
+       different dtypes, or fp8 KV at head dims 64 and 256 (256: no registers left for the conversions on sm_80);
+       those run on the CUDA-core kernel (kva_decode.cuh). */
     const bool fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
-    const bool tc = !c.key.rope && ((!fp8 && d->q_dtype == d->kv_dtype) || (fp8 && d->head_dim_qk >= 128));
+    const bool tc = !c.key.rope && ((!fp8 && d->q_dtype == d->kv_dtype) || (fp8 && d->head_dim_qk == 128));
     if (tc) {
         c.key.family = KVA__KF_DECODE_TC;
         c.key.rope = 0;
@@ -203,13 +204,13 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                             }
                             ++n;
                         }
-    /* tensor-core kernels: q = KV (16-bit), or fp8 KV at head dims 128 and 256; no RoPE */
+    /* tensor-core kernels: q = KV (16-bit), or fp8 KV at head dim 128; no RoPE */
     for (int a = 0; a < 3; ++a)
         for (int b = 0; b < 2; ++b)
             for (int c = 0; c < 4; ++c) {
                 const int fp8 = kts[c] == KVA_DTYPE_E4M3 || kts[c] == KVA_DTYPE_E5M2;
                 if (!fp8 && kts[c] != qts[b]) continue;
-                if (fp8 && dims[a] < 128) continue;
+                if (fp8 && dims[a] != 128) continue;
                 for (int e = 0; e < 3; ++e)
                     for (int r = 0; r < 4; ++r) {
                         if (n < max) {

@@ -266,11 +266,11 @@ KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const f
         const float* lr = pl + (long long)tk->partial_first * tile_q + r; /* lse of partial k: lr[k * tile_q] */
         const float* orow_p = po + ((long long)tk->partial_first * tile_q + r) * dvo;
         const long long ostep = (long long)tile_q * dvo;
-        /* the first 16 partials' values (head dims lane*4 .. +4) are loaded together with the lse values */
-        float4 v[16];
+        /* the first 8 partials' values (head dims lane*4 .. +4) are loaded together with the lse values */
+        float4 v[8];
         const int c0l = lane * 4;
 #pragma unroll
-        for (int kk = 0; kk < 16; ++kk) {
+        for (int kk = 0; kk < 8; ++kk) {
             v[kk] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (kk < n && c0l < dvo) v[kk] = __ldcg((const float4*)(orow_p + kk * ostep + c0l));
         }
@@ -298,17 +298,17 @@ KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const f
             }
             wsum += kva_warp_sum(w);
         }
-        /* o: head dims lane*4 (+128 for dvo 256, a second sweep), partials in batches of 16 */
+        /* o: head dims lane*4 (+128 for dvo 256, a second sweep), partials in batches of 8 (a divisor of 32: a batch never straddles two weight chunks) */
 #pragma unroll 1
         for (int jj = 0; jj < 2; ++jj) {
             const int c = c0l + 128 * jj;
             if (jj > 0 && 128 >= dvo) break;
             float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
             if (!fault) {
-                for (int k0 = 0; k0 < n; k0 += 16) {
+                for (int k0 = 0; k0 < n; k0 += 8) {
                     if (k0 > 0 || jj > 0) {
 #pragma unroll
-                        for (int kk = 0; kk < 16; ++kk)
+                        for (int kk = 0; kk < 8; ++kk)
                             if (k0 + kk < n && c < dvo)
                                 v[kk] = __ldcg((const float4*)(orow_p + (long long)(k0 + kk) * ostep + c));
                     }
@@ -320,7 +320,7 @@ KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const f
                         w = sigmoid ? 1.0f : kva_exp2(l - m_use);
                     }
 #pragma unroll
-                    for (int kk = 0; kk < 16; ++kk) {
+                    for (int kk = 0; kk < 8; ++kk) {
                         const float wk = __shfl_sync(KVA_FULL, w, (k0 + kk) & 31);
                         if (k0 + kk < n) {
                             acc.x = fmaf(wk, v[kk].x, acc.x);

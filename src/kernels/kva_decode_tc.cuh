@@ -2,7 +2,7 @@
  * kva_decode_tc.cuh - the tensor-core decode kernel (mma.sync m16n8k16, sm_80+): a persistent CTA of 4 warps
  * executes its worker's list of work items (src/core/internal.h): up to 8 packed query rows of one (request, KV
  * head) against a KV range. Used for batch decode and small-tile prefill whenever q and KV share a 16-bit dtype,
- * or KV is fp8 (head dim >= 128), without fused RoPE; kva_decode.cuh (CUDA cores) covers the rest.
+ * or KV is fp8 (head dim 128), without fused RoPE; kva_decode.cuh (CUDA cores) covers the rest.
  *
  * One instance per inclusion, specialised by macros (defined by the includer or by NVRTC -D options):
  *   KVA_KERNEL_NAME, KVA_DQK (= KVA_DVO: 64, 128, 256), KVA_QT, KVA_KT, KVA_OT, KVA_ROWS (1, 2, 4, 8: size of the

@@ -278,13 +278,12 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #define KVP_TKV KVK_PF_TKV(KVA_DQK, KVA_TQ)
 #define KVP_KW (KVP_TKV / KVP_WKV)    /* keys per warp per tile */
 /* Keys per online-softmax step (KVP_SK): the warp's whole slice of the tile, except at TQ 128 x D 128 where S (64
-   registers for 64 keys) next to O (128) leaves ptxas no headroom: there the 64-key tile is done in two 32-key
-   steps (Q fragments are re-read from shared memory once more per tile) on sm_90, and on sm_80 when RoPE, fp8 or
-   a q conversion adds work to the loop. KVA_PF_SK (32 or 64, a -D option) overrides it for tuning. */
+   registers for 64 keys) next to O (128) leaves ptxas no headroom (nvcc and NVRTC then spill a few words, on
+   different instances): there each warp takes its 64 keys in two 32-key steps (the Q fragments are read from
+   shared memory once more per tile). KVA_PF_SK (32 or 64, a -D option) overrides it for A/B timing. */
 #if defined(KVA_PF_SK)
 #define KVP_SK (KVA_PF_SK < KVP_KW ? KVA_PF_SK : KVP_KW)
-#elif KVP_D == 128 && KVA_TQ == 128 && \
-    ((defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || KVA_ROPE || KVP_ES == 1 || KVA_QT != KVP_CT)
+#elif KVP_D == 128 && KVA_TQ == 128
 #define KVP_SK 32
 #else
 #define KVP_SK KVP_KW
@@ -714,7 +713,11 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[mq][n][e] = 0.0f;
             const unsigned k_w = k_s + (unsigned)((wkv * KVP_KW + sk * KVP_SK + k_row) * KVP_ROWB);
+#if KVP_QIR
 #pragma unroll
+#else
+#pragma unroll 2
+#endif
             for (int ks = 0; ks < KVP_KS; ++ks) {
 #if KVP_QIR
 #define KVP_QA(mq) qf[mq][ks]
