@@ -162,7 +162,7 @@ typedef struct kvp_ctx {
     int wact[4];       /* per warp: has valid rows */
     int rows;          /* item rows (epilogue) */
     int partial;       /* item partial slot (epilogue) */
-    int fault;         /* set by any thread that met an out-of-range page (benign same-value race) */
+    int fault;         /* set (atomicOr) by any thread that met an out-of-range page */
     int pad_[3];
 } kvp_ctx;
 static_assert(sizeof(kvp_ctx) <= 128, "kvp_ctx must fit its 128 bytes");
@@ -564,7 +564,7 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
                     atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,                    \
                               ~(((unsigned long long)(unsigned)ctx->req << 32) |                       \
                                 (unsigned long long)(unsigned)pg_));                                   \
-                    ((kvp_ctx*)ctx)->fault = 1;                                                        \
+                    atomicOr(&((kvp_ctx*)ctx)->fault, 1); /* atomic: no racecheck hazard */           \
                 }                                                                                      \
             }                                                                                          \
             s_koff[((T) % KVP_S) * KVP_TKV + tid] = ko_;                                               \

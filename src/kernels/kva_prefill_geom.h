@@ -34,7 +34,7 @@
 #define KVK_PF_TKV(d, tq) (((d) == 256 && (tq) != 16) ? 32 : 64)
 
 /* Pipeline depth. Chosen so that every instance but head dim 256 at TQ 16 fits two CTAs per SM on sm_80 / sm_90
-   (<= ~110 KB each); see the table in docs/prefill-kernel.md. */
+   (<= ~110 KB each); see the table in docs/kernels/prefill.md. */
 #define KVK_PF_STAGES(d, tq, es)                                                              \
     ((d) == 64 ? ((tq) == 16 ? 4 : 3)                                                         \
                : ((d) == 128 ? ((tq) == 16 ? ((es) == 1 ? 4 : 3) : (((tq) == 64 && (es) == 1) ? 3 : 2)) : 2))
