@@ -408,8 +408,10 @@ KVA_API kva_status kva_append_paged_kv_cache(kva_context* context, const kva_ten
 /* ---------------------------------------------------------------------------------------------- */
 /* Device-side faults (CUDA backend): kernels bounds-check every page index where they load it; a request
  * with an out-of-range index gets o = 0, lse = -inf and is recorded in a status word inside the workspace.
- * This reads and clears that word (it synchronises with `stream`). The CPU backend validates before running,
- * so it reports no device faults. */
+ * This reads and clears that word (it synchronises with `stream`); each plan also clears it, so read it after
+ * the step's runs and before the next plan into the same workspace. Append faults live in a context-owned
+ * word: one call reports one fault word (the workspace's first), the other stays set for the next call.
+ * The CPU backend validates before running, so it reports no device faults. */
 typedef struct kva_fault_report {
     int32_t faulted;       /* nonzero if any request faulted since the last read */
     int32_t request;       /* first faulting request seen (-1 if unknown) */

@@ -547,21 +547,22 @@ static kva_status kva__cuda_read_faults(kva_context* ctx, const kva_workspace* w
     memset(&a, 0, sizeof a);
     memset(&b, 0, sizeof b);
     CUresult r = CUDA_SUCCESS;
-    if (status == KVA_OK && ws->device && ws->device_bytes >= KVA__STATUS_BYTES) {
-        r = cu->MemcpyDtoHAsync(&a, (CUdeviceptr)(uintptr_t)ws->device, sizeof a, s);
-        if (r == CUDA_SUCCESS) r = cu->MemsetD8Async((CUdeviceptr)(uintptr_t)ws->device, 0, sizeof a, s);
-    }
-    if (status == KVA_OK && r == CUDA_SUCCESS) {
-        r = cu->MemcpyDtoHAsync(&b, st->append_status, sizeof b, s);
-        if (r == CUDA_SUCCESS) r = cu->MemsetD8Async(st->append_status, 0, sizeof b, s);
-    }
+    const bool have_ws = ws->device && ws->device_bytes >= KVA__STATUS_BYTES;
+    if (status == KVA_OK && have_ws) r = cu->MemcpyDtoHAsync(&a, (CUdeviceptr)(uintptr_t)ws->device, sizeof a, s);
+    if (status == KVA_OK && r == CUDA_SUCCESS) r = cu->MemcpyDtoHAsync(&b, st->append_status, sizeof b, s);
     if (status == KVA_OK && r == CUDA_SUCCESS) r = cu->StreamSynchronize(s);
+    /* Report (and clear) one fault word per call: a workspace fault first; an append fault then stays set and
+       is reported by the next call, so neither is lost. */
+    const kvk_status* f = a.first_key || a.count ? &a : (b.first_key || b.count ? &b : NULL);
+    if (status == KVA_OK && r == CUDA_SUCCESS && f == &a)
+        r = cu->MemsetD8Async((CUdeviceptr)(uintptr_t)ws->device, 0, sizeof a, s);
+    if (status == KVA_OK && r == CUDA_SUCCESS && f == &b) r = cu->MemsetD8Async(st->append_status, 0, sizeof b, s);
+    if (status == KVA_OK && r == CUDA_SUCCESS && f) r = cu->StreamSynchronize(s);
     if (status == KVA_OK && r != CUDA_SUCCESS) status = kva__cu_error(cu, r, "kva_read_faults");
     kva__leave(st, pushed);
     if (status != KVA_OK) return status;
     memset(report, 0, sizeof *report);
     report->request = -1;
-    const kvk_status* f = a.first_key || a.count ? &a : (b.first_key || b.count ? &b : NULL);
     if (f) {
         report->faulted = 1;
         if (f->first_key) {

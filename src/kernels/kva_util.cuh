@@ -128,7 +128,10 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_append_paged(co
         if (ok) {
             const int e0 = p.indptr[b], e1 = p.indptr[b + 1];
             const int npages = e1 - e0;
-            const long long len = npages > 0 ? (long long)(npages - 1) * p.page_size + p.last_page_len[b] : 0;
+            const int lpl = npages > 0 ? p.last_page_len[b] : 0;
+            /* a malformed last_page_len must not let pos / page_size index past the request's pages */
+            const long long len =
+                (npages > 0 && lpl >= 1 && lpl <= p.page_size) ? (long long)(npages - 1) * p.page_size + lpl : 0;
             ok = pos < len;
             if (ok) {
                 page = p.indices[e0 + pos / p.page_size];
