@@ -70,16 +70,23 @@ export KVA_TEST_BACKEND=cuda
 if [ -x "$BUILD/tests/test_ops" ]; then
     for suite in decode split merge append single prefill ragged fuzz long ref; do
         echo "--- test_ops --suite $suite"
-        run_step "test_ops $suite [cuda]" 75 25 "$BUILD/tests/test_ops" --backend cuda --suite "$suite"
+        limit=75
+        [ "$suite" = fuzz ] && limit=240   # many distinct variants: NVRTC compiles the ones outside the AOT set
+        run_step "test_ops $suite [cuda]" $limit 25 "$BUILD/tests/test_ops" --backend cuda --suite "$suite"
     done
 fi
-for t in test_errors test_api; do
+for t in test_errors test_api test_formats; do
     if [ -x "$BUILD/tests/$t" ]; then
         echo "--- $t"
         run_step "$t [cuda]" 60 25 "$BUILD/tests/$t" --backend cuda
     fi
 done
 unset KVA_TEST_BACKEND
+if [ -d python/tests ] && [ -f "$BUILD/libkvattn.so" ]; then
+    echo "--- python tests (torch on the GPU, NumPy on the CPU backend)"
+    run_step "python tests [cuda+cpu]" 240 15 env PYTHONPATH="$PWD/python" KVATTN_LIBRARY="$PWD/$BUILD/libkvattn.so" \
+        python3 -m pytest -q -x python/tests
+fi
 
 section "2b. CUDA selftest (decode matrix, prefill, graph replay after re-plan, faults, append, merges)"
 run_step "kva_cuda_selftest" 120 0 "$BUILD/kva_cuda_selftest" --verbose
@@ -113,6 +120,12 @@ fi
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -s "$OUT/kvattn_decode.csv" ]; then
     run_step "peers_decode.py" 200 5 python3 bench/peers_decode.py --csv "$OUT/kvattn_decode.csv" \
         --out "$OUT/bench_decode.md"
+fi
+
+if [ -x "$BUILD/bench/bench_plan" ]; then
+    section "5. plan() host time (H1) on this host"
+    run_step "bench_plan cuda" 120 0 "$BUILD/bench/bench_plan" --backend cuda --ops decode,append --min-time 0.1
+    run_step "bench_plan cpu W=132,264 no indices" 120 0 "$BUILD/bench/bench_plan" --threads 132,264 --ops decode --no-indices --min-time 0.1
 fi
 
 section "summary"
