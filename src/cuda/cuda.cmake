@@ -21,6 +21,9 @@ else()
 endif()
 
 set(KVA_KERNEL_FILES kva_kparams.h kva_common.cuh kva_decode.cuh kva_decode_tc.cuh kva_util.cuh)
+# the tensor-core attention family (kva_prefill.cuh): kernel files, AOT instances, host glue, test, benchmark
+include(${KVA_CUDA_DIR}/prefill.cmake)
+list(APPEND KVA_KERNEL_FILES ${KVA_PREFILL_KERNEL_FILES})
 set(KVA_KERNEL_DEPS)
 foreach(f ${KVA_KERNEL_FILES})
   list(APPEND KVA_KERNEL_DEPS ${KVA_KERNEL_DIR}/${f})
@@ -79,6 +82,8 @@ foreach(cfg "128;1;1;1" "128;2;2;2" "128;1;3;1" "128;2;3;2" "64;2;2;2" "256;2;2;
            "#undef KVA_ROWS\n#undef KVA_ROPE\n\n")
   endforeach()
 endforeach()
+string(APPEND kva_aot_cu "${KVA_PREFILL_AOT_CU}")
+list(APPEND kva_aot_list ${KVA_PREFILL_AOT_LIST})
 string(APPEND kva_aot_cu "#include \"kva_util.cuh\"\n")
 file(GENERATE OUTPUT ${KVA_CUDA_GEN}/kva_aot.cu CONTENT "${kva_aot_cu}")
 list(SORT kva_aot_list)

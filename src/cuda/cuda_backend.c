@@ -82,10 +82,11 @@ static kva_status kva__cuda_check_desc(const kva_context* ctx, const kva_attenti
 
 static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
                                        double avg_packed_qo_len, int32_t max_packed_qo_len) {
-    (void)ctx;
-    (void)avg_packed_qo_len;
+    const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
     kva__kchoice c;
-    if (kva__cuda_select(desc, op, 0, max_packed_qo_len, &c) != KVA_OK) return 8;
+    if (kva__cuda_select_dev(desc, op, 0, max_packed_qo_len, avg_packed_qo_len, st ? st->max_smem_optin : 0, &c) !=
+        KVA_OK)
+        return 8;
     return c.tile_q;
 }
 
@@ -177,7 +178,8 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     kva_status status = kva__not_capturing(st, (CUstream)stream, "plan");
     kva__kchoice c;
     int index = -1;
-    if (status == KVA_OK) status = kva__cuda_select(&plan->desc, (kva_op)plan->op, plan->tile_q, 0, &c);
+    if (status == KVA_OK)
+        status = kva__cuda_select_dev(&plan->desc, (kva_op)plan->op, plan->tile_q, 0, 0.0, st->max_smem_optin, &c);
     if (status == KVA_OK && c.key.family == KVA__KF_DECODE_TC && c.smem > (size_t)st->max_smem_optin) {
         /* e.g. head dim 256 on a device with less than 227 KB of shared memory per block */
         c.key.family = KVA__KF_DECODE;

@@ -24,7 +24,7 @@ typedef struct kva__kkey {
     int32_t family;
     int32_t dqk, dvo;
     int32_t qt, kt, ot; /* kva_dtype */
-    int32_t rows;       /* 1, 2, 4, 8 */
+    int32_t rows;       /* decode families: 1, 2, 4, 8; tensor-core attention family: the tile 16, 64, 128 */
     int32_t rope;       /* 0 / 1 */
     int32_t nochk;      /* benchmark-only builds: bit 0 no page-index bounds check (KVATTN_BENCH_NO_BOUNDS_CHECK),
                            bit 1 timestamp trace (KVATTN_BENCH_TRACE_PTR, tensor-core kernel) */
@@ -42,6 +42,13 @@ typedef struct kva__kchoice {
  * for that tile. Returns KVA_ERR_UNSUPPORTED with a message naming what is not supported. */
 kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile_q, int32_t max_packed,
                             kva__kchoice* out);
+/* The same with the device facts: the average packed query length (tile heuristic of the tensor-core attention
+ * family) and the device's opt-in shared memory per block (0 = unchecked). Prefill ops, and decode with GQA groups
+ * above 8, use the tensor-core attention family (kva_prefill.cuh, cuda_prefill.h) when it supports the
+ * descriptor, the tile and the device's shared memory; otherwise the decode families (tiles of at most 8 rows).
+ * kva__cuda_select(d, op, t, mp, out) is kva__cuda_select_dev(d, op, t, mp, mp, 0, out). */
+kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t tile_q, int32_t max_packed,
+                                double avg_packed, int max_smem_optin, kva__kchoice* out);
 
 /* Dynamic shared memory of an attention kernel key (0 for the util module) */
 size_t kva__kkey_smem(const kva__kkey* k);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cuda_internal.h"
+#include "cuda_prefill.h"
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Selection                                                                                       */
@@ -36,6 +37,11 @@ static const char* kva__op_str(kva_op op) {
 
 kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile_q, int32_t max_packed,
                             kva__kchoice* out) {
+    return kva__cuda_select_dev(d, op, tile_q, max_packed, (double)max_packed, 0, out);
+}
+
+kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t tile_q, int32_t max_packed,
+                                double avg_packed, int max_smem_optin, kva__kchoice* out) {
     KVA_RETURN_IF(op != KVA_OP_BATCH_DECODE && op != KVA_OP_BATCH_PREFILL_PAGED && op != KVA_OP_BATCH_PREFILL_RAGGED,
                   KVA_ERR_INVALID_ARGUMENT, "CUDA backend: op %d is not a kva_op", (int)op);
     KVA_RETURN_IF(!kva__is16(d->q_dtype), KVA_ERR_UNSUPPORTED,
@@ -57,6 +63,19 @@ kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile
                   "CUDA backend: %d query heads are not a multiple of %d KV heads", (int)d->num_qo_heads,
                   (int)d->num_kv_heads);
     const int32_t g = d->num_qo_heads / d->num_kv_heads;
+    /* the tensor-core attention family: prefill ops, and decode with GQA groups above 8 */
+    if (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d)) {
+        int32_t t = tile_q > 0 ? tile_q : kva__cuda_prefill_tile_q(d, op, avg_packed, max_packed, max_smem_optin);
+        if (t > 0 && kva__cuda_prefill_supported(d, op, t, max_smem_optin, NULL, 0)) {
+            kva__kchoice c;
+            memset(&c, 0, sizeof c);
+            KVA_FORWARD(kva__cuda_prefill_select(d, op, t, max_smem_optin, &c.key, &c.smem));
+            c.tile_q = t;
+            if (out) *out = c;
+            return KVA_OK;
+        }
+        /* otherwise (a device whose shared memory is too small): the decode families below */
+    }
     if (tile_q <= 0) {
         if (op == KVA_OP_BATCH_DECODE) {
             /* one tile per (request, KV head) up to 8 heads; larger groups in equal tiles of <= 8 rows */
@@ -97,6 +116,7 @@ kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile
 }
 
 size_t kva__kkey_smem(const kva__kkey* k) {
+    if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_smem(k);
     if (k->family == KVA__KF_DECODE_TC) return (size_t)KVK_TC_SMEM(k->dqk, KVK_DEC_ES(k->kt), k->rows);
     if (k->family == KVA__KF_DECODE) return (size_t)KVK_DEC_SMEM(k->dqk, k->dvo, KVK_DEC_ES(k->kt), k->rows);
     return 0;
@@ -141,7 +161,9 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
         snprintf(buf, size, "kva_util");
         return;
     }
-    if (k->family == KVA__KF_DECODE_TC)
+    if (k->family == KVA__KF_PREFILL)
+        kva__cuda_prefill_name(k, buf, size);
+    else if (k->family == KVA__KF_DECODE_TC)
         snprintf(buf, size, "kva_tc_d%d_q%s_kv%s_o%s_r%d%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (k->nochk & 1) ? "_nochk" : "", (k->nochk & 2) ? "_trace" : "");
     else
@@ -150,6 +172,7 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
 }
 
 int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
+    if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_defines(k, defs, max);
     if (k->family == KVA__KF_UTIL || max < 8) return 0;
     char name[96];
     kva__kkey_name(k, name, sizeof name);
@@ -170,6 +193,7 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
 const char* kva__kkey_source(const kva__kkey* k) {
     if (k->family == KVA__KF_UTIL) return "#include \"kva_util.cuh\"\n";
     if (k->family == KVA__KF_DECODE_TC) return "#include \"kva_decode_tc.cuh\"\n";
+    if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_source();
     return "#include \"kva_decode.cuh\"\n";
 }
 
@@ -518,7 +542,8 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
         e.key = *k;
         char name[128];
         kva__kkey_name(k, name, sizeof name);
-        if ((k->family == KVA__KF_DECODE || k->family == KVA__KF_DECODE_TC) && st->aot && kva__aot_has(name)) {
+        if ((k->family == KVA__KF_DECODE || k->family == KVA__KF_DECODE_TC || k->family == KVA__KF_PREFILL) &&
+            st->aot && kva__aot_has(name)) {
             CUresult r = cu->ModuleGetFunction(&e.fn, st->aot, name);
             if (r != CUDA_SUCCESS) e.fn = NULL;
         }
@@ -540,7 +565,7 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
                 goto unlock;
             }
         }
-        if (k->family == KVA__KF_DECODE || k->family == KVA__KF_DECODE_TC) {
+        if (k->family == KVA__KF_DECODE || k->family == KVA__KF_DECODE_TC || k->family == KVA__KF_PREFILL) {
             size_t smem = kva__kkey_smem(k);
             CUresult r = cu->FuncSetAttribute(e.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
             if (r != CUDA_SUCCESS) {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cuda_internal.h"
+#include "cuda_prefill.h"
 
 static int npass, nfail;
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -150,6 +151,7 @@ static void test_nvrtc_variants(void) {
                                         missing++;
                                         continue;
                                     }
+                                    if (ch.key.family == KVA__KF_PREFILL) continue; /* prefill_jit_test.c */
                                     int found = 0;
                                     for (int i = 0; i < n && !found; ++i) found = same(&keys[i], &ch.key);
                                     if (!found) missing++;
@@ -195,9 +197,13 @@ static void test_select(void) {
         kva_attention_desc_init(&d, g, 1, 64, KVA_DTYPE_F16);
         kva_status st = kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, g, &c);
         int ntiles = (g + c.tile_q - 1) / c.tile_q;
-        CHECK(st == KVA_OK && c.tile_q >= 1 && c.tile_q <= 8 && c.key.rows >= c.tile_q &&
-                  ntiles == (g + 7) / 8,
-              "group %d: tile_q %d rows %d", g, c.tile_q, c.key.rows);
+        if (g > 8) /* large groups: the tensor-core attention family, one tile per (request, KV head) */
+            CHECK(st == KVA_OK && c.key.family == KVA__KF_PREFILL && c.tile_q >= g && c.key.rows >= c.tile_q,
+                  "group %d: tensor-core tile_q %d rows %d", g, c.tile_q, c.key.rows);
+        else
+            CHECK(st == KVA_OK && c.key.family != KVA__KF_PREFILL && c.tile_q >= 1 && c.tile_q <= 8 &&
+                      c.key.rows >= c.tile_q && ntiles == (g + 7) / 8,
+                  "group %d: tile_q %d rows %d", g, c.tile_q, c.key.rows);
     }
     kva_attention_desc_init(&d, 8, 8, 128, KVA_DTYPE_F32);
     CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, 1, &c) == KVA_ERR_UNSUPPORTED &&
@@ -214,9 +220,25 @@ static void test_select(void) {
     d.head_dim_vo = 64;
     CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, 1, &c) == KVA_ERR_UNSUPPORTED, "dqk != dvo unsupported");
     kva_attention_desc_init(&d, 8, 8, 128, KVA_DTYPE_F16);
-    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_PAGED, 0, 100, &c) == KVA_OK && c.tile_q == 8, "prefill tile 8");
-    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_RAGGED, 0, 3, &c) == KVA_OK && c.tile_q == 3 && c.key.rows == 4,
-          "ragged tile 3");
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_PAGED, 0, 100, &c) == KVA_OK && c.tile_q == 128 &&
+              c.key.family == KVA__KF_PREFILL && c.key.rows == 128,
+          "prefill tile 128 (tensor-core attention)");
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_RAGGED, 0, 3, &c) == KVA_OK && c.tile_q == 16 &&
+              c.key.family == KVA__KF_PREFILL,
+          "ragged tile 16 (tensor-core attention)");
+    /* a device with too little shared memory for any tensor-core attention tile (99 KB, head dim 256) falls back
+       to the decode families, both when choosing the tile and when planning with the chosen one */
+    kva_attention_desc_init(&d, 16, 16, 256, KVA_DTYPE_BF16);
+    CHECK(kva__cuda_select_dev(&d, KVA_OP_BATCH_PREFILL_RAGGED, 0, 4096, 4096.0, 99 * 1024, &c) == KVA_OK &&
+              c.key.family != KVA__KF_PREFILL && c.tile_q <= 8,
+          "D256 on a 99 KB device: decode-family fallback (tile %d)", c.tile_q);
+    CHECK(kva__cuda_select_dev(&d, KVA_OP_BATCH_PREFILL_RAGGED, c.tile_q, 0, 0.0, 99 * 1024, &c) == KVA_OK &&
+              c.key.family != KVA__KF_PREFILL,
+          "D256 on a 99 KB device: finish_plan agrees");
+    CHECK(kva__cuda_select_dev(&d, KVA_OP_BATCH_PREFILL_RAGGED, 0, 4096, 4096.0, 227 * 1024, &c) == KVA_OK &&
+              c.key.family == KVA__KF_PREFILL && c.tile_q == 64,
+          "D256 on sm_90: tensor-core attention, tile 64");
+    kva_attention_desc_init(&d, 8, 8, 128, KVA_DTYPE_F16);
     CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 9, 0, &c) == KVA_ERR_INTERNAL, "tile 9 refused");
 }
 

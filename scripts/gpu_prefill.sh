@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# gpu_prefill.sh - the tensor-core prefill family on the GPU machine in one call: correctness against the CPU
+# backend (--check), compute-sanitizer on a small shape, the P1-P5/V1 benchmark and the peers (SDPA, FlexAttention).
+set -u
+BUILD=${BUILD:-build-dev}
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$PWD/$BUILD:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
+export KVATTN_CACHE_DIR=/tmp/kvattn_cache_pf
+export PYTHONUNBUFFERED=1
+p=$(ls /usr/local/cuda/lib64/libnvrtc.so.1[23] 2>/dev/null | head -1); [ -n "$p" ] && export KVATTN_NVRTC_PATH=$p
+export KVA_COMMIT=$(git rev-parse --short HEAD 2>/dev/null)
+echo "== prefill --check"
+timeout 200 "$BUILD/kva_bench_prefill" --check 2>&1 | tail -30; echo "rc=$?"
+echo "== memcheck (quick check)"
+timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 10 "$BUILD/kva_bench_prefill" --check --quick 2>&1 | tail -6
+echo "== racecheck (quick check)"
+timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 10 "$BUILD/kva_bench_prefill" --check --quick 2>&1 | tail -4
+echo "== prefill benchmark"
+timeout 150 "$BUILD/kva_bench_prefill" --csv "$OUT/kvattn_prefill.csv" 2>&1 | tail -30
+echo "== peers"
+timeout 200 python3 bench/peers_prefill.py --csv "$OUT/kvattn_prefill.csv" --out "$OUT/bench_prefill.md" 2>&1 | tail -40
