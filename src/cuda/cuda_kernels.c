@@ -64,7 +64,12 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
                   (int)d->num_kv_heads);
     const int32_t g = d->num_qo_heads / d->num_kv_heads;
     /* the tensor-core attention family: prefill ops, and decode with GQA groups above 8 */
-    if (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d)) {
+    /* Not (yet) for fused RoPE or q/KV of different 16-bit dtypes: those round q to 16 bits before the MMA
+       (RoPE'd q in shared memory, q converted to the KV dtype) and missed the lse tolerance in the GPU suite;
+       they run on the CUDA-core kernel below. */
+    const bool pf_fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
+    const bool pf_ok = d->pos_encoding != KVA_POS_ROPE_LLAMA && (pf_fp8 || d->q_dtype == d->kv_dtype);
+    if (pf_ok && (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d))) {
         int32_t t = tile_q > 0 ? tile_q : kva__cuda_prefill_tile_q(d, op, avg_packed, max_packed, max_smem_optin);
         if (t > 0 && kva__cuda_prefill_supported(d, op, t, max_smem_optin, NULL, 0)) {
             kva__kchoice c;
