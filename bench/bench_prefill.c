@@ -25,37 +25,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "kvattn.h"
 
-#define CU(call)                                                                                    \
-    do {                                                                                            \
-        cudaError_t e_ = (call);                                                                    \
-        if (e_ != cudaSuccess) {                                                                    \
-            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, #call); \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
-#define KV(call)                                                                                    \
-    do {                                                                                            \
-        kva_status s_ = (call);                                                                     \
-        if (s_ != KVA_OK) {                                                                         \
-            fprintf(stderr, "kvattn error %s at %s:%d: %s\n", kva_status_string(s_), __FILE__, __LINE__, \
-                    kva_last_error_message());                                                      \
-            exit(1);                                                                                \
-        }                                                                                           \
-    } while (0)
 
 /* ---------------------------------------------------------------------------------------------- */
 /* RNG and 16-bit conversions                                                                      */
 
-static uint64_t rng = 88172645463325252ull;
-static uint64_t xs(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-static double unif(void) { return (double)(xs() >> 11) / 9007199254740992.0; }
 static float gauss(void) {
     double u = unif(), v = unif();
     if (u < 1e-300) u = 1e-300;
@@ -137,15 +113,6 @@ static uint8_t f2fp8(float f, int e4m3) {
     return best;
 }
 
-static int cmp_f(const void* a, const void* b) {
-    float x = *(const float*)a, y = *(const float*)b;
-    return x < y ? -1 : x > y;
-}
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec * 1e-9;
-}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Workloads                                                                                       */

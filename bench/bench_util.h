@@ -1,0 +1,52 @@
+/* bench_util.h - helpers shared by the GPU benchmark programs (bench_decode.c, bench_prefill.c): fail-fast
+ * checks of CUDA and kvattn calls, a seeded xorshift generator, a float comparator for medians, a monotonic
+ * clock. Benchmarks exit on the first error; the library itself never does. */
+#ifndef KVA_BENCH_UTIL_H
+#define KVA_BENCH_UTIL_H
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "kvattn.h"
+
+#define CU(call)                                                                                    \
+    do {                                                                                            \
+        cudaError_t e_ = (call);                                                                    \
+        if (e_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, #call); \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+#define KV(call)                                                                                    \
+    do {                                                                                            \
+        kva_status s_ = (call);                                                                     \
+        if (s_ != KVA_OK) {                                                                         \
+            fprintf(stderr, "kvattn error %s at %s:%d: %s\n", kva_status_string(s_), __FILE__, __LINE__, \
+                    kva_last_error_message());                                                      \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+static uint64_t rng = 88172645463325252ull; /* xorshift64 state; programs may reseed it */
+static inline uint64_t xs(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+static inline double unif(void) { return (double)(xs() >> 11) / 9007199254740992.0; }
+
+static inline int cmp_f(const void* a, const void* b) {
+    float x = *(const float*)a, y = *(const float*)b;
+    return x < y ? -1 : x > y;
+}
+static inline double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+#endif /* KVA_BENCH_UTIL_H */
