@@ -451,8 +451,11 @@ KVA_API kva_status kva_alibi_slopes(int32_t num_heads, float* slopes);
  * desc: mask_mode NONE or CAUSAL (CUSTOM is refused: give block_mask instead); pos_encoding must be
  * KVA_POS_NONE (the composed op does not see dense positions: KVA_ERR_UNSUPPORTED). Soft cap, sm_scale, every
  * dtype and sigmoid mode work as for the other ops.
- * Graph mode is not offered for BSR plans (one plan per sparsity pattern; re-plan when it changes).
- * Variable block sizes per KV head (FlashInfer's VariableBlockSparseAttentionWrapper) are not provided. */
+ * Graph mode (params->graph_mode): for a fixed (desc, M, N, R, C) the workspace sizes, offsets and kernel grid do
+ * not depend on the sparsity pattern, so a run captured in a CUDA graph replays correctly after re-planning a new
+ * pattern into the same workspace (update the contents of the same indices / packed-mask buffers; the packed mask
+ * is then always used, and its size is at most plan->max_mask_bytes). Variable block sizes per KV head: the
+ * kva_vbsr_* functions below. */
 
 typedef struct kva_bsr_params {
     int64_t num_qo_rows;        /* M >= 0 */
@@ -465,6 +468,7 @@ typedef struct kva_bsr_params {
                                    kva_bsr_mask_pack; the plan only notes whether it is NULL) */
     int32_t fixed_split_size;   /* as kva_plan_params (tokens) */
     int32_t disable_split_kv;   /* as kva_plan_params */
+    int32_t graph_mode;         /* nonzero: layout and grid depend only on (desc, M, N, R, C); see above */
 } kva_bsr_params;
 
 KVA_API void kva_bsr_params_init(kva_bsr_params* params);
@@ -481,6 +485,9 @@ typedef struct kva_bsr_plan {
     int64_t nnz;               /* listed blocks (indptr[MB]) */
     int64_t mask_bytes;        /* bytes of the packed mask run reads (kva_bsr_mask_pack's size) */
     uint64_t magic;            /* set by kva_bsr_plan_make */
+    int32_t graph_mode;        /* the plan was made in graph mode (uses_mask is then always 1) */
+    int32_t pad_;
+    int64_t max_mask_bytes;    /* bound on mask_bytes over every pattern of this (M, N, R, C): size graph buffers */
 } kva_bsr_plan;
 
 /* Exact workspace sizes for these inputs (same arguments as kva_bsr_plan_make). */
@@ -519,6 +526,87 @@ KVA_API void kva_bsr_run_args_init(kva_bsr_run_args* args);
  * kva_read_faults on the same workspace. */
 KVA_API kva_status kva_bsr_run(kva_context* context, const kva_bsr_plan* plan, const kva_workspace* workspace,
                                const kva_bsr_run_args* args);
+
+/* ---- Variable block sizes per KV head (FlashInfer's VariableBlockSparseAttentionWrapper) ----
+ *
+ * Same tensors as BSR (q [M, Hq, dqk], k / v [N, Hkv, d], o [M, Hq, dvo], lse [M, Hq]; any strides, unit last
+ * stride). For KV head h (and the g = Hq / Hkv query heads h*g .. h*g+g-1 that share it) the [M, N] matrix is cut
+ * into MB block rows of heights block_row_sz[h*MB + b] (each >= 0, summing to M) and NB block columns of widths
+ * block_col_sz[h*NB + c] (each >= 0, summing to N); key j is visible to query row i of head h iff the block
+ * (b, c) holding (i, j) has block_mask_map[(h*MB + b)*NB + c] != 0 and, as for BSR, the dense causal mask
+ * (desc->mask_mode == KVA_MASK_CAUSAL: j <= i + N - M) and window (desc->window_left) allow it.
+ * Rows that see no key get o = 0, lse = -inf. pos_encoding must be KVA_POS_NONE; mask_mode NONE or CAUSAL.
+ *
+ * Implementation: one batch-prefill (paged) plan per KV head (a 1-KV-head op over that head's slices of q / k /
+ * v / o / lse) with page size 1: request b is block row b, its "pages" are the key tokens of its visible column
+ * blocks in column order, and the pool is the head's K / V rows. kva_vbsr_pack writes those token tables of all
+ * heads (int32, head after head) and, with causal / window, the packed masks; copy both to backend memory for
+ * run. The plans live in a caller array of num_kv_heads kva_plan (kept alive and unchanged while the plan is
+ * used) and in one workspace (each head's region 256-byte aligned). Run launches num_kv_heads ops in order on
+ * the stream. No graph mode. */
+
+typedef struct kva_vbsr_params {
+    int64_t num_qo_rows;            /* M >= 0 */
+    int64_t num_kv_rows;            /* N >= 0 */
+    int32_t num_block_rows;         /* MB >= 1 */
+    int32_t num_block_cols;         /* NB >= 1 */
+    const int32_t* block_row_sz;    /* host [num_kv_heads, MB]: rows of each block row (>= 0, sum M per head) */
+    const int32_t* block_col_sz;    /* host [num_kv_heads, NB]: columns of each block column (>= 0, sum N) */
+    const uint8_t* block_mask_map;  /* host [num_kv_heads, MB, NB]: nonzero = the block is visible */
+    int32_t fixed_split_size;       /* as kva_plan_params (tokens), every head */
+    int32_t disable_split_kv;       /* as kva_plan_params */
+} kva_vbsr_params;
+
+KVA_API void kva_vbsr_params_init(kva_vbsr_params* params);
+
+typedef struct kva_vbsr_plan {
+    int64_t num_qo_rows;        /* M */
+    int64_t num_kv_rows;        /* N */
+    int32_t num_kv_heads;       /* plans in head_plans */
+    int32_t uses_mask;          /* nonzero: run reads the packed masks (causal or window) */
+    int64_t table_entries;      /* int32 entries of the token tables (kva_vbsr_pack), all heads */
+    int64_t mask_bytes;         /* bytes of the packed masks, all heads (0 when uses_mask is 0) */
+    size_t device_bytes;        /* workspace bytes used */
+    size_t host_bytes;
+    uint64_t ws_device_addr;    /* the workspace it was planned into */
+    kva_plan* head_plans;       /* the caller's array given to kva_vbsr_plan_make */
+    uint64_t magic;             /* set by kva_vbsr_plan_make */
+} kva_vbsr_plan;
+
+/* Exact workspace sizes (device and host staging) for these inputs. */
+KVA_API kva_status kva_vbsr_workspace_size(kva_context* context, const kva_attention_desc* desc,
+                                           const kva_vbsr_params* params, size_t* device_bytes, size_t* host_bytes);
+/* Validates desc and params (every head) first, then plans head h into head_plans[h] (an array of
+ * desc->num_kv_heads plans) and its workspace region. Nothing is written on a validation error. */
+KVA_API kva_status kva_vbsr_plan_make(kva_context* context, const kva_attention_desc* desc,
+                                      const kva_vbsr_params* params, const kva_workspace* workspace,
+                                      kva_plan* head_plans, kva_vbsr_plan* plan, void* stream);
+/* Write the token tables (table: capacity >= table_entries int32) and, when the plan needs them, the packed masks
+ * (mask: capacity >= mask_bytes bytes; may be NULL when *mask_bytes is 0) into host memory. NULL outputs: size
+ * query only (*table_entries, *mask_bytes). Same desc and params as the plan. */
+KVA_API kva_status kva_vbsr_pack(const kva_attention_desc* desc, const kva_vbsr_params* params, int32_t* table,
+                                 size_t table_capacity, uint8_t* mask, size_t mask_capacity, int64_t* table_entries,
+                                 int64_t* mask_bytes);
+
+typedef struct kva_vbsr_run_args {
+    kva_tensor q, k, v, o;      /* as kva_bsr_run_args */
+    kva_tensor lse;             /* optional */
+    const int32_t* table;       /* backend memory: kva_vbsr_pack's token tables */
+    int64_t table_entries;      /* size of table (>= plan->table_entries) */
+    const uint8_t* packed_mask; /* backend memory: kva_vbsr_pack's masks (when plan->uses_mask) */
+    int64_t packed_mask_bytes;
+    float k_scale;              /* default 1 */
+    float v_scale;              /* default 1 */
+    void* stream;
+} kva_vbsr_run_args;
+
+KVA_API void kva_vbsr_run_args_init(kva_vbsr_run_args* args);
+/* Run every head's op. Never allocates or synchronises. Host-detected errors write nothing (on the CPU backend
+ * this includes every table entry). Device faults (CUDA): kva_vbsr_read_faults. */
+KVA_API kva_status kva_vbsr_run(kva_context* context, const kva_vbsr_plan* plan, const kva_workspace* workspace,
+                                const kva_vbsr_run_args* args);
+KVA_API kva_status kva_vbsr_read_faults(kva_context* context, const kva_vbsr_plan* plan,
+                                        const kva_workspace* workspace, kva_fault_report* report, void* stream);
 
 /* ---- Multi-level cascade attention on one paged pool (FlashInfer's MultiLevelCascadeAttentionWrapper) ----
  *

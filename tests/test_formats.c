@@ -6,7 +6,7 @@
  * Every case is one printable line (seeded); a failure prints it, and
  *   test_formats --case "<line>"
  * replays it. Outputs are NaN-poisoned and guarded; tolerances come from the harness table per dtype.
- * Suites: --suite bsr | cascade | errors | fuzz (--seed, --count) | all (default).
+ * Suites: --suite bsr | vbsr | cascade | errors | fuzz (--seed, --count) | all (default).
  */
 #include <math.h>
 #include <stdio.h>
@@ -18,7 +18,7 @@
 /* ---------------------------------------------------------------------------------------------- */
 /* Cases                                                                                           */
 
-typedef enum { F_BSR = 0, F_CASCADE = 1 } f_op;
+typedef enum { F_BSR = 0, F_CASCADE = 1, F_VBSR = 2 } f_op;
 
 typedef struct f_case {
     f_op op;
@@ -28,6 +28,7 @@ typedef struct f_case {
     int32_t density; /* percent of listed blocks */
     int32_t emask;   /* element mask */
     int32_t kpad;    /* extra elements per K/V row (row stride > heads * dim) */
+    int32_t mb, nb;  /* vbsr: block rows / columns per head (random sizes, some zero) */
     /* cascade */
     int32_t levels, batch, append, ps, hnd, maxkv, maxqo, graph, empty;
     /* common */
@@ -48,6 +49,8 @@ static void f_default(f_case* c, f_op op) {
     c->R = 3;
     c->C = 16;
     c->density = 50;
+    c->mb = 4;
+    c->nb = 5;
     c->levels = 2;
     c->batch = 5;
     c->ps = 16;
@@ -67,8 +70,12 @@ static void f_default(f_case* c, f_op op) {
 static char* f_format(const f_case* c, char* buf, size_t n) {
     int k;
     if (c->op == F_BSR)
-        k = snprintf(buf, n, "bsr M=%lld N=%lld R=%d C=%d density=%d emask=%d kpad=%d", (long long)c->M,
-                     (long long)c->N, (int)c->R, (int)c->C, (int)c->density, (int)c->emask, (int)c->kpad);
+        k = snprintf(buf, n, "bsr M=%lld N=%lld R=%d C=%d density=%d emask=%d kpad=%d graph=%d", (long long)c->M,
+                     (long long)c->N, (int)c->R, (int)c->C, (int)c->density, (int)c->emask, (int)c->kpad,
+                     (int)c->graph);
+    else if (c->op == F_VBSR)
+        k = snprintf(buf, n, "vbsr M=%lld N=%lld mb=%d nb=%d density=%d kpad=%d hnd=%d", (long long)c->M,
+                     (long long)c->N, (int)c->mb, (int)c->nb, (int)c->density, (int)c->kpad, (int)c->hnd);
     else
         k = snprintf(buf, n, "cascade levels=%d batch=%d append=%d ps=%d hnd=%d maxkv=%d maxqo=%d graph=%d empty=%d",
                      (int)c->levels, (int)c->batch, (int)c->append, (int)c->ps, (int)c->hnd, (int)c->maxkv,
@@ -95,6 +102,7 @@ static int f_parse(const char* s, f_case* c) {
         if (first) {
             first = 0;
             if (strcmp(tok, "bsr") == 0) f_default(c, F_BSR);
+            else if (strcmp(tok, "vbsr") == 0) f_default(c, F_VBSR);
             else if (strcmp(tok, "cascade") == 0) f_default(c, F_CASCADE);
             else return 0;
             continue;
@@ -110,7 +118,7 @@ static int f_parse(const char* s, f_case* c) {
         if (0) {
         }
         F_INT("M", M); F_INT("N", N); F_INT("R", R); F_INT("C", C); F_INT("density", density); F_INT("emask", emask);
-        F_INT("kpad", kpad); F_INT("levels", levels); F_INT("batch", batch); F_INT("append", append); F_INT("ps", ps);
+        F_INT("kpad", kpad); F_INT("mb", mb); F_INT("nb", nb); F_INT("levels", levels); F_INT("batch", batch); F_INT("append", append); F_INT("ps", ps);
         F_INT("hnd", hnd); F_INT("maxkv", maxkv); F_INT("maxqo", maxqo); F_INT("graph", graph); F_INT("empty", empty);
         F_INT("hq", hq); F_INT("hkv", hkv); F_INT("dqk", dqk); F_INT("dvo", dvo); F_INT("causal", causal);
         F_INT("window", window); F_INT("lse", lse); F_INT("threads", threads);
@@ -228,8 +236,9 @@ static double f_scale(const f_case* c) { return (double)(float)(1.0 / sqrt((doub
 /* ---------------------------------------------------------------------------------------------- */
 /* BSR                                                                                             */
 
-/* Returns 1 on pass, 0 on failure, -1 when skipped (unsupported on this backend). */
-static int f_run_bsr(const f_case* c) {
+/* Returns 1 on pass, 0 on failure, -1 when skipped (unsupported on this backend). With `shared` (graph mode):
+ * the first call allocates *shared, later calls must plan into it with the same sizes. */
+static int f_run_bsr_ws(const f_case* c, h_ws* shared) {
     int ok = 1;
     h_rng rng;
     h_rng_seed(&rng, c->seed);
@@ -285,6 +294,7 @@ static int f_run_bsr(const f_case* c) {
     p.indptr = indptr;
     p.indices = indices;
     p.block_mask = emask;
+    p.graph_mode = c->graph;
     size_t dev_b = 0, host_b = 0, mbytes = 0;
     h_ws ws;
     memset(&ws, 0, sizeof ws);
@@ -298,7 +308,16 @@ static int f_run_bsr(const f_case* c) {
     }
     H_EXPECT(ok, st == KVA_OK, "kva_bsr_workspace_size: %s: %s", kva_status_string(st), kva_last_error_message());
     if (!ok) goto done;
-    h_ws_alloc(&ws, dev_b, host_b);
+    if (shared && shared->ws.device) {
+        H_EXPECT(ok, dev_b == shared->ws.device_bytes && host_b <= shared->host_bytes,
+                 "graph mode: the re-plan needs %zu/%zu bytes, the first plan %zu/%zu", dev_b, host_b,
+                 shared->ws.device_bytes, shared->host_bytes);
+        if (!ok) goto done;
+        ws = *shared;
+    } else {
+        h_ws_alloc(&ws, dev_b, host_b);
+        if (shared) *shared = ws;
+    }
     kva_bsr_plan plan;
     st = kva_bsr_plan_make(ctx, &desc, &p, &ws.ws, &plan, NULL);
     if (st == KVA_ERR_UNSUPPORTED) {
@@ -310,7 +329,11 @@ static int f_run_bsr(const f_case* c) {
     st = kva_bsr_mask_pack(&desc, &p, NULL, 0, &mbytes);
     H_EXPECT(ok, st == KVA_OK && (int64_t)mbytes == plan.mask_bytes, "kva_bsr_mask_pack size: %s, %zu vs plan %lld",
              kva_status_string(st), mbytes, (long long)plan.mask_bytes);
-    H_EXPECT(ok, plan.uses_mask == (c->emask || c->causal || c->window >= 0), "uses_mask = %d", plan.uses_mask);
+    H_EXPECT(ok, plan.uses_mask == (c->emask || c->causal || c->window >= 0 || c->graph), "uses_mask = %d",
+             plan.uses_mask);
+    H_EXPECT(ok, plan.mask_bytes <= plan.max_mask_bytes && plan.graph_mode == (c->graph != 0),
+             "mask_bytes %lld > max_mask_bytes %lld or graph_mode %d", (long long)plan.mask_bytes,
+             (long long)plan.max_mask_bytes, plan.graph_mode);
     dmask = h_buf_alloc(KVA_DTYPE_U8, mbytes);
     if (mbytes) {
         memset(h_buf_hp(&dmask), 0xff, mbytes); /* the packer must clear what it does not set */
@@ -404,7 +427,7 @@ static int f_run_bsr(const f_case* c) {
 done:
     result = ok;
 out:
-    h_ws_free(&ws);
+    if (!shared) h_ws_free(&ws);
     if (dmask.host) h_buf_free(&dmask);
     h_buf_free(&q);
     h_buf_free(&k);
@@ -417,6 +440,23 @@ out:
     free(perm);
     free(emask);
     return result;
+}
+
+static int f_run_bsr(const f_case* c) {
+    if (!c->graph) return f_run_bsr_ws(c, NULL);
+    /* graph mode: a second pattern (other density, other seed) planned into the same workspace */
+    h_ws ws;
+    memset(&ws, 0, sizeof ws);
+    int r1 = f_run_bsr_ws(c, &ws);
+    int r2 = r1;
+    if (r1 > 0) {
+        f_case c2 = *c;
+        c2.seed = c->seed * 31 + 7;
+        c2.density = (c->density + 45) % 101;
+        r2 = f_run_bsr_ws(&c2, &ws);
+    }
+    if (ws.ws.device) h_ws_free(&ws);
+    return r1 <= 0 ? r1 : r2;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -734,11 +774,244 @@ out:
 /* ---------------------------------------------------------------------------------------------- */
 /* Case driver                                                                                     */
 
+/* ---------------------------------------------------------------------------------------------- */
+/* Variable block sizes per KV head                                                                */
+
+/* Split total into n parts >= 0 at random (about one in five empty when allow_zero). */
+static void f_random_parts(h_rng* r, int64_t total, int32_t n, int allow_zero, int32_t* out) {
+    for (int32_t i = 0; i < n; ++i) out[i] = 0;
+    if (n == 0) return;
+    /* n - 1 random cut points in [0, total], sorted */
+    int64_t* cut = (int64_t*)malloc(sizeof(int64_t) * (size_t)(n + 1));
+    cut[0] = 0;
+    for (int32_t i = 1; i < n; ++i) cut[i] = allow_zero ? h_rng_range(r, 0, total) : 0;
+    if (!allow_zero) {
+        /* as even as possible with jitter, no zero part while total >= n */
+        for (int32_t i = 1; i < n; ++i) cut[i] = total * i / n;
+    }
+    for (int32_t i = 1; i < n; ++i)
+        for (int32_t j = i; j > 1 && cut[j] < cut[j - 1]; --j) {
+            int64_t t = cut[j];
+            cut[j] = cut[j - 1];
+            cut[j - 1] = t;
+        }
+    cut[n] = total;
+    for (int32_t i = 0; i < n; ++i) out[i] = (int32_t)(cut[i + 1] - cut[i]);
+    free(cut);
+}
+
+static int f_run_vbsr(const f_case* c) {
+    int ok = 1;
+    h_rng rng;
+    h_rng_seed(&rng, c->seed);
+    const int64_t M = c->M, N = c->N;
+    const int32_t MB = c->mb, NB = c->nb, H = c->hkv, Hq = c->hq, g = c->hq / c->hkv;
+    int32_t* rs = (int32_t*)malloc(sizeof(int32_t) * (size_t)(H * MB));
+    int32_t* cs = (int32_t*)malloc(sizeof(int32_t) * (size_t)(H * NB));
+    uint8_t* mm = (uint8_t*)malloc((size_t)(H * MB * NB));
+    for (int32_t h = 0; h < H; ++h) {
+        f_random_parts(&rng, M, MB, (int)((c->seed + h) % 2), rs + h * MB);
+        f_random_parts(&rng, N, NB, (int)((c->seed + h + 1) % 2), cs + h * NB);
+    }
+    for (int64_t i = 0; i < (int64_t)H * MB * NB; ++i) mm[i] = (uint8_t)(h_rng_range(&rng, 0, 99) < c->density);
+    /* q / k / v: NHD, or HND (heads outermost, as FlashInfer's variable wrapper takes them); o / lse NHD */
+    const int64_t krow = c->hnd ? c->dqk + c->kpad : (int64_t)H * c->dqk + c->kpad;
+    const int64_t vrow = c->hnd ? c->dvo + c->kpad : (int64_t)H * c->dvo + c->kpad;
+    h_buf q = h_buf_alloc(c->qdt, (size_t)(M * Hq * c->dqk));
+    h_buf k = h_buf_alloc(c->kvdt, (size_t)(N * H * krow / (c->hnd ? 1 : H) + 1));
+    h_buf v = h_buf_alloc(c->kvdt, (size_t)(N * H * vrow / (c->hnd ? 1 : H) + 1));
+    h_buf o = h_buf_alloc(c->odt, (size_t)(M * Hq * c->dvo));
+    h_buf lse = h_buf_alloc(KVA_DTYPE_F32, (size_t)(M * Hq));
+    f_fill(&q, &rng);
+    f_fill(&k, &rng);
+    f_fill(&v, &rng);
+    h_buf_upload(&q);
+    h_buf_upload(&k);
+    h_buf_upload(&v);
+    h_buf_poison(&o);
+    h_buf_poison(&lse);
+    h_buf_upload(&o);
+    h_buf_upload(&lse);
+    /* element offsets */
+#define F_QOFF(i, h) (c->hnd ? ((int64_t)(h) * M + (i)) * c->dqk : ((int64_t)(i) * Hq + (h)) * c->dqk)
+#define F_KOFF(j, h) (c->hnd ? ((int64_t)(h) * N + (j)) * krow : (int64_t)(j) * krow + (int64_t)(h) * c->dqk)
+#define F_VOFF(j, h) (c->hnd ? ((int64_t)(h) * N + (j)) * vrow : (int64_t)(j) * vrow + (int64_t)(h) * c->dvo)
+
+    kva_context* ctx = h_context(c->threads);
+    kva_attention_desc desc;
+    f_desc(c, &desc);
+    kva_vbsr_params p;
+    kva_vbsr_params_init(&p);
+    p.num_qo_rows = M;
+    p.num_kv_rows = N;
+    p.num_block_rows = MB;
+    p.num_block_cols = NB;
+    p.block_row_sz = rs;
+    p.block_col_sz = cs;
+    p.block_mask_map = mm;
+    h_ws ws;
+    memset(&ws, 0, sizeof ws);
+    h_buf dtab, dmask;
+    memset(&dtab, 0, sizeof dtab);
+    memset(&dmask, 0, sizeof dmask);
+    kva_plan* hp = (kva_plan*)calloc((size_t)H, sizeof(kva_plan));
+    int result = 1;
+    size_t dev_b = 0, host_b = 0;
+    kva_status st = kva_vbsr_workspace_size(ctx, &desc, &p, &dev_b, &host_b);
+    if (st == KVA_ERR_UNSUPPORTED) {
+        result = -1;
+        goto out;
+    }
+    H_EXPECT(ok, st == KVA_OK, "kva_vbsr_workspace_size: %s: %s", kva_status_string(st), kva_last_error_message());
+    if (!ok) goto done;
+    h_ws_alloc(&ws, dev_b, host_b);
+    kva_vbsr_plan plan;
+    st = kva_vbsr_plan_make(ctx, &desc, &p, &ws.ws, hp, &plan, NULL);
+    if (st == KVA_ERR_UNSUPPORTED) {
+        result = -1;
+        goto out;
+    }
+    H_EXPECT(ok, st == KVA_OK, "kva_vbsr_plan_make: %s: %s", kva_status_string(st), kva_last_error_message());
+    if (!ok) goto done;
+    int64_t nt = -1, nm = -1;
+    st = kva_vbsr_pack(&desc, &p, NULL, 0, NULL, 0, &nt, &nm);
+    H_EXPECT(ok, st == KVA_OK && nt == plan.table_entries && nm == plan.mask_bytes,
+             "kva_vbsr_pack size query: %s, %lld/%lld vs plan %lld/%lld", kva_status_string(st), (long long)nt,
+             (long long)nm, (long long)plan.table_entries, (long long)plan.mask_bytes);
+    H_EXPECT(ok, plan.uses_mask == (c->causal || c->window >= 0), "uses_mask = %d", plan.uses_mask);
+    if (!ok) goto done;
+    dtab = h_buf_alloc(KVA_DTYPE_I32, (size_t)nt);
+    dmask = h_buf_alloc(KVA_DTYPE_U8, (size_t)nm);
+    if (nm > 0) memset(h_buf_hp(&dmask), 0xff, (size_t)nm); /* the packer must clear what it does not set */
+    st = kva_vbsr_pack(&desc, &p, (int32_t*)h_buf_hp(&dtab), (size_t)nt, nm > 0 ? (uint8_t*)h_buf_hp(&dmask) : NULL,
+                       (size_t)nm, &nt, &nm);
+    H_EXPECT(ok, st == KVA_OK, "kva_vbsr_pack: %s: %s", kva_status_string(st), kva_last_error_message());
+    h_buf_upload(&dtab);
+    h_buf_upload(&dmask);
+    kva_vbsr_run_args a;
+    kva_vbsr_run_args_init(&a);
+    a.q = kva_tensor_make(h_buf_dp(&q), c->qdt, 3, M, Hq, c->dqk, 0);
+    a.k = kva_tensor_make(h_buf_dp(&k), c->kvdt, 3, N, H, c->dqk, 0);
+    a.v = kva_tensor_make(h_buf_dp(&v), c->kvdt, 3, N, H, c->dvo, 0);
+    if (c->hnd) {
+        a.q.stride[0] = c->dqk;
+        a.q.stride[1] = M * c->dqk;
+        a.k.stride[0] = krow;
+        a.k.stride[1] = N * krow;
+        a.v.stride[0] = vrow;
+        a.v.stride[1] = N * vrow;
+    } else {
+        a.k.stride[0] = krow;
+        a.v.stride[0] = vrow;
+    }
+    a.o = kva_tensor_make(h_buf_dp(&o), c->odt, 3, M, Hq, c->dvo, 0);
+    if (c->lse) a.lse = kva_tensor_make(h_buf_dp(&lse), KVA_DTYPE_F32, 2, M, Hq, 0, 0);
+    a.table = (const int32_t*)h_buf_dp(&dtab);
+    a.table_entries = nt;
+    a.packed_mask = nm > 0 ? (const uint8_t*)h_buf_dp(&dmask) : NULL;
+    a.packed_mask_bytes = nm;
+    st = kva_vbsr_run(ctx, &plan, &ws.ws, &a);
+    H_EXPECT(ok, st == KVA_OK, "kva_vbsr_run: %s: %s", kva_status_string(st), kva_last_error_message());
+    if (!ok) goto done;
+    if (h_backend_device()) {
+        kva_fault_report fr;
+        st = kva_vbsr_read_faults(ctx, &plan, &ws.ws, &fr, NULL);
+        H_EXPECT(ok, st == KVA_OK && !fr.faulted, "kva_vbsr_read_faults: %s, faulted %d", kva_status_string(st),
+                 (int)fr.faulted);
+    }
+    h_buf_download(&o);
+    h_buf_download(&lse);
+    H_EXPECT(ok, h_buf_guards_ok(&o) && h_buf_guards_ok(&lse), "output guard bands overwritten");
+    if (!c->lse)
+        for (size_t i = 0; i < lse.elems; ++i)
+            if (!h_buf_elem_is_poison(&lse, i)) {
+                H_EXPECT(ok, 0, "lse written although not requested");
+                break;
+            }
+    {
+        /* dense reference, straight from the definition: block (b, c) of head h holds (i, j) */
+        int32_t* brow = (int32_t*)malloc(sizeof(int32_t) * (size_t)(M + 1));
+        int32_t* bcol = (int32_t*)malloc(sizeof(int32_t) * (size_t)(N + 1));
+        double* ro = (double*)malloc(sizeof(double) * (size_t)(M * Hq * c->dvo + 1));
+        double* rl = (double*)malloc(sizeof(double) * (size_t)(M * Hq + 1));
+        double* rm = (double*)malloc(sizeof(double) * (size_t)(M * Hq + 1));
+        double* kd = (double*)malloc(sizeof(double) * (size_t)(N * c->dqk + 1));
+        double* vd = (double*)malloc(sizeof(double) * (size_t)(N * c->dvo + 1));
+        const double** ks = (const double**)malloc(sizeof(double*) * (size_t)(N + 1));
+        const double** vs = (const double**)malloc(sizeof(double*) * (size_t)(N + 1));
+        double* qrow = (double*)malloc(sizeof(double) * (size_t)c->dqk);
+        for (int32_t kh = 0; kh < H; ++kh) {
+            int64_t x = 0;
+            for (int32_t b = 0; b < MB; ++b)
+                for (int32_t r = 0; r < rs[kh * MB + b]; ++r) brow[x++] = b;
+            x = 0;
+            for (int32_t cb = 0; cb < NB; ++cb)
+                for (int32_t r = 0; r < cs[kh * NB + cb]; ++r) bcol[x++] = cb;
+            for (int64_t j = 0; j < N; ++j) {
+                for (int d = 0; d < c->dqk; ++d) kd[j * c->dqk + d] = h_buf_get(&k, (size_t)(F_KOFF(j, kh) + d));
+                for (int d = 0; d < c->dvo; ++d) vd[j * c->dvo + d] = h_buf_get(&v, (size_t)(F_VOFF(j, kh) + d));
+            }
+            for (int64_t i = 0; i < M; ++i) {
+                const int64_t qpos = i + N - M;
+                int64_t n = 0;
+                for (int64_t j = 0; j < N; ++j) {
+                    if (!mm[((int64_t)kh * MB + brow[i]) * NB + bcol[j]]) continue;
+                    if (c->causal && j > qpos) continue;
+                    if (c->window >= 0 && j < qpos - c->window) continue;
+                    ks[n] = kd + j * c->dqk;
+                    vs[n] = vd + j * c->dvo;
+                    ++n;
+                }
+                for (int32_t hh = 0; hh < g; ++hh) {
+                    const int32_t h = kh * g + hh;
+                    for (int d = 0; d < c->dqk; ++d) qrow[d] = h_buf_get(&q, (size_t)(F_QOFF(i, h) + d));
+                    f_ref_row rr =
+                        f_ref_attend(qrow, n, ks, vs, c->dqk, c->dvo, f_scale(c), c->cap, ro + (i * Hq + h) * c->dvo);
+                    rl[i * Hq + h] = rr.lse;
+                    rm[i * Hq + h] = rr.mag;
+                }
+            }
+        }
+        f_cmp cmp = {1, 0, 0.0};
+        f_compare(&cmp, &o, &lse, M, Hq, c->dvo, ro, rl, rm, h_tol_out(c->odt, c->qdt, c->kvdt), c->lse, "vbsr");
+        if (!cmp.ok) ok = 0;
+        free(brow);
+        free(bcol);
+        free(ro);
+        free(rl);
+        free(rm);
+        free(kd);
+        free(vd);
+        free(ks);
+        free(vs);
+        free(qrow);
+    }
+#undef F_QOFF
+#undef F_KOFF
+#undef F_VOFF
+done:
+    result = ok;
+out:
+    h_ws_free(&ws);
+    if (dtab.host) h_buf_free(&dtab);
+    if (dmask.host) h_buf_free(&dmask);
+    h_buf_free(&q);
+    h_buf_free(&k);
+    h_buf_free(&v);
+    h_buf_free(&o);
+    h_buf_free(&lse);
+    free(hp);
+    free(rs);
+    free(cs);
+    free(mm);
+    return result;
+}
+
 static void f_case_run(const f_case* c) {
     char line[512];
     f_format(c, line, sizeof line);
     h_logf("case: %s\n", line);
-    int r = c->op == F_BSR ? f_run_bsr(c) : f_run_cascade(c);
+    int r = c->op == F_BSR ? f_run_bsr(c) : (c->op == F_VBSR ? f_run_vbsr(c) : f_run_cascade(c));
     if (r > 0) h_pass();
     else if (r < 0) ++h_nskip;
     else
@@ -790,6 +1063,55 @@ static void f_suite_bsr(void) {
         "bsr M=64 N=256 R=16 C=16 density=10 q=bf16 kv=bf16 o=bf16 seed=15",
         "bsr M=30 N=40 R=3 C=2 density=0 emask=1 seed=16",                        /* no block listed anywhere */
         "bsr M=130 N=384 R=64 C=16 density=60 threads=5 causal=1 emask=1 seed=17",
+        "bsr M=40 N=64 R=4 C=16 density=50 graph=1 seed=18",                      /* graph mode, re-plan */
+        "bsr M=64 N=128 R=16 C=16 density=30 causal=1 graph=1 q=bf16 kv=bf16 o=bf16 seed=19",
+        "bsr M=1 N=512 R=1 C=16 density=20 graph=1 hq=8 hkv=8 q=f16 kv=f16 o=f16 seed=20", /* sparse decode */
+    };
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; ++i) {
+        f_case c;
+        if (!f_parse(lines[i], &c)) {
+            h_failf(__FILE__, __LINE__, "bad built-in case %s", lines[i]);
+            continue;
+        }
+        f_case_run(&c);
+    }
+}
+
+static void f_suite_vbsr(void) {
+    uint64_t seed = 7000;
+    int n = 0;
+    for (int hnd = 0; hnd < 2; ++hnd)
+        for (int ca = 0; ca < 2; ++ca)
+            for (int di = 0; di < 3; ++di) {
+                f_case c;
+                f_default(&c, F_VBSR);
+                h_rng r;
+                h_rng_seed(&r, seed);
+                c.M = h_rng_range(&r, 1, 60);
+                c.N = h_rng_range(&r, 1, 90);
+                if (ca && c.N < c.M) c.N = c.M + h_rng_range(&r, 0, 20);
+                c.mb = (int32_t)h_rng_range(&r, 1, 7);
+                c.nb = (int32_t)h_rng_range(&r, 1, 9);
+                c.density = (int32_t)h_rng_range(&r, 30, 100);
+                c.causal = ca;
+                c.hnd = hnd;
+                c.qdt = c.kvdt = c.odt = f_dts[di];
+                c.lse = n % 3 != 2;
+                c.kpad = n % 4 == 1 ? 8 : 0;
+                c.hq = n % 3 == 0 ? 8 : 6;
+                c.hkv = n % 3 == 0 ? 2 : (n % 2 ? 3 : 1);
+                c.seed = seed++;
+                f_case_run(&c);
+                ++n;
+            }
+    const char* lines[] = {
+        "vbsr M=0 N=20 mb=3 nb=2 density=50 seed=31",
+        "vbsr M=17 N=0 mb=2 nb=3 density=50 seed=32",
+        "vbsr M=40 N=40 mb=5 nb=5 density=100 causal=1 window=7 seed=33",
+        "vbsr M=33 N=70 mb=4 nb=6 density=0 seed=34",                            /* nothing visible */
+        "vbsr M=48 N=96 mb=3 nb=8 density=60 hq=8 hkv=1 cap=6 q=f16 kv=e4m3 o=f32 seed=35",
+        "vbsr M=64 N=128 mb=4 nb=8 density=70 hq=4 hkv=4 dqk=32 dvo=32 q=bf16 kv=bf16 o=bf16 hnd=1 seed=36",
+        "vbsr M=25 N=50 mb=5 nb=10 density=50 hq=7 hkv=7 threads=1 seed=37",
     };
     for (size_t i = 0; i < sizeof lines / sizeof lines[0]; ++i) {
         f_case c;
@@ -1083,6 +1405,127 @@ static void f_suite_errors(void) {
         h_buf_free(&di);
         h_ws_free(&ws);
     }
+    /* ---- variable block sizes ---- */
+    {
+        const int64_t M = 9, N = 12;
+        const int32_t MB = 3, NB = 2;
+        int32_t rs[6] = {4, 0, 5, 3, 3, 3};
+        int32_t cs[4] = {5, 7, 12, 0};
+        uint8_t mm[12] = {1, 0, 1, 1, 0, 1, 1, 1, 0, 0, 1, 0};
+        kva_attention_desc desc;
+        kva_attention_desc_init(&desc, 4, 2, 16, edt);
+        desc.mask_mode = KVA_MASK_CAUSAL;
+        kva_vbsr_params p;
+        kva_vbsr_params_init(&p);
+        p.num_qo_rows = M;
+        p.num_kv_rows = N;
+        p.num_block_rows = MB;
+        p.num_block_cols = NB;
+        p.block_row_sz = rs;
+        p.block_col_sz = cs;
+        p.block_mask_map = mm;
+        size_t dev = 0, host = 0;
+        F_ERR(kva_vbsr_workspace_size(ctx, &desc, &p, &dev, &host), KVA_OK);
+        F_ERR(kva_vbsr_workspace_size(NULL, &desc, &p, &dev, &host), KVA_ERR_INVALID_ARGUMENT);
+        F_ERR(kva_vbsr_workspace_size(ctx, &desc, NULL, &dev, &host), KVA_ERR_INVALID_ARGUMENT);
+        kva_vbsr_params b = p;
+        b.num_block_rows = 0;
+        F_ERR(kva_vbsr_workspace_size(ctx, &desc, &b, &dev, &host), KVA_ERR_INVALID_ARGUMENT);
+        b = p;
+        b.block_mask_map = NULL;
+        F_ERR(kva_vbsr_workspace_size(ctx, &desc, &b, &dev, &host), KVA_ERR_INVALID_ARGUMENT);
+        int32_t bad_rs[6] = {4, 0, 5, 3, 3, 4}, neg_cs[4] = {5, 7, 13, -1};
+        b = p;
+        b.block_row_sz = bad_rs; /* head 1 sums to 10 */
+        F_ERR(kva_vbsr_workspace_size(ctx, &desc, &b, &dev, &host), KVA_ERR_INVALID_ARGUMENT);
+        b = p;
+        b.block_col_sz = neg_cs;
+        F_ERR(kva_vbsr_workspace_size(ctx, &desc, &b, &dev, &host), KVA_ERR_INVALID_ARGUMENT);
+        kva_attention_desc bd = desc;
+        bd.mask_mode = KVA_MASK_CUSTOM;
+        F_ERR(kva_vbsr_workspace_size(ctx, &bd, &p, &dev, &host), KVA_ERR_INVALID_ARGUMENT);
+        bd = desc;
+        bd.pos_encoding = KVA_POS_ALIBI;
+        F_ERR(kva_vbsr_workspace_size(ctx, &bd, &p, &dev, &host), KVA_ERR_UNSUPPORTED);
+        int64_t nt = 0, nm = 0;
+        F_ERR(kva_vbsr_pack(&desc, &p, NULL, 0, NULL, 0, &nt, &nm), KVA_OK);
+        H_CHECK(nt == 24 + 24 && nm > 0, "vbsr pack sizes %lld %lld", (long long)nt, (long long)nm);
+        int32_t tab[64]; /* 48 entries */
+        uint8_t msk[64];
+        F_ERR(kva_vbsr_pack(&desc, &p, tab, (size_t)nt - 1, msk, sizeof msk, &nt, &nm), KVA_ERR_INVALID_ARGUMENT);
+        F_ERR(kva_vbsr_pack(&desc, &p, tab, sizeof tab / sizeof tab[0], NULL, 0, &nt, &nm), KVA_ERR_INVALID_ARGUMENT);
+        F_ERR(kva_vbsr_pack(&desc, &p, tab, sizeof tab / sizeof tab[0], msk, sizeof msk, &nt, &nm), KVA_OK);
+        h_ws ws;
+        h_ws_alloc(&ws, dev, host);
+        kva_plan hp[2];
+        kva_vbsr_plan plan;
+        kva_workspace small = ws.ws;
+        small.device_bytes = dev - 1;
+        F_ERR(kva_vbsr_plan_make(ctx, &desc, &p, &small, hp, &plan, NULL), KVA_ERR_WORKSPACE_TOO_SMALL);
+        F_ERR(kva_vbsr_plan_make(ctx, &desc, &p, &ws.ws, NULL, &plan, NULL), KVA_ERR_INVALID_ARGUMENT);
+        F_ERR(kva_vbsr_plan_make(ctx, &desc, &p, &ws.ws, hp, &plan, NULL), KVA_OK);
+        h_buf q = h_buf_alloc(edt, (size_t)(M * 4 * 16)), o = h_buf_alloc(edt, (size_t)(M * 4 * 16));
+        h_buf k = h_buf_alloc(edt, (size_t)(N * 2 * 16)), v = h_buf_alloc(edt, (size_t)(N * 2 * 16));
+        h_buf dt = h_buf_alloc(KVA_DTYPE_I32, (size_t)nt), dm = h_buf_alloc(KVA_DTYPE_U8, (size_t)nm);
+        memcpy(h_buf_hp(&dt), tab, sizeof(int32_t) * (size_t)nt);
+        memcpy(h_buf_hp(&dm), msk, (size_t)nm);
+        h_rng er;
+        h_rng_seed(&er, 41);
+        f_fill(&q, &er);
+        f_fill(&k, &er);
+        f_fill(&v, &er);
+        h_buf_upload(&q);
+        h_buf_upload(&k);
+        h_buf_upload(&v);
+        h_buf_upload(&dt);
+        h_buf_upload(&dm);
+        h_buf_poison(&o);
+        h_buf_upload(&o);
+        kva_vbsr_run_args a;
+        kva_vbsr_run_args_init(&a);
+        a.q = kva_tensor_make(h_buf_dp(&q), edt, 3, M, 4, 16, 0);
+        a.o = kva_tensor_make(h_buf_dp(&o), edt, 3, M, 4, 16, 0);
+        a.k = kva_tensor_make(h_buf_dp(&k), edt, 3, N, 2, 16, 0);
+        a.v = kva_tensor_make(h_buf_dp(&v), edt, 3, N, 2, 16, 0);
+        a.table = (const int32_t*)h_buf_dp(&dt);
+        a.table_entries = nt;
+        a.packed_mask = (const uint8_t*)h_buf_dp(&dm);
+        a.packed_mask_bytes = nm;
+        kva_vbsr_run_args ba = a;
+        ba.table = NULL;
+        F_ERR(kva_vbsr_run(ctx, &plan, &ws.ws, &ba), KVA_ERR_INVALID_ARGUMENT);
+        ba = a;
+        ba.packed_mask_bytes = nm - 1;
+        F_ERR(kva_vbsr_run(ctx, &plan, &ws.ws, &ba), KVA_ERR_INVALID_ARGUMENT);
+        ba = a;
+        ba.k.shape[1] = 3;
+        F_ERR(kva_vbsr_run(ctx, &plan, &ws.ws, &ba), KVA_ERR_PLAN_MISMATCH);
+        kva_vbsr_plan bp = plan;
+        bp.magic = 0;
+        F_ERR(kva_vbsr_run(ctx, &bp, &ws.ws, &a), KVA_ERR_PLAN_MISMATCH);
+        kva_plan saved = hp[1];
+        hp[1] = hp[0]; /* the caller's array changed under the plan */
+        F_ERR(kva_vbsr_run(ctx, &plan, &ws.ws, &a), KVA_ERR_PLAN_MISMATCH);
+        hp[1] = saved;
+        /* an out-of-range table entry in the last head: nothing written, not even head 0 */
+        ((int32_t*)h_buf_hp(&dt))[nt - 1] = (int32_t)N;
+        h_buf_upload(&dt);
+        F_ERR(kva_vbsr_run(ctx, &plan, &ws.ws, &a), KVA_ERR_PAGE_INDEX_OUT_OF_RANGE);
+        h_buf_download(&o);
+        H_CHECK(f_all_poison(&o), "vbsr: output written although run failed");
+        ((int32_t*)h_buf_hp(&dt))[nt - 1] = tab[nt - 1];
+        h_buf_upload(&dt);
+        F_ERR(kva_vbsr_run(ctx, &plan, &ws.ws, &a), KVA_OK);
+        h_buf_download(&o);
+        H_CHECK(!f_all_poison(&o) && h_buf_guards_ok(&o), "vbsr: run wrote nothing or overran");
+        h_buf_free(&q);
+        h_buf_free(&o);
+        h_buf_free(&k);
+        h_buf_free(&v);
+        h_buf_free(&dt);
+        h_buf_free(&dm);
+        h_ws_free(&ws);
+    }
     /* ---- cascade ---- */
     {
         f_case c;
@@ -1286,6 +1729,7 @@ int main(int argc, char** argv) {
     const char* s = h_opt.suite ? h_opt.suite : "all";
     const int all = strcmp(s, "all") == 0;
     if (all || strcmp(s, "bsr") == 0) f_suite_bsr();
+    if (all || strcmp(s, "vbsr") == 0) f_suite_vbsr();
     if (all || strcmp(s, "cascade") == 0) f_suite_cascade();
     if (all || strcmp(s, "errors") == 0) f_suite_errors();
     if (all || strcmp(s, "fuzz") == 0) f_suite_fuzz();

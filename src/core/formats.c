@@ -44,7 +44,7 @@ KVA_API void kva_bsr_run_args_init(kva_bsr_run_args* args) {
 }
 
 typedef struct kva__bsr_geom {
-    int64_t M, N, NB, nnz, mask_bytes;
+    int64_t M, N, NB, nnz, mask_bytes, max_mask_bytes;
     int32_t R, C, MB;
     bool masked;
     kva_attention_desc dense; /* the caller's descriptor, normalised (dense causal / window) */
@@ -106,7 +106,9 @@ static kva_status kva__bsr_check(const char* fn, const kva_attention_desc* desc,
         }
     }
     int64_t mask_bytes = 0;
-    const bool masked = p->block_mask != NULL || g->dense.mask_mode == KVA_MASK_CAUSAL || g->dense.window_left >= 0;
+    /* graph mode: always masked, so the captured run's mask mode holds for every later pattern */
+    const bool masked = p->block_mask != NULL || g->dense.mask_mode == KVA_MASK_CAUSAL || g->dense.window_left >= 0 ||
+                        p->graph_mode;
     if (nnz > 0) {
         /* No column block twice in a block row (a key would count twice in the softmax). stamp[cb] = row + 1. */
         int32_t* stamp = (int32_t*)calloc((size_t)NB, sizeof(int32_t));
@@ -132,6 +134,7 @@ static kva_status kva__bsr_check(const char* fn, const kva_attention_desc* desc,
                       "%s: block row %lld sees %lld keys (more than 2^30)", fn, (long long)b, (long long)kv);
         int64_t rows = (b + 1) * R <= M ? R : M - b * R;
         if (masked) mask_bytes += (rows * kv + 7) / 8;
+        g->max_mask_bytes += (rows * N + 7) / 8;
     }
     g->M = M;
     g->N = N;
@@ -167,6 +170,11 @@ static kva_status kva__bsr_params(const char* fn, const kva_bsr_params* p, const
     pp->kv_indices = g->nnz > 0 ? p->indices : NULL;
     pp->fixed_split_size = p->fixed_split_size;
     pp->disable_split_kv = p->disable_split_kv;
+    if (p->graph_mode) {
+        pp->graph_mode = 1;
+        pp->max_batch_size = g->MB > 0 ? g->MB : 1;
+        pp->max_total_qo_rows = g->M > 0 ? g->M : 1;
+    }
     *scratch = s;
     return KVA_OK;
 }
@@ -211,6 +219,8 @@ KVA_API kva_status kva_bsr_plan_make(kva_context* context, const kva_attention_d
     plan->uses_mask = g.masked ? 1 : 0;
     plan->nnz = g.nnz;
     plan->mask_bytes = g.masked ? g.mask_bytes : 0;
+    plan->graph_mode = params->graph_mode ? 1 : 0;
+    plan->max_mask_bytes = g.max_mask_bytes;
     plan->magic = KVA__BSR_MAGIC;
     return KVA_OK;
 }
@@ -693,6 +703,484 @@ KVA_API kva_status kva_cascade_read_faults(kva_context* context, const kva_casca
         kva_fault_report r;
         KVA_FORWARD(kva_read_faults(context, &sub, &r, stream));
         if (r.faulted && !report->faulted) *report = r;
+    }
+    return KVA_OK;
+}
+
+/* ============================================================================================== */
+/* Variable block sizes per KV head                                                               */
+
+#define KVA__VBSR_MAGIC 0x6b76617662737231ull /* "kvavbsr1" */
+
+KVA_API void kva_vbsr_params_init(kva_vbsr_params* params) {
+    if (params) memset(params, 0, sizeof *params);
+}
+
+KVA_API void kva_vbsr_run_args_init(kva_vbsr_run_args* args) {
+    if (!args) return;
+    memset(args, 0, sizeof *args);
+    args->k_scale = 1.0f;
+    args->v_scale = 1.0f;
+}
+
+typedef struct kva__vbsr_geom {
+    int64_t M, N;
+    int32_t MB, NB, H, g;
+    bool masked;
+    int64_t table_entries, mask_bytes; /* all heads */
+    kva_attention_desc dense;          /* the caller's descriptor, normalised */
+    kva_attention_desc op;             /* one KV head's composed op */
+} kva__vbsr_geom;
+
+/* Validate desc and params (every head); fill g. Reads every host array; writes nothing. */
+static kva_status kva__vbsr_check(const char* fn, const kva_attention_desc* desc, const kva_vbsr_params* p,
+                                  kva__vbsr_geom* g) {
+    memset(g, 0, sizeof *g);
+    KVA_RETURN_IF(!p, KVA_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
+    kva_status st = kva__desc_normalize(desc, &g->dense);
+    if (st != KVA_OK) {
+        char pre[128];
+        snprintf(pre, sizeof pre, "%s: ", fn);
+        return kva__prefix_error(st, pre);
+    }
+    KVA_RETURN_IF(g->dense.mask_mode == KVA_MASK_CUSTOM, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: desc->mask_mode = KVA_MASK_CUSTOM: give the block structure in params->block_mask_map "
+                  "(mask_mode NONE or CAUSAL)", fn);
+    KVA_RETURN_IF(g->dense.pos_encoding != KVA_POS_NONE, KVA_ERR_UNSUPPORTED,
+                  "%s: desc->pos_encoding = %s: variable block-sparse attention supports KVA_POS_NONE only (apply "
+                  "RoPE beforehand)", fn,
+                  g->dense.pos_encoding == KVA_POS_ALIBI ? "KVA_POS_ALIBI" : "KVA_POS_ROPE_LLAMA");
+    const int64_t M = p->num_qo_rows, N = p->num_kv_rows;
+    const int32_t MB = p->num_block_rows, NB = p->num_block_cols, H = g->dense.num_kv_heads;
+    KVA_RETURN_IF(M < 0 || N < 0, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: params->num_qo_rows = %lld and num_kv_rows = %lld must be >= 0", fn, (long long)M,
+                  (long long)N);
+    KVA_RETURN_IF(MB < 1 || NB < 1, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: params->num_block_rows = %d and num_block_cols = %d must be >= 1", fn, (int)MB, (int)NB);
+    KVA_RETURN_IF(M > INT32_MAX / 2 || N > INT32_MAX / 2, KVA_ERR_UNSUPPORTED,
+                  "%s: M = %lld or N = %lld is above 2^30", fn, (long long)M, (long long)N);
+    KVA_RETURN_IF(!p->block_row_sz || !p->block_col_sz || !p->block_mask_map, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: params->block_row_sz, block_col_sz and block_mask_map are required", fn);
+    const bool masked = g->dense.mask_mode == KVA_MASK_CAUSAL || g->dense.window_left >= 0;
+    int64_t entries = 0, mbytes = 0;
+    for (int32_t h = 0; h < H; ++h) {
+        const int32_t* rs = p->block_row_sz + (int64_t)h * MB;
+        const int32_t* cs = p->block_col_sz + (int64_t)h * NB;
+        const uint8_t* mm = p->block_mask_map + (int64_t)h * MB * NB;
+        int64_t sr = 0, sc = 0;
+        for (int32_t b = 0; b < MB; ++b) {
+            KVA_RETURN_IF(rs[b] < 0, KVA_ERR_INVALID_ARGUMENT, "%s: params->block_row_sz[%d, %d] = %d is negative",
+                          fn, (int)h, (int)b, (int)rs[b]);
+            sr += rs[b];
+        }
+        for (int32_t c = 0; c < NB; ++c) {
+            KVA_RETURN_IF(cs[c] < 0, KVA_ERR_INVALID_ARGUMENT, "%s: params->block_col_sz[%d, %d] = %d is negative",
+                          fn, (int)h, (int)c, (int)cs[c]);
+            sc += cs[c];
+        }
+        KVA_RETURN_IF(sr != M || sc != N, KVA_ERR_INVALID_ARGUMENT,
+                      "%s: KV head %d: block_row_sz sums to %lld (M = %lld) and block_col_sz to %lld (N = %lld); "
+                      "each head's block sizes must tile the whole [M, N] matrix",
+                      fn, (int)h, (long long)sr, (long long)M, (long long)sc, (long long)N);
+        for (int32_t b = 0; b < MB; ++b) {
+            int64_t kv = 0;
+            for (int32_t c = 0; c < NB; ++c)
+                if (mm[(int64_t)b * NB + c]) kv += cs[c];
+            entries += kv;
+            if (masked) mbytes += ((int64_t)rs[b] * kv + 7) / 8;
+        }
+        KVA_RETURN_IF(entries > INT32_MAX, KVA_ERR_UNSUPPORTED,
+                      "%s: the token tables of heads 0..%d exceed 2^31 - 1 entries", fn, (int)h);
+    }
+    g->M = M;
+    g->N = N;
+    g->MB = MB;
+    g->NB = NB;
+    g->H = H;
+    g->g = g->dense.num_qo_heads / H;
+    g->masked = masked;
+    g->table_entries = entries;
+    g->mask_bytes = masked ? mbytes : 0;
+    g->op = g->dense;
+    g->op.num_qo_heads = g->g;
+    g->op.num_kv_heads = 1;
+    g->op.mask_mode = masked ? KVA_MASK_CUSTOM : KVA_MASK_NONE;
+    g->op.window_left = -1;
+    return KVA_OK;
+}
+
+/* Plan params of head h's op into scratch (qo_indptr [MB+1], kv_indptr [MB+1], last_page_len [MB]). */
+static void kva__vbsr_head_params(const kva_vbsr_params* p, const kva__vbsr_geom* g, int32_t h, int32_t* scratch,
+                                  kva_plan_params* pp) {
+    const int32_t MB = g->MB, NB = g->NB;
+    const int32_t* rs = p->block_row_sz + (int64_t)h * MB;
+    const int32_t* cs = p->block_col_sz + (int64_t)h * NB;
+    const uint8_t* mm = p->block_mask_map + (int64_t)h * MB * NB;
+    int32_t* qo = scratch;
+    int32_t* kvp = scratch + MB + 1;
+    int32_t* lpl = scratch + 2 * (MB + 1);
+    qo[0] = kvp[0] = 0;
+    for (int32_t b = 0; b < MB; ++b) {
+        int64_t kv = 0;
+        for (int32_t c = 0; c < NB; ++c)
+            if (mm[(int64_t)b * NB + c]) kv += cs[c];
+        qo[b + 1] = qo[b] + rs[b];
+        kvp[b + 1] = (int32_t)(kvp[b] + kv);
+        lpl[b] = 1;
+    }
+    kva_plan_params_init(pp);
+    pp->batch_size = MB;
+    pp->qo_indptr = qo;
+    pp->kv_indptr = kvp;
+    pp->kv_last_page_len = lpl;
+    pp->page_size = 1;
+    pp->num_pages = g->N;
+    pp->fixed_split_size = p->fixed_split_size;
+    pp->disable_split_kv = p->disable_split_kv;
+}
+
+typedef struct kva__vbsr_layout {
+    size_t dev_bytes, host_bytes; /* totals */
+} kva__vbsr_layout;
+
+/* Per-head region sizes (aligned) through the planner's layout; totals into lay; per-head sizes into the arrays
+ * when given. */
+static kva_status kva__vbsr_layout_of(const char* fn, kva_context* ctx, const kva_vbsr_params* p,
+                                      const kva__vbsr_geom* g, size_t* dev_sz, size_t* host_sz,
+                                      kva__vbsr_layout* lay) {
+    memset(lay, 0, sizeof *lay);
+    int32_t* scratch = (int32_t*)malloc(sizeof(int32_t) * (3 * (size_t)g->MB + 2));
+    KVA_RETURN_IF(!scratch, KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    for (int32_t h = 0; h < g->H; ++h) {
+        kva_plan_params pp;
+        kva__vbsr_head_params(p, g, h, scratch, &pp);
+        kva__plan_data pd;
+        kva_status st = kva__plan_layout(ctx, &g->op, KVA_OP_BATCH_PREFILL_PAGED, &pp, &pd);
+        if (st != KVA_OK) {
+            free(scratch);
+            char pre[128];
+            snprintf(pre, sizeof pre, "%s: KV head %d: ", fn, (int)h);
+            return kva__prefix_error(st, pre);
+        }
+        size_t d = kva__align_up(pd.device_bytes, KVA__WS_ALIGN), hb = kva__align_up(pd.host_bytes, KVA__WS_ALIGN);
+        if (dev_sz) dev_sz[h] = d;
+        if (host_sz) host_sz[h] = hb;
+        lay->dev_bytes += d;
+        lay->host_bytes += hb;
+    }
+    free(scratch);
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_vbsr_workspace_size(kva_context* context, const kva_attention_desc* desc,
+                                           const kva_vbsr_params* params, size_t* device_bytes, size_t* host_bytes) {
+    static const char fn[] = "kva_vbsr_workspace_size";
+    KVA_RETURN_IF(!context, KVA_ERR_INVALID_ARGUMENT, "%s: context is NULL", fn);
+    kva__vbsr_geom g;
+    KVA_FORWARD(kva__vbsr_check(fn, desc, params, &g));
+    kva__vbsr_layout lay;
+    KVA_FORWARD(kva__vbsr_layout_of(fn, context, params, &g, NULL, NULL, &lay));
+    if (device_bytes) *device_bytes = lay.dev_bytes;
+    if (host_bytes) *host_bytes = lay.host_bytes;
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_vbsr_plan_make(kva_context* context, const kva_attention_desc* desc,
+                                      const kva_vbsr_params* params, const kva_workspace* workspace,
+                                      kva_plan* head_plans, kva_vbsr_plan* plan, void* stream) {
+    static const char fn[] = "kva_vbsr_plan_make";
+    KVA_RETURN_IF(!context, KVA_ERR_INVALID_ARGUMENT, "%s: context is NULL", fn);
+    KVA_RETURN_IF(!workspace, KVA_ERR_INVALID_ARGUMENT, "%s: workspace is NULL", fn);
+    KVA_RETURN_IF(!plan || !head_plans, KVA_ERR_INVALID_ARGUMENT, "%s: plan and head_plans are required", fn);
+    kva__vbsr_geom g;
+    KVA_FORWARD(kva__vbsr_check(fn, desc, params, &g));
+    size_t* sz = (size_t*)malloc(sizeof(size_t) * 2 * (size_t)g.H);
+    KVA_RETURN_IF(!sz, KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    kva__vbsr_layout lay;
+    kva_status st = kva__vbsr_layout_of(fn, context, params, &g, sz, sz + g.H, &lay);
+    if (st != KVA_OK) {
+        free(sz);
+        return st;
+    }
+    const bool staging = !context->ops->plans_on_host_memory;
+    if (workspace->device_bytes < lay.dev_bytes || !workspace->device ||
+        (staging && lay.host_bytes > 0 && (workspace->host_bytes < lay.host_bytes || !workspace->host))) {
+        free(sz);
+        return kva__set_error(KVA_ERR_WORKSPACE_TOO_SMALL,
+                              "%s: the workspace has %zu device bytes at %p and %zu host bytes at %p; %d KV heads "
+                              "need %zu and %zu (kva_vbsr_workspace_size)",
+                              fn, workspace->device_bytes, workspace->device, workspace->host_bytes, workspace->host,
+                              (int)g.H, lay.dev_bytes, staging ? lay.host_bytes : (size_t)0);
+    }
+    if (((uintptr_t)workspace->device % KVA__WS_ALIGN) != 0 ||
+        (staging && ((uintptr_t)workspace->host % KVA__WS_ALIGN) != 0)) {
+        free(sz);
+        return kva__set_error(KVA_ERR_ALIGNMENT, "%s: workspace pointers must be %d-byte aligned (device %p, host %p)",
+                              fn, KVA__WS_ALIGN, workspace->device, workspace->host);
+    }
+    int32_t* scratch = (int32_t*)malloc(sizeof(int32_t) * (3 * (size_t)g.MB + 2));
+    if (!scratch) {
+        free(sz);
+        return kva__set_error(KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+    }
+    size_t off = 0, hoff = 0;
+    for (int32_t h = 0; h < g.H && st == KVA_OK; ++h) {
+        kva_plan_params pp;
+        kva__vbsr_head_params(params, &g, h, scratch, &pp);
+        kva_workspace sub = kva__sub_ws(workspace, off, sz[h], hoff, sz[g.H + h]);
+        st = kva_plan_make(context, &g.op, KVA_OP_BATCH_PREFILL_PAGED, &pp, &sub, &head_plans[h], stream);
+        if (st != KVA_OK) {
+            char pre[128];
+            snprintf(pre, sizeof pre, "%s: KV head %d: ", fn, (int)h);
+            st = kva__prefix_error(st, pre);
+        }
+        off += sz[h];
+        hoff += sz[g.H + h];
+    }
+    free(scratch);
+    free(sz);
+    if (st != KVA_OK) return st;
+    memset(plan, 0, sizeof *plan);
+    plan->num_qo_rows = g.M;
+    plan->num_kv_rows = g.N;
+    plan->num_kv_heads = g.H;
+    plan->uses_mask = g.masked ? 1 : 0;
+    plan->table_entries = g.table_entries;
+    plan->mask_bytes = g.mask_bytes;
+    plan->device_bytes = lay.dev_bytes;
+    plan->host_bytes = lay.host_bytes;
+    plan->ws_device_addr = (uint64_t)(uintptr_t)workspace->device;
+    plan->head_plans = head_plans;
+    plan->magic = KVA__VBSR_MAGIC;
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_vbsr_pack(const kva_attention_desc* desc, const kva_vbsr_params* params, int32_t* table,
+                                 size_t table_capacity, uint8_t* mask, size_t mask_capacity, int64_t* table_entries,
+                                 int64_t* mask_bytes) {
+    static const char fn[] = "kva_vbsr_pack";
+    kva__vbsr_geom g;
+    KVA_FORWARD(kva__vbsr_check(fn, desc, params, &g));
+    if (table_entries) *table_entries = g.table_entries;
+    if (mask_bytes) *mask_bytes = g.mask_bytes;
+    KVA_RETURN_IF(table && table_capacity < (size_t)g.table_entries, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: table holds %zu entries; the plan needs %lld", fn, table_capacity,
+                  (long long)g.table_entries);
+    KVA_RETURN_IF(mask && mask_capacity < (size_t)g.mask_bytes, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: mask holds %zu bytes; the plan needs %lld", fn, mask_capacity, (long long)g.mask_bytes);
+    KVA_RETURN_IF(table && g.masked && g.mask_bytes > 0 && !mask, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: the plan needs %lld bytes of packed masks (causal or window) but mask is NULL", fn,
+                  (long long)g.mask_bytes);
+    if (!table) return KVA_OK;
+    if (mask && g.mask_bytes > 0) memset(mask, 0, (size_t)g.mask_bytes);
+    const int32_t MB = g.MB, NB = g.NB;
+    const bool causal = g.dense.mask_mode == KVA_MASK_CAUSAL;
+    const int64_t win = g.dense.window_left;
+    const int64_t shift = g.N - g.M;
+    int64_t t = 0, mb = 0;
+    for (int32_t h = 0; h < g.H; ++h) {
+        const int32_t* rs = params->block_row_sz + (int64_t)h * MB;
+        const int32_t* cs = params->block_col_sz + (int64_t)h * NB;
+        const uint8_t* mm = params->block_mask_map + (int64_t)h * MB * NB;
+        int64_t row0 = 0;
+        for (int32_t b = 0; b < MB; ++b) {
+            const int64_t t0 = t;
+            int64_t col0 = 0;
+            for (int32_t c = 0; c < NB; ++c) {
+                if (mm[(int64_t)b * NB + c])
+                    for (int64_t j = 0; j < cs[c]; ++j) table[t++] = (int32_t)(col0 + j);
+                col0 += cs[c];
+            }
+            if (g.masked) {
+                const int64_t kv = t - t0;
+                uint8_t* out = mask + mb;
+                for (int64_t r = 0; r < rs[b]; ++r) {
+                    const int64_t qpos = row0 + r + shift;
+                    for (int64_t e = 0; e < kv; ++e) {
+                        const int64_t j = table[t0 + e];
+                        if ((causal && j > qpos) || (win >= 0 && j < qpos - win)) continue;
+                        const int64_t bit = r * kv + e;
+                        out[bit >> 3] |= (uint8_t)(1u << (bit & 7));
+                    }
+                }
+                mb += ((int64_t)rs[b] * kv + 7) / 8;
+            }
+            row0 += rs[b];
+        }
+    }
+    return KVA_OK;
+}
+
+/* Checks of a vbsr plan against its workspace and context; per-head workspace offsets into dev_off/host_off. */
+static kva_status kva__vbsr_check_plan(const char* fn, const kva_context* ctx, const kva_vbsr_plan* plan,
+                                       const kva_workspace* ws) {
+    KVA_RETURN_IF(!ctx, KVA_ERR_INVALID_ARGUMENT, "%s: context is NULL", fn);
+    KVA_RETURN_IF(!plan, KVA_ERR_INVALID_ARGUMENT, "%s: plan is NULL", fn);
+    KVA_RETURN_IF(!ws, KVA_ERR_INVALID_ARGUMENT, "%s: workspace is NULL", fn);
+    KVA_RETURN_IF(plan->magic != KVA__VBSR_MAGIC || plan->num_kv_heads < 1 || !plan->head_plans,
+                  KVA_ERR_PLAN_MISMATCH, "%s: the plan was not made by kva_vbsr_plan_make or was corrupted", fn);
+    KVA_RETURN_IF(plan->ws_device_addr != (uint64_t)(uintptr_t)ws->device || ws->device_bytes < plan->device_bytes,
+                  KVA_ERR_PLAN_MISMATCH,
+                  "%s: the workspace (%p, %zu bytes) is not the one the plan was written into (%p, %zu bytes needed)",
+                  fn, ws->device, ws->device_bytes, (void*)(uintptr_t)plan->ws_device_addr, plan->device_bytes);
+    uint64_t addr = plan->ws_device_addr;
+    int64_t entries = 0, mbytes = 0;
+    const kva__plan_data* pd0 = kva__plan_data_ofc(&plan->head_plans[0]);
+    for (int32_t h = 0; h < plan->num_kv_heads; ++h) {
+        const kva__plan_data* pd = kva__plan_data_ofc(&plan->head_plans[h]);
+        KVA_RETURN_IF(pd->magic != KVA__PLAN_MAGIC || pd->version != KVA__PLAN_VERSION ||
+                          (kva_op)pd->op != KVA_OP_BATCH_PREFILL_PAGED || pd->total_qo_rows != plan->num_qo_rows ||
+                          pd->page_size != 1 || pd->desc.num_kv_heads != 1,
+                      KVA_ERR_PLAN_MISMATCH, "%s: head_plans[%d] is not this plan's (changed or corrupted?)", fn,
+                      (int)h);
+        KVA_RETURN_IF(pd->context_id != ctx->id, KVA_ERR_PLAN_MISMATCH, "%s: the plan was made by another context",
+                      fn);
+        KVA_RETURN_IF(pd->ws_device_addr != addr, KVA_ERR_PLAN_MISMATCH,
+                      "%s: head_plans[%d] is not at its workspace offset (changed or corrupted?)", fn, (int)h);
+        KVA_RETURN_IF(pd->desc.num_qo_heads != pd0->desc.num_qo_heads || pd->desc.head_dim_qk != pd0->desc.head_dim_qk ||
+                          pd->desc.head_dim_vo != pd0->desc.head_dim_vo || pd->desc.q_dtype != pd0->desc.q_dtype ||
+                          pd->desc.kv_dtype != pd0->desc.kv_dtype || pd->desc.o_dtype != pd0->desc.o_dtype ||
+                          pd->desc.mask_mode != pd0->desc.mask_mode || pd->num_pages != pd0->num_pages,
+                      KVA_ERR_PLAN_MISMATCH,
+                      "%s: head_plans[%d] disagrees with head 0's (corrupted?)", fn, (int)h);
+        addr += kva__align_up(pd->device_bytes, KVA__WS_ALIGN);
+        entries += pd->num_page_entries;
+        mbytes += pd->desc.mask_mode == KVA_MASK_CUSTOM ? pd->custom_mask_bytes : 0;
+    }
+    KVA_RETURN_IF(entries != plan->table_entries || mbytes != plan->mask_bytes ||
+                      addr - plan->ws_device_addr != plan->device_bytes,
+                  KVA_ERR_PLAN_MISMATCH, "%s: the head plans disagree with the plan's totals (changed or corrupted?)",
+                  fn);
+    return KVA_OK;
+}
+
+/* The sub-view of a [rows, heads, dim] (or [rows, heads]) tensor at heads [h0, h0 + n). */
+static kva_tensor kva__head_slice(const kva_tensor* t, int64_t h0, int64_t n) {
+    kva_tensor s = *t;
+    s.data = (char*)t->data + (size_t)(h0 * t->stride[1]) * kva_dtype_size(t->dtype);
+    s.shape[1] = n;
+    return s;
+}
+
+KVA_API kva_status kva_vbsr_run(kva_context* context, const kva_vbsr_plan* plan, const kva_workspace* workspace,
+                                const kva_vbsr_run_args* args) {
+    static const char fn[] = "kva_vbsr_run";
+    KVA_FORWARD(kva__vbsr_check_plan(fn, context, plan, workspace));
+    KVA_RETURN_IF(!args, KVA_ERR_INVALID_ARGUMENT, "%s: args is NULL", fn);
+    const int32_t H = plan->num_kv_heads;
+    const kva_attention_desc* d = &kva__plan_data_ofc(&plan->head_plans[0])->desc; /* one head's op */
+    const int64_t M = plan->num_qo_rows, N = plan->num_kv_rows, Hq = (int64_t)d->num_qo_heads * H;
+    if (M > 0) {
+        int64_t qs[3] = {M, Hq, d->head_dim_qk};
+        int64_t os[3] = {M, Hq, d->head_dim_vo};
+        KVA_FORWARD(kva__check_tensor("kva_vbsr_run: q", &args->q, d->q_dtype, 3, qs));
+        KVA_FORWARD(kva__check_tensor("kva_vbsr_run: o", &args->o, d->o_dtype, 3, os));
+        if (args->lse.data) {
+            KVA_RETURN_IF(d->score_mode == KVA_SCORE_SIGMOID, KVA_ERR_INVALID_ARGUMENT,
+                          "%s: lse is not defined in sigmoid (no-softmax) mode; pass lse.data = NULL", fn);
+            int64_t ls[2] = {M, Hq};
+            KVA_FORWARD(kva__check_tensor("kva_vbsr_run: lse", &args->lse, KVA_DTYPE_F32, 2, ls));
+        }
+    }
+    if (N > 0 && plan->table_entries > 0) {
+        int64_t ks[3] = {N, H, d->head_dim_qk};
+        int64_t vs[3] = {N, H, d->head_dim_vo};
+        KVA_FORWARD(kva__check_tensor("kva_vbsr_run: k", &args->k, d->kv_dtype, 3, ks));
+        KVA_FORWARD(kva__check_tensor("kva_vbsr_run: v", &args->v, d->kv_dtype, 3, vs));
+    }
+    KVA_RETURN_IF(!isfinite(args->k_scale) || !isfinite(args->v_scale), KVA_ERR_INVALID_ARGUMENT,
+                  "%s: k_scale = %g and v_scale = %g must be finite", fn, (double)args->k_scale,
+                  (double)args->v_scale);
+    KVA_RETURN_IF(plan->table_entries > 0 && !args->table, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: args->table (kva_vbsr_pack's token tables, backend memory) is NULL", fn);
+    KVA_RETURN_IF(args->table_entries < plan->table_entries, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: args->table_entries = %lld, the plan needs %lld", fn, (long long)args->table_entries,
+                  (long long)plan->table_entries);
+    KVA_RETURN_IF(plan->uses_mask && plan->mask_bytes > 0 && !args->packed_mask, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: the plan needs packed masks (%lld bytes from kva_vbsr_pack, backend memory) but "
+                  "args->packed_mask is NULL", fn, (long long)plan->mask_bytes);
+    KVA_RETURN_IF(plan->uses_mask && args->packed_mask_bytes < plan->mask_bytes, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: args->packed_mask_bytes = %lld, the plan needs %lld", fn, (long long)args->packed_mask_bytes,
+                  (long long)plan->mask_bytes);
+    if (context->ops->plans_on_host_memory && plan->table_entries > 0) {
+        const int32_t* t = args->table;
+        for (int64_t i = 0; i < plan->table_entries; ++i)
+            KVA_RETURN_IF(t[i] < 0 || t[i] >= N, KVA_ERR_PAGE_INDEX_OUT_OF_RANGE,
+                          "%s: table[%lld] = %d is not a key row of [0, %lld)", fn, (long long)i, (int)t[i],
+                          (long long)N);
+    }
+    if (M == 0) return KVA_OK;
+
+    const int64_t g = d->num_qo_heads;
+    kva_run_args ra;
+    kva_run_args_init(&ra);
+    ra.k_scale = args->k_scale;
+    ra.v_scale = args->v_scale;
+    ra.stream = args->stream;
+    size_t off = 0, hoff = 0;
+    int64_t toff = 0, moff = 0;
+    for (int32_t h = 0; h < H; ++h) {
+        const kva__plan_data* pd = kva__plan_data_ofc(&plan->head_plans[h]);
+        const size_t db = kva__align_up(pd->device_bytes, KVA__WS_ALIGN);
+        const size_t hb = kva__align_up(pd->host_bytes, KVA__WS_ALIGN);
+        kva_workspace sub = kva__sub_ws(workspace, off, db, hoff, hb);
+        ra.q = kva__head_slice(&args->q, (int64_t)h * g, g);
+        ra.o = kva__head_slice(&args->o, (int64_t)h * g, g);
+        if (args->lse.data) ra.lse = kva__head_slice(&args->lse, (int64_t)h * g, g);
+        kva_paged_kv* pk = &ra.paged;
+        memset(pk, 0, sizeof *pk);
+        pk->dtype = d->kv_dtype;
+        pk->num_pages = N;
+        pk->page_size = 1;
+        pk->num_heads = 1;
+        pk->head_dim_qk = d->head_dim_qk;
+        pk->head_dim_vo = d->head_dim_vo;
+        if (pd->num_page_entries > 0) {
+            const size_t es = kva_dtype_size(d->kv_dtype);
+            pk->k_data = (char*)args->k.data + (size_t)(h * args->k.stride[1]) * es;
+            pk->v_data = (char*)args->v.data + (size_t)(h * args->v.stride[1]) * es;
+            pk->k_stride_page = pk->k_stride_token = args->k.stride[0];
+            pk->v_stride_page = pk->v_stride_token = args->v.stride[0];
+            pk->k_stride_head = args->k.stride[1];
+            pk->v_stride_head = args->v.stride[1];
+            pk->indices = args->table + toff;
+        }
+        if (plan->uses_mask) {
+            ra.custom_mask = args->packed_mask ? args->packed_mask + moff : NULL;
+            ra.custom_mask_bytes = args->packed_mask_bytes - moff;
+        }
+        kva_status st = kva_run(context, &plan->head_plans[h], &sub, &ra);
+        if (st != KVA_OK) {
+            char pre[128];
+            snprintf(pre, sizeof pre, "%s: KV head %d: ", fn, (int)h);
+            return kva__prefix_error(st, pre);
+        }
+        off += db;
+        hoff += hb;
+        toff += pd->num_page_entries;
+        moff += pd->desc.mask_mode == KVA_MASK_CUSTOM ? pd->custom_mask_bytes : 0;
+    }
+    return KVA_OK;
+}
+
+KVA_API kva_status kva_vbsr_read_faults(kva_context* context, const kva_vbsr_plan* plan,
+                                        const kva_workspace* workspace, kva_fault_report* report, void* stream) {
+    static const char fn[] = "kva_vbsr_read_faults";
+    KVA_FORWARD(kva__vbsr_check_plan(fn, context, plan, workspace));
+    KVA_RETURN_IF(!report, KVA_ERR_INVALID_ARGUMENT, "%s: report is NULL", fn);
+    memset(report, 0, sizeof *report);
+    report->request = -1;
+    size_t off = 0, hoff = 0;
+    for (int32_t h = 0; h < plan->num_kv_heads; ++h) {
+        const kva__plan_data* pd = kva__plan_data_ofc(&plan->head_plans[h]);
+        const size_t db = kva__align_up(pd->device_bytes, KVA__WS_ALIGN);
+        const size_t hb = kva__align_up(pd->host_bytes, KVA__WS_ALIGN);
+        kva_workspace sub = kva__sub_ws(workspace, off, db, hoff, hb);
+        kva_fault_report r;
+        KVA_FORWARD(kva_read_faults(context, &sub, &r, stream));
+        if (r.faulted && !report->faulted) *report = r;
+        off += db;
+        hoff += hb;
     }
     return KVA_OK;
 }
