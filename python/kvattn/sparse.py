@@ -55,6 +55,7 @@ class kva_bsr_params(Structure):
         ("block_mask", c_void_p),
         ("fixed_split_size", c_int32),
         ("disable_split_kv", c_int32),
+        ("graph_mode", c_int32),
     ]
 
 
@@ -70,6 +71,9 @@ class kva_bsr_plan(Structure):
         ("nnz", c_int64),
         ("mask_bytes", c_int64),
         ("magic", c_uint64),
+        ("graph_mode", c_int32),
+        ("pad_", c_int32),
+        ("max_mask_bytes", c_int64),
     ]
 
 
