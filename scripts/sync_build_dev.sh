@@ -10,7 +10,7 @@ cp -a build-cuda/tests/test_ops build-cuda/tests/test_errors build-cuda/tests/te
 mkdir -p build-dev/bench build-dev/apps
 cp -a build-cuda/bench/bench_plan build-dev/bench/ 2>/dev/null || true
 cp -a build-cuda/apps/kvattn_serve build-dev/apps/ 2>/dev/null || true
-for f in kva_bench_prefill bench_prefill kva_cuda_prefill_jit_test; do
+for f in kva_bench_prefill bench_prefill kva_cuda_prefill_jit_test kva_bench_formats; do
     [ -x build-cuda/$f ] && cp -a build-cuda/$f build-dev/ || true
 done
 cp build-cuda/kva_cuda_gen/kva_aot_sm90a.fatbin build-dev/kva_cuda_gen/

@@ -1007,7 +1007,23 @@ out:
     return result;
 }
 
-static void f_case_run(const f_case* c) {
+/* On a device backend, map a case onto what the device kernels take (head dims 64 / 128 / 256 with dqk == dvo,
+ * 16-bit queries, K/V row padding in 16-byte units); the printed line is the adapted case, so it replays as is. */
+static void f_adapt_device(f_case* c) {
+    if (!h_backend_device()) return;
+    int d = c->dqk > c->dvo ? c->dqk : c->dvo;
+    d = d <= 64 ? 64 : (d <= 128 ? 128 : 256);
+    c->dqk = c->dvo = d;
+    if (c->qdt == KVA_DTYPE_F32) c->qdt = KVA_DTYPE_F16;
+    if (c->kvdt == KVA_DTYPE_F32) c->kvdt = c->qdt;
+    const int64_t qu = h_stride_quantum(c->kvdt);
+    if (c->kpad % qu) c->kpad = (int32_t)((c->kpad / qu + 1) * qu);
+}
+
+static void f_case_run(const f_case* c0) {
+    f_case adapted = *c0;
+    f_adapt_device(&adapted);
+    const f_case* c = &adapted;
     char line[512];
     f_format(c, line, sizeof line);
     h_logf("case: %s\n", line);
