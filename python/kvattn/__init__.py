@@ -43,7 +43,7 @@ from .prefill import (
 )
 from .quantization import packbits, segment_packbits
 from . import sparse  # noqa: F401 (flashinfer.sparse path)
-from .sparse import BlockSparseAttentionWrapper
+from .sparse import BlockSparseAttentionWrapper, VariableBlockSparseAttentionWrapper
 from .utils import MaskMode, PosEncodingMode, TensorLayout
 
 __version__ = "0.1.0"
@@ -66,6 +66,7 @@ __all__ = [
     "BatchPrefillWithRaggedKVCacheWrapper",
     "MultiLevelCascadeAttentionWrapper",
     "BlockSparseAttentionWrapper",
+    "VariableBlockSparseAttentionWrapper",
     "merge_state",
     "merge_state_in_place",
     "merge_states",

@@ -19,8 +19,9 @@ Semantics follow FlashInfer where FlashInfer defines them:
 * Rows that see no key get ``o = 0`` and ``lse = -inf``; ``lse`` is base 2.
 
 Not supported: fused positional encodings (``pos_encoding_mode`` other than ``"NONE"``), per-head fp8 scales
-(``scale_q/k/v``), ``use_fp16_qk_reduction``, the VSA / cake backends' ``block_mask`` arguments, and
-``VariableBlockSparseAttentionWrapper`` (variable block sizes per KV head).
+(``scale_q/k/v``), ``use_fp16_qk_reduction``, the VSA / cake backends' ``block_mask`` arguments.
+``VariableBlockSparseAttentionWrapper`` (variable block sizes per KV head) is in ``sparse_variable.py`` and
+re-exported here.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from . import _ffi as F
 from . import _tensor as T
 from .exceptions import PlanMismatchError
 
-__all__ = ["BlockSparseAttentionWrapper"]
+__all__ = ["BlockSparseAttentionWrapper", "VariableBlockSparseAttentionWrapper"]
 
 # --------------------------------------------------------------------------------------------------
 # ctypes mirror of the block-sparse section of include/kvattn.h (checked by python/tests/test_sparse.py)
@@ -411,3 +412,6 @@ class BlockSparseAttentionWrapper:
 
     def end_forward(self) -> None:
         """Deprecated FlashInfer no-op."""
+
+
+from .sparse_variable import VariableBlockSparseAttentionWrapper  # noqa: E402 (flashinfer.sparse path)

@@ -12,6 +12,7 @@ import pytest
 
 import kvattn
 from kvattn import sparse as S
+from kvattn import sparse_variable as SV
 from conftest import workspace
 from reference import TOL, assert_close, attention
 
@@ -208,7 +209,8 @@ def test_struct_layouts_match_header(tmp_path):
     if cc is None:
         pytest.skip("no C compiler on PATH to compile the layout probe")
     lines = ["#include <stdio.h>", "#include <stddef.h>", "#include \"kvattn.h\"", "int main(void) {"]
-    for name, cls in S.STRUCTS.items():
+    structs = dict(S.STRUCTS, **SV.STRUCTS)
+    for name, cls in structs.items():
         lines.append('printf("%s %%zu\\n", sizeof(%s));' % (name, name))
         for field, _ in cls._fields_:
             lines.append('printf("%s.%s %%zu\\n", offsetof(%s, %s));' % (name, field, name, field))
@@ -220,7 +222,7 @@ def test_struct_layouts_match_header(tmp_path):
     out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     c_layout = dict((k, int(v)) for k, v in (line.split() for line in out.splitlines()))
     bad = []
-    for name, cls in S.STRUCTS.items():
+    for name, cls in structs.items():
         if ctypes.sizeof(cls) != c_layout[name]:
             bad.append("sizeof(%s): C %d, ctypes %d" % (name, c_layout[name], ctypes.sizeof(cls)))
         for field, _ in cls._fields_:
