@@ -95,6 +95,29 @@ def test_bsr_gqa_dtypes_and_cap(rng, dtype):
     _run_case(rng, 33, 33, 1, 1, hq=4, hkv=1, d=8, density=1.0, causal=True, dtype=dtype, return_lse=False)
 
 
+@pytest.mark.parametrize("o_name", ["bfloat16", "float32", "float16"])
+def test_bsr_numpy_bfloat16(rng, o_name):
+    """bfloat16 q/k/v as ml_dtypes NumPy arrays, each output dtype (o_data_type)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="NumPy bfloat16 needs ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    M, N, R, C, hq, hkv, d = 29, 48, 4, 8, 4, 2, 32
+    indptr, indices = _bsr(rng, M, N, R, C, 0.6)
+    q = rng.standard_normal((M, hq, d)).astype(bf16)
+    k = rng.standard_normal((N, hkv, d)).astype(bf16)
+    v = rng.standard_normal((N, hkv, d)).astype(bf16)
+    w = kvattn.BlockSparseAttentionWrapper(workspace())
+    w.plan(indptr, indices, M, N, R, C, hq, hkv, d, causal=True, q_data_type="bfloat16", o_data_type=o_name)
+    o, lse = w.run(q, k, v, return_lse=True)
+    assert o.dtype.name == o_name and lse.dtype == np.float32
+    ro, rl = attention(q, k, v, mask=_dense_visible(indptr, indices, M, N, R, C, causal=True))
+    assert_close(o, ro, *TOL["bfloat16"], what="o")
+    assert_close(lse, rl, 2e-3, 1e-4, what="lse")
+    with pytest.raises(kvattn.PlanMismatchError, match="kv_data_type"):
+        w.run(q, k.astype(np.float32), v)
+    with pytest.raises(kvattn.PlanMismatchError, match="float32"):
+        w.run(q, k, v, lse=np.zeros((M, hq), np.float16))
+
+
 def test_flashinfer_docstring_example():
     """The example of FlashInfer's docstring: 3x3 BSR with R = C = 1 equals dense attention with the mask."""
     rng = np.random.default_rng(0)
