@@ -285,7 +285,7 @@ class BlockSparseAttentionWrapper:
         if N % C_:
             raise ValueError("kvattn: N=%d must be a multiple of C=%d" % (N, C_))
         MB = (M + R - 1) // R
-        h_indptr = T.host_int32(indptr, "indptr")
+        h_indptr = np.array(T.host_int32(indptr, "indptr"), copy=True)
         if h_indptr.size != MB + 1:
             raise ValueError("kvattn: indptr has %d elements; M=%d rows in blocks of R=%d need MB + 1 = %d"
                              % (h_indptr.size, M, R, MB + 1))
@@ -293,7 +293,8 @@ class BlockSparseAttentionWrapper:
         h_indices = T.host_int32(indices, "indices")
         if h_indices.size < nnz:
             raise ValueError("kvattn: indices has %d elements but indptr[-1] = %d" % (h_indices.size, nnz))
-        h_indices = np.ascontiguousarray(h_indices[:nnz])
+        # an owned copy: on the CPU backend run() reads it, so later writes to the caller's array must not reach it
+        h_indices = np.array(h_indices[:nnz], dtype=np.int32, copy=True, order="C")
         emask = None
         if packed_mask is not None:
             emask = _unpack_bsr_mask(_to_host_u8(packed_mask, "packed_mask"), h_indptr, M, R, C_)
