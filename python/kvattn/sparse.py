@@ -18,6 +18,16 @@ Semantics follow FlashInfer where FlashInfer defines them:
 * ``o_data_type`` defaults to float16 as in FlashInfer; pass it for float32 / bfloat16 outputs.
 * Rows that see no key get ``o = 0`` and ``lse = -inf``; ``lse`` is base 2.
 
+Arrays: NumPy arrays and torch CPU tensors run on the CPU backend, torch CUDA tensors on the CUDA backend of
+their device, on torch's current stream (the wrapper's workspace decides; q/k/v/out/lse must be on the same
+device). ``plan()`` reads ``indptr`` / ``indices`` / ``mask`` / ``packed_mask`` on the host (device tensors are
+copied to the host, which synchronises, as FlashInfer's plan does) and keeps its own backend copies of the
+column-block ids and the packed mask, so the caller may free or overwrite its arrays after ``plan()``.
+``run()`` never synchronises and allocates only ``out`` / ``lse`` when they are not given; it can be captured
+into a CUDA graph (the replay runs the plan that was current at capture: capture again after a new
+``plan()``; the backend arrays a capture reads stay alive with the wrapper). ``run()`` is not traceable by
+torch.compile (no custom op is registered for it).
+
 Not supported: fused positional encodings (``pos_encoding_mode`` other than ``"NONE"``), per-head fp8 scales
 (``scale_q/k/v``), ``use_fp16_qk_reduction``, the VSA / cake backends' ``block_mask`` arguments.
 ``VariableBlockSparseAttentionWrapper`` (variable block sizes per KV head) is in ``sparse_variable.py`` and
@@ -37,6 +47,7 @@ from . import _context as CX
 from . import _core
 from . import _ffi as F
 from . import _tensor as T
+from . import _torch_ops
 from .exceptions import PlanMismatchError
 
 __all__ = ["BlockSparseAttentionWrapper", "VariableBlockSparseAttentionWrapper"]
@@ -137,8 +148,12 @@ def _lib() -> ctypes.CDLL:
 
 
 def _to_host_bool(x: Any, what: str) -> np.ndarray:
+    """A host bool copy-or-view of an element mask (torch device tensors are copied to the host at plan time)."""
     if T.is_torch(x):
-        x = x.detach().cpu().numpy()
+        t = T._torch()
+        if x.dtype.is_floating_point or x.dtype.is_complex:
+            raise TypeError("kvattn: %s must be a bool (or integer) tensor, got %s" % (what, x.dtype))
+        x = x.detach().to(device="cpu", dtype=t.bool).numpy()
     a = np.asarray(x)
     if a.dtype != np.bool_:
         if a.dtype.kind not in "biu":
@@ -148,7 +163,10 @@ def _to_host_bool(x: Any, what: str) -> np.ndarray:
 
 
 def _to_host_u8(x: Any, what: str) -> np.ndarray:
+    """A host uint8 copy-or-view of a packed mask (torch device tensors are copied to the host at plan time)."""
     if T.is_torch(x):
+        if x.dtype != T._torch().uint8:
+            raise TypeError("kvattn: %s must be a 1-D uint8 tensor, got %s %s" % (what, x.dtype, tuple(x.shape)))
         x = x.detach().cpu().numpy()
     a = np.asarray(x)
     if a.dtype != np.uint8 or a.ndim != 1:
@@ -179,6 +197,7 @@ def _unpack_bsr_mask(packed: np.ndarray, indptr: np.ndarray, M: int, R: int, C: 
 
 
 def _backend_u8(a: np.ndarray, dev: T.DeviceKey) -> Any:
+    """The packed mask in backend memory (CUDA: a device copy made on the current stream; plan time only)."""
     if dev[0] == "cpu":
         return a
     t = T._torch()
@@ -196,10 +215,11 @@ class _BsrState:
         self.M = self.N = self.R = self.C = 0
         self.num_qo_heads = self.num_kv_heads = self.head_dim = 0
         self.q_dtype = self.kv_dtype = self.o_dtype = F.KVA_DTYPE_F16
-        self.indices: Any = None
-        self.mask: Any = None
+        self.indices: Any = None  # backend copy of the column-block ids (kva_bsr_run_args.indices)
+        self.mask: Any = None  # backend copy of the packed mask (kva_bsr_run_args.packed_mask)
         self.mask_bytes = 0
-        self.keep: Tuple[Any, ...] = ()
+        self.stream: Optional[int] = None  # the stream plan() allocated `indices` / `mask` on (CUDA)
+        self.keep: Tuple[Any, ...] = ()  # host arrays the C plan was made from
 
 
 # --------------------------------------------------------------------------------------------------
@@ -217,6 +237,9 @@ class BlockSparseAttentionWrapper:
         self._dev = self._ws.dev
         self._backend = backend
         self._state: Optional[_BsrState] = None
+        # Backend arrays read by runs captured into CUDA graphs: a graph replays the pointers it captured, so
+        # they stay alive as long as the wrapper (replaying a capture after a later plan() is not supported).
+        self._captured: list = []
         self.M: Optional[int] = None
         self.N: Optional[int] = None
         self.R: Optional[int] = None
@@ -267,7 +290,7 @@ class BlockSparseAttentionWrapper:
         if N % C_:
             raise ValueError("kvattn: N=%d must be a multiple of C=%d" % (N, C_))
         MB = (M + R - 1) // R
-        h_indptr = T.host_int32(indptr, "indptr")
+        h_indptr = np.array(T.host_int32(indptr, "indptr"), copy=True)
         if h_indptr.size != MB + 1:
             raise ValueError("kvattn: indptr has %d elements; M=%d rows in blocks of R=%d need MB + 1 = %d"
                              % (h_indptr.size, M, R, MB + 1))
@@ -275,7 +298,8 @@ class BlockSparseAttentionWrapper:
         h_indices = T.host_int32(indices, "indices")
         if h_indices.size < nnz:
             raise ValueError("kvattn: indices has %d elements but indptr[-1] = %d" % (h_indices.size, nnz))
-        h_indices = np.ascontiguousarray(h_indices[:nnz])
+        # an owned copy: on the CPU backend run() reads it, so later writes to the caller's array must not reach it
+        h_indices = np.array(h_indices[:nnz], dtype=np.int32, copy=True, order="C")
         emask = None
         if packed_mask is not None:
             emask = _unpack_bsr_mask(_to_host_u8(packed_mask, "packed_mask"), h_indptr, M, R, C_)
@@ -330,6 +354,7 @@ class BlockSparseAttentionWrapper:
                                       ctypes.byref(st.plan), CX.current_stream(self._dev)),
                 "BlockSparseAttentionWrapper.plan")
         st.ws, st.ctx, st.dev = wss, ctx, self._dev
+        st.stream = CX.current_stream(self._dev)
         st.M, st.N, st.R, st.C = M, N, R, C_
         st.num_qo_heads, st.num_kv_heads, st.head_dim = int(num_qo_heads), int(num_kv_heads), head_dim
         st.q_dtype, st.kv_dtype, st.o_dtype = dtypes
@@ -339,6 +364,10 @@ class BlockSparseAttentionWrapper:
 
     begin_forward = plan
 
+    _DTYPE_HINT = {"q": "pass q_data_type to plan()", "k": "pass kv_data_type to plan()",
+                   "v": "pass kv_data_type to plan()", "out": "pass o_data_type to plan()",
+                   "lse": "lse is always float32"}
+
     def _check(self, st: _BsrState, x: Any, what: str, dtype: int, shape: Tuple[int, ...]) -> None:
         if not (T.is_torch(x) or isinstance(x, np.ndarray)):
             raise TypeError("kvattn: %s must be a NumPy array or a torch tensor, got %s" % (what, type(x).__name__))
@@ -347,13 +376,28 @@ class BlockSparseAttentionWrapper:
                              % (what, T.device_str(T.device_of(x)), T.device_str(st.dev)))
         code = T.dtype_of(x, what)
         if code != dtype:
-            raise PlanMismatchError("kvattn: %s has dtype %s but the plan expects %s (pass %s to plan())" % (
-                what, T.dtype_name(code), T.dtype_name(dtype),
-                "q_data_type" if what == "q" else "o_data_type" if what == "out" else "kv_data_type"))
+            raise PlanMismatchError("kvattn: %s has dtype %s but the plan expects %s (%s)" % (
+                what, T.dtype_name(code), T.dtype_name(dtype), self._DTYPE_HINT[what]))
         if tuple(int(s) for s in x.shape) != shape:
             raise PlanMismatchError("kvattn: %s has shape %s but the plan expects %s"
                                     % (what, tuple(int(s) for s in x.shape), shape))
         T.check_last_contiguous(x, what)
+
+    def _guard_backend_arrays(self, st: _BsrState, stream: Optional[int]) -> None:
+        """Keep the plan's backend arrays valid for the stream this run is enqueued on (CUDA)."""
+        arrays = [a for a in (st.indices, st.mask) if a is not None and T.is_torch(a)]
+        if not arrays:
+            return
+        if CX.is_capturing(st.dev):
+            if not any(k[0] is st for k in self._captured):
+                self._captured.append((st, arrays))
+        elif stream != st.stream:
+            # torch's caching allocator must not hand this memory out again (after a re-plan frees it) before
+            # the run on this other stream has finished.
+            t = T._torch()
+            cur = t.cuda.current_stream(st.dev[1])
+            for a in arrays:
+                a.record_stream(cur)
 
     def run(self, q: Any, k: Any, v: Any, scale_q: Any = None, scale_k: Any = None, scale_v: Any = None,
             out: Any = None, lse: Any = None, return_lse: bool = False, enable_pdl: Optional[bool] = None) -> Any:
@@ -362,7 +406,12 @@ class BlockSparseAttentionWrapper:
         _core.reject(scale_q=scale_q, scale_k=scale_k, scale_v=scale_v)
         st = self._state
         if st is None:
-            raise RuntimeError("kvattn: BlockSparseAttentionWrapper.run() called before plan()")
+            raise RuntimeError("kvattn: BlockSparseAttentionWrapper.run() called before plan() (or after "
+                               "reset_workspace_buffer())")
+        if T.is_torch(q) and _torch_ops.is_compiling():
+            raise NotImplementedError("kvattn: BlockSparseAttentionWrapper.run is not traceable by torch.compile "
+                                      "(it registers no custom op); call it outside the compiled region, e.g. "
+                                      "through a torch.compiler.disable'd function")
         self._check(st, q, "q", st.q_dtype, (st.M, st.num_qo_heads, st.head_dim))
         self._check(st, k, "k", st.kv_dtype, (st.N, st.num_kv_heads, st.head_dim))
         self._check(st, v, "v", st.kv_dtype, (st.N, st.num_kv_heads, st.head_dim))
@@ -389,6 +438,7 @@ class BlockSparseAttentionWrapper:
             a.packed_mask = T.data_ptr(st.mask) or None
             a.packed_mask_bytes = st.mask_bytes
         a.stream = CX.current_stream(st.dev)
+        self._guard_backend_arrays(st, a.stream)
         F.check(lib.kva_bsr_run(st.ctx, ctypes.byref(st.plan), ctypes.byref(st.ws), ctypes.byref(a)),
                 "BlockSparseAttentionWrapper.run")
         return (out, lse) if return_lse else out

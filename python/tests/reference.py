@@ -117,6 +117,45 @@ def merge(v_a, s_a, v_b, s_b):
     return v, s
 
 
+# ---- block-sparse (BSR) helpers: a random structure, its dense visibility, FlashInfer's packed mask ----
+
+def bsr_random(rng, M, N, R, C, density):
+    """Random BSR structure: indptr [MB+1], indices (shuffled within each row)."""
+    MB, NB = (M + R - 1) // R, N // C
+    indptr, indices = [0], []
+    for _ in range(MB):
+        cols = [int(j) for j in rng.permutation(NB) if rng.random() < density]
+        indices += cols
+        indptr.append(len(indices))
+    return np.array(indptr, dtype=np.int32), np.array(indices, dtype=np.int32)
+
+
+def bsr_dense_visible(indptr, indices, M, N, R, C, mask=None, causal=False):
+    vis = np.zeros((M, N), dtype=bool)
+    for b in range(len(indptr) - 1):
+        for e in range(indptr[b], indptr[b + 1]):
+            rows = min(R, M - b * R)
+            blk = np.ones((rows, C), dtype=bool) if mask is None else mask[e, :rows]
+            vis[b * R:b * R + rows, indices[e] * C:(indices[e] + 1) * C] = blk
+    if causal:
+        i = np.arange(M)[:, None]
+        j = np.arange(N)[None, :]
+        vis &= j <= i + (N - M)
+    return vis
+
+
+def bsr_packed_mask(mask, indptr, M, R, C):
+    """FlashInfer's packed_mask: per block row mask[e0:e1].transpose(1, 0, 2) (rows truncated to M), flattened and
+    packed little-endian into its own byte-aligned segment."""
+    segs = []
+    for b in range(len(indptr) - 1):
+        e0, e1 = indptr[b], indptr[b + 1]
+        rows = min(R, M - b * R)
+        flat = mask[e0:e1, :rows].transpose(1, 0, 2).reshape(-1)
+        segs.append(np.packbits(flat.astype(np.uint8), bitorder="little"))
+    return np.concatenate(segs) if segs else np.zeros(0, np.uint8)
+
+
 def assert_close(actual, expected, atol, rtol, what=""):
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)

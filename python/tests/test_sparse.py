@@ -15,46 +15,12 @@ from kvattn import sparse as S
 from kvattn import sparse_variable as SV
 from conftest import workspace
 from reference import TOL, assert_close, attention
+from reference import bsr_dense_visible as _dense_visible
+from reference import bsr_packed_mask as _packed_flashinfer_layout
+from reference import bsr_random as _bsr
 
 REPO = Path(__file__).resolve().parents[2]
 HEADER_DIR = REPO / "include"
-
-
-def _bsr(rng, M, N, R, C, density):
-    """Random BSR structure: indptr [MB+1], indices (shuffled within each row)."""
-    MB, NB = (M + R - 1) // R, N // C
-    indptr, indices = [0], []
-    for _ in range(MB):
-        cols = [int(j) for j in rng.permutation(NB) if rng.random() < density]
-        indices += cols
-        indptr.append(len(indices))
-    return np.array(indptr, dtype=np.int32), np.array(indices, dtype=np.int32)
-
-
-def _dense_visible(indptr, indices, M, N, R, C, mask=None, causal=False):
-    vis = np.zeros((M, N), dtype=bool)
-    for b in range(len(indptr) - 1):
-        for e in range(indptr[b], indptr[b + 1]):
-            rows = min(R, M - b * R)
-            blk = np.ones((rows, C), dtype=bool) if mask is None else mask[e, :rows]
-            vis[b * R:b * R + rows, indices[e] * C:(indices[e] + 1) * C] = blk
-    if causal:
-        i = np.arange(M)[:, None]
-        j = np.arange(N)[None, :]
-        vis &= j <= i + (N - M)
-    return vis
-
-
-def _packed_flashinfer_layout(mask, indptr, M, R, C):
-    """FlashInfer's packed_mask: per block row mask[e0:e1].transpose(1, 0, 2) (rows truncated to M), flattened and
-    packed little-endian into its own byte-aligned segment."""
-    segs = []
-    for b in range(len(indptr) - 1):
-        e0, e1 = indptr[b], indptr[b + 1]
-        rows = min(R, M - b * R)
-        flat = mask[e0:e1, :rows].transpose(1, 0, 2).reshape(-1)
-        segs.append(np.packbits(flat.astype(np.uint8), bitorder="little"))
-    return np.concatenate(segs) if segs else np.zeros(0, np.uint8)
 
 
 def _run_case(rng, M, N, R, C, hq=4, hkv=2, d=16, density=0.5, use_mask=False, causal=False, dtype=np.float32,
@@ -94,6 +60,29 @@ def test_bsr_matches_dense(rng, R, C, use_mask, causal):
 def test_bsr_gqa_dtypes_and_cap(rng, dtype):
     _run_case(rng, 45, 64, 5, 4, hq=8, hkv=2, d=32, density=0.6, dtype=dtype, cap=5.0)
     _run_case(rng, 33, 33, 1, 1, hq=4, hkv=1, d=8, density=1.0, causal=True, dtype=dtype, return_lse=False)
+
+
+@pytest.mark.parametrize("o_name", ["bfloat16", "float32", "float16"])
+def test_bsr_numpy_bfloat16(rng, o_name):
+    """bfloat16 q/k/v as ml_dtypes NumPy arrays, each output dtype (o_data_type)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes", reason="NumPy bfloat16 needs ml_dtypes")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    M, N, R, C, hq, hkv, d = 29, 48, 4, 8, 4, 2, 32
+    indptr, indices = _bsr(rng, M, N, R, C, 0.6)
+    q = rng.standard_normal((M, hq, d)).astype(bf16)
+    k = rng.standard_normal((N, hkv, d)).astype(bf16)
+    v = rng.standard_normal((N, hkv, d)).astype(bf16)
+    w = kvattn.BlockSparseAttentionWrapper(workspace())
+    w.plan(indptr, indices, M, N, R, C, hq, hkv, d, causal=True, q_data_type="bfloat16", o_data_type=o_name)
+    o, lse = w.run(q, k, v, return_lse=True)
+    assert o.dtype.name == o_name and lse.dtype == np.float32
+    ro, rl = attention(q, k, v, mask=_dense_visible(indptr, indices, M, N, R, C, causal=True))
+    assert_close(o, ro, *TOL["bfloat16"], what="o")
+    assert_close(lse, rl, 2e-3, 1e-4, what="lse")
+    with pytest.raises(kvattn.PlanMismatchError, match="kv_data_type"):
+        w.run(q, k.astype(np.float32), v)
+    with pytest.raises(kvattn.PlanMismatchError, match="float32"):
+        w.run(q, k, v, lse=np.zeros((M, hq), np.float16))
 
 
 def test_flashinfer_docstring_example():
@@ -154,6 +143,23 @@ def test_empty_rows_out_and_lse_buffers(rng):
     ro, rl = attention(q, k, v, mask=_dense_visible(indptr, indices, M, N, R, C))
     assert_close(out, ro, *TOL["float32"], what="o")
     assert_close(lse, rl, 2e-3, 1e-4, what="lse")
+
+
+def test_plan_owns_its_index_and_mask_copies(rng):
+    """Overwriting the caller's indptr / indices / mask after plan() does not change what run() computes."""
+    M, N, R, C = 24, 64, 4, 8
+    indptr, indices = _bsr(rng, M, N, R, C, 0.5)
+    mask = rng.random((int(indptr[-1]), R, C)) < 0.6
+    q = rng.standard_normal((M, 2, 16)).astype(np.float32)
+    k = rng.standard_normal((N, 2, 16)).astype(np.float32)
+    v = rng.standard_normal((N, 2, 16)).astype(np.float32)
+    ro, _ = attention(q, k, v, mask=_dense_visible(indptr, indices, M, N, R, C, mask))
+    w = kvattn.BlockSparseAttentionWrapper(workspace())
+    w.plan(indptr, indices, M, N, R, C, 2, 2, 16, mask=mask, q_data_type="float32", o_data_type="float32")
+    indices[:] = (indices + 1) % (N // C)
+    indptr[1:] = indptr[-1]
+    mask[:] = ~mask
+    assert_close(w.run(q, k, v), ro, *TOL["float32"], what="o")
 
 
 def test_default_output_dtype_is_float16(rng):
