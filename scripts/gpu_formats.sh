@@ -44,9 +44,19 @@ if [ "${FORMATS_BENCH:-1}" != 0 ]; then
     timeout 400 "$BUILD/kva_bench_formats" ${FORMATS_BENCH_ARGS:-} --csv "$OUT/formats.csv" 2>&1 | tee "$OUT/bench_formats.log"
     summary+=("kva_bench_formats: rc=${PIPESTATUS[0]}")
 fi
+if [ "${FORMATS_PYTEST:-1}" != 0 ] && python3 -c 'import torch, pytest' 2>/dev/null; then
+    echo "== python tests of the block-sparse wrappers (torch CUDA + NumPy)"
+    PYTHONPATH=$PWD/python KVATTN_LIBRARY=$PWD/$BUILD/libkvattn.so timeout 300 python3 -m pytest -q \
+        python/tests/test_sparse_torch.py python/tests/test_sparse_variable.py python/tests/test_sparse.py \
+        > "$OUT/pytest_sparse.log" 2>&1
+    rc=$?
+    tail -15 "$OUT/pytest_sparse.log"
+    summary+=("pytest sparse (torch cuda): rc=$rc $(tail -1 "$OUT/pytest_sparse.log")")
+fi
 if [ "${FORMATS_PEERS:-1}" != 0 ] && [ -f bench/peers_formats.py ] && python3 -c 'import torch' 2>/dev/null; then
     echo "== peers_formats.py"
-    timeout 400 python3 bench/peers_formats.py ${FORMATS_PEERS_ARGS:-} --out "$OUT/peers_formats.md" 2>&1 | tail -60
+    KVATTN_LIBRARY=$PWD/$BUILD/libkvattn.so PYTHONPATH=$PWD/python timeout 480 python3 bench/peers_formats.py \
+        ${FORMATS_PEERS_ARGS:-} --out "$OUT/peers_formats.md" --csv "$OUT/peers_formats.csv" 2>&1 | tail -60
     summary+=("peers_formats.py: rc=${PIPESTATUS[0]}")
 fi
 echo "== summary (commit $commit, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
