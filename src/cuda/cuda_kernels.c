@@ -69,7 +69,12 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
        they run on the CUDA-core kernel below. */
     const bool pf_fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
     const bool pf_ok = d->pos_encoding != KVA_POS_ROPE_LLAMA && (pf_fp8 || d->q_dtype == d->kv_dtype);
-    if (pf_ok && (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d))) {
+    /* Prefill ops whose requests pack at most 8 rows per KV head (multi-token decode, block-sparse decode with
+       one-row blocks) run on the decode families: an MMA tile of 16+ rows would be mostly padding. The planner
+       passes max_packed (graph mode: from the bounds); finish_plan passes the tile it chose (<= 8 only here). */
+    const bool few_rows = op != KVA_OP_BATCH_DECODE && !kva__cuda_prefill_prefer_for_decode(d) &&
+                          ((tile_q > 0 && tile_q <= 8) || (tile_q <= 0 && max_packed >= 1 && max_packed <= 8));
+    if (pf_ok && !few_rows && (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d))) {
         int32_t t = tile_q > 0 ? tile_q : kva__cuda_prefill_tile_q(d, op, avg_packed, max_packed, max_smem_optin);
         if (t > 0 && kva__cuda_prefill_supported(d, op, t, max_smem_optin, NULL, 0)) {
             kva__kchoice c;

@@ -223,9 +223,16 @@ static void test_select(void) {
     CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_PAGED, 0, 100, &c) == KVA_OK && c.tile_q == 128 &&
               c.key.family == KVA__KF_PREFILL && c.key.rows == 128,
           "prefill tile 128 (tensor-core attention)");
-    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_RAGGED, 0, 3, &c) == KVA_OK && c.tile_q == 16 &&
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_RAGGED, 0, 12, &c) == KVA_OK && c.tile_q == 16 &&
               c.key.family == KVA__KF_PREFILL,
           "ragged tile 16 (tensor-core attention)");
+    /* at most 8 packed rows per request (multi-token decode, one-row sparse blocks): the decode families, and
+       finish_plan (which passes the chosen tile) agrees */
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_RAGGED, 0, 3, &c) == KVA_OK && c.tile_q == 3 &&
+              c.key.family == KVA__KF_DECODE_TC,
+          "ragged with 3 packed rows: decode family (tile %d, family %d)", c.tile_q, (int)c.key.family);
+    CHECK(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_PAGED, 3, 0, &c) == KVA_OK && c.key.family == KVA__KF_DECODE_TC,
+          "finish_plan with tile 3: decode family");
     /* a device with too little shared memory for any tensor-core attention tile (99 KB, head dim 256) falls back
        to the decode families, both when choosing the tile and when planning with the chosen one */
     kva_attention_desc_init(&d, 16, 16, 256, KVA_DTYPE_BF16);
