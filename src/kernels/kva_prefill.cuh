@@ -360,8 +360,30 @@ KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item,
         c->req = item.req;
         c->rows = item.rows;
         c->partial = item.partial;
-        c->fault = 0; /* no thread writes it before the mainloop's first barrier */
+        c->fault = 0; /* no thread writes it before the next barrier (kvp_check_request or the mainloop's first) */
     }
+}
+
+/* ---------------------------------------------------------------------------------------------- */
+/* Request-wide page check: every item of a request checks the request's whole page table (coalesced, a few
+   loads per thread), so a request with any out-of-range page is faulted in every one of its tiles and KV heads
+   (o = 0, lse = -inf for all its rows), not only in the tiles whose KV range reaches the bad page. Called after
+   the barrier that follows kvp_rows (the context's fault flag is initialised there). */
+
+KVA_DEV void KVP_FN(kvp_check_request)(const kvk_attn_params p, const kvk_request rq, char* smem) {
+    if (KVP_NOCHK || (p.flags & KVK_FLAG_RAGGED) || rq.kv_len <= 0) return;
+    const int n = (int)kva_fastdiv((unsigned)(rq.kv_len - 1), p.ps_mul, p.ps_shift) + 1;
+    const kvk_i32* const pidx = p.indices + rq.kv_start;
+    int bad = 0;
+    for (int e = threadIdx.x; e < n; e += KVK_PF_THREADS) {
+        const int pg = pidx[e];
+        if ((unsigned long long)(unsigned)pg >= (unsigned long long)p.num_pages) {
+            atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
+                      ~(((unsigned long long)(unsigned)KVP_S_CTX(smem)->req << 32) | (unsigned long long)(unsigned)pg));
+            bad = 1;
+        }
+    }
+    if (bad) atomicOr(&KVP_S_CTX(smem)->fault, 1);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1040,6 +1062,12 @@ extern "C" __global__ void __launch_bounds__(KVK_PF_THREADS, 2) KVA_KERNEL_NAME(
         const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
         const kvk_request rq = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * item.req);
         KVP_FN(kvp_rows)(p, item, rq, kvp_smem);
+#if !KVP_NOCHK
+        if (!(p.flags & KVK_FLAG_RAGGED)) {
+            __syncthreads(); /* the context (fault flag, req) is written */
+            KVP_FN(kvp_check_request)(p, rq, kvp_smem);
+        }
+#endif
         KVP_FN(kvp_mainloop_mma)(p, item, kvp_smem);
         __syncthreads(); /* publishes the staging area and the fault flag */
         const int faulted = KVP_S_CTX(kvp_smem)->fault;
