@@ -72,9 +72,6 @@ void kva__fastdiv_magic(int32_t d, uint32_t* mul, uint32_t* shift);
 /* The cache identity of a key for an arch (hash of sources, options, NVRTC version, arch, library version) */
 kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, size_t ident_size, char* hash_hex,
                              size_t hash_size);
-/* Resolve the cache directory (ctx option, $KVATTN_CACHE_DIR, $XDG_CACHE_HOME/kvattn, ~/.cache/kvattn); creates
- * it 0700. Returns 0 when no safe directory is available (then nothing is cached). */
-int kva__jit_cache_dir(const char* configured, char* out, size_t size);
 /* Compile through the disk cache: a hit loads the cubin; a miss logs "compiling <key>..." (when ctx != NULL),
  * compiles and stores atomically. *cubin is malloc'd. */
 kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const kva__kkey* k, const char* arch,

@@ -342,16 +342,6 @@ kva_status kva__jit_compile(const kva__kkey* k, const char* arch, const char* ex
     return KVA_OK;
 }
 
-/* FNV-1a, 64-bit, two seeds for a 128-bit name */
-static uint64_t kva__fnv(uint64_t h, const void* data, size_t n) {
-    const unsigned char* p = (const unsigned char*)data;
-    for (size_t i = 0; i < n; ++i) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, size_t ident_size, char* hash_hex,
                              size_t hash_size) {
     const kva__nvrtc_api* nv = kva__nvrtc_load();
@@ -381,46 +371,6 @@ kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, 
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Disk cache                                                                                      */
-
-static int kva__dir_safe(const char* path) {
-    struct stat sb;
-    if (stat(path, &sb) != 0) return 0;
-    if (!S_ISDIR(sb.st_mode)) return 0;
-    if (sb.st_uid != geteuid()) return 0;
-    if (sb.st_mode & (S_IWGRP | S_IWOTH)) return 0;
-    return 1;
-}
-
-static int kva__mkdirs(const char* path) {
-    char tmp[1024];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof tmp) return 0;
-    memcpy(tmp, path, n + 1);
-    for (size_t i = 1; i <= n; ++i) {
-        if (tmp[i] == '/' || tmp[i] == '\0') {
-            char c = tmp[i];
-            tmp[i] = '\0';
-            if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return 0;
-            tmp[i] = c;
-        }
-    }
-    return 1;
-}
-
-int kva__jit_cache_dir(const char* configured, char* out, size_t size) {
-    char path[1024];
-    path[0] = '\0';
-    const char* env;
-    if (configured && *configured) snprintf(path, sizeof path, "%s", configured);
-    else if ((env = getenv("KVATTN_CACHE_DIR")) && *env) snprintf(path, sizeof path, "%s", env);
-    else if ((env = getenv("XDG_CACHE_HOME")) && *env) snprintf(path, sizeof path, "%s/kvattn", env);
-    else if ((env = getenv("HOME")) && *env) snprintf(path, sizeof path, "%s/.cache/kvattn", env);
-    if (!path[0]) return 0;
-    if (!kva__mkdirs(path)) return 0;
-    if (!kva__dir_safe(path)) return 0;
-    snprintf(out, size, "%s", path);
-    return 1;
-}
 
 #define KVA__CACHE_MAGIC "KVACUBN1"
 
