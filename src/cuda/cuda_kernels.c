@@ -4,6 +4,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,13 +64,20 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
                   "CUDA backend: %d query heads are not a multiple of %d KV heads", (int)d->num_qo_heads,
                   (int)d->num_kv_heads);
     const int32_t g = d->num_qo_heads / d->num_kv_heads;
+    /* User variants run on the CUDA-core kernel (kva_decode.cuh), which has their hook sites, for every op. */
+    const kva_variant* var = d->variant;
+    KVA_RETURN_IF(var && !var->cuda_src, KVA_ERR_INVALID_ARGUMENT,
+                  "CUDA backend (%s): desc->variant %s was not compiled for the CUDA backend", kva__op_str(op),
+                  var->name);
+    KVA_RETURN_IF(var && d->pos_encoding == KVA_POS_ROPE_LLAMA, KVA_ERR_UNSUPPORTED,
+                  "CUDA backend (%s): a variant with fused RoPE is not supported", kva__op_str(op));
     /* the tensor-core attention family: prefill ops, and decode with GQA groups above 8 */
     /* Not (yet) for fused RoPE or q/KV of different 16-bit dtypes: those round q to 16 bits before the MMA
        (RoPE'd q in shared memory, q converted to the KV dtype) and missed the lse tolerance in the GPU suite;
        they run on the CUDA-core kernel below. */
     const bool pf_fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
     const bool pf_ok = d->pos_encoding != KVA_POS_ROPE_LLAMA && (pf_fp8 || d->q_dtype == d->kv_dtype);
-    if (pf_ok && (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d))) {
+    if (!var && pf_ok && (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d))) {
         int32_t t = tile_q > 0 ? tile_q : kva__cuda_prefill_tile_q(d, op, avg_packed, max_packed, max_smem_optin);
         if (t > 0 && kva__cuda_prefill_supported(d, op, t, max_smem_optin, NULL, 0)) {
             kva__kchoice c;
@@ -107,7 +115,7 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
        different dtypes, or fp8 KV at head dims 64 and 256 (256: no registers left for the conversions on sm_80);
        those run on the CUDA-core kernel (kva_decode.cuh). */
     const bool fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
-    const bool tc = !c.key.rope && ((!fp8 && d->q_dtype == d->kv_dtype) || (fp8 && d->head_dim_qk == 128));
+    const bool tc = !var && !c.key.rope && ((!fp8 && d->q_dtype == d->kv_dtype) || (fp8 && d->head_dim_qk == 128));
     if (tc) {
         c.key.family = KVA__KF_DECODE_TC;
         c.key.rope = 0;
@@ -115,6 +123,11 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
     } else {
         c.key.family = KVA__KF_DECODE;
         c.smem = (size_t)KVK_DEC_SMEM(c.key.dqk, c.key.dvo, KVK_DEC_ES(c.key.kt), c.key.rows);
+    }
+    if (var) {
+        c.key.var_hooks = (int32_t)var->hooks | (var->use_softmax ? 0x100 : 0);
+        c.key.var_hash = var->hash;
+        c.key.var_src = var->cuda_src;
     }
     if (out) *out = c;
     return KVA_OK;
@@ -171,9 +184,16 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
     else if (k->family == KVA__KF_DECODE_TC)
         snprintf(buf, size, "kva_tc_d%d_q%s_kv%s_o%s_r%d%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (k->nochk & 1) ? "_nochk" : "", (k->nochk & 2) ? "_trace" : "");
+    else if (k->var_hash)
+        snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, (unsigned long long)k->var_hash, (k->nochk & 1) ? "_nochk" : "");
     else
         snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_rope%d%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (int)k->rope, (k->nochk & 1) ? "_nochk" : "");
+}
+
+int kva__kkey_eq(const kva__kkey* a, const kva__kkey* b) {
+    return memcmp(a, b, offsetof(kva__kkey, var_src)) == 0;
 }
 
 int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
@@ -192,6 +212,7 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     int n = 8;
     if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1");
     if ((k->nochk & 2) && max > n) snprintf(defs[n++], 128, "-DKVA_TC_TRACE=1");
+    if (k->var_hash && max > n) snprintf(defs[n++], 128, "-DKVA_VMERGE_NAME=%s_merge", name);
     return n;
 }
 
@@ -199,7 +220,70 @@ const char* kva__kkey_source(const kva__kkey* k) {
     if (k->family == KVA__KF_UTIL) return "#include \"kva_util.cuh\"\n";
     if (k->family == KVA__KF_DECODE_TC) return "#include \"kva_decode_tc.cuh\"\n";
     if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_source();
+    if (k->var_hash && k->var_src) return k->var_src;
     return "#include \"kva_decode.cuh\"\n";
+}
+
+char* kva__cuda_variant_source(const kva_variant* v, int check_only) {
+    const char* pre = kva__variant_prelude(1);
+    char head[512];
+    snprintf(head, sizeof head,
+             "/* kvattn user variant %s */\n#define KVA_VARIANT 1\n#define KVA_VAR_HOOKS %u\n#define KVA_VAR_SOFTMAX %d\n"
+             "#define KVA_VARIANT_CHECK %d\n",
+             v->name, (unsigned)v->hooks, v->use_softmax ? 1 : 0, check_only ? 1 : 0);
+    char line[160];
+    snprintf(line, sizeof line, "#line 1 \"%s.hooks.cu\"\n", v->name);
+    const char* tail = check_only ? "\n#line 1 \"kvattn-variant-kernels\"\n#include \"kva_variant.cuh\"\n"
+                                  : "\n#line 1 \"kvattn-variant-kernels\"\n#include \"kva_decode.cuh\"\n"
+                                    "#include \"kva_variant.cuh\"\n";
+    size_t n = strlen(head) + strlen(pre) + strlen(line) + strlen(v->source) + strlen(tail) + 1;
+    char* s = (char*)malloc(n);
+    if (!s) return NULL;
+    snprintf(s, n, "%s%s%s%s%s", head, pre, line, v->source, tail);
+    return s;
+}
+
+kva_status kva__cuda_variant_check_compile(const kva_variant* v, const char* arch) {
+    const kva__nvrtc_api* nv = kva__nvrtc_load();
+    KVA_RETURN_IF(!nv, KVA_ERR_UNSUPPORTED,
+                  "kva_variant_create: the CUDA backend compiles variants with NVRTC, which could not be loaded");
+    char* src = kva__cuda_variant_source(v, 1);
+    KVA_RETURN_IF(!src, KVA_ERR_OUT_OF_MEMORY, "kva_variant_create: out of host memory");
+    const char* hdr_names[16];
+    const char* hdr_texts[16];
+    int nh = kva__num_kernel_sources < 16 ? kva__num_kernel_sources : 16;
+    for (int i = 0; i < nh; ++i) {
+        hdr_names[i] = kva__kernel_sources[i].name;
+        hdr_texts[i] = kva__kernel_sources[i].text;
+    }
+    char name[96];
+    snprintf(name, sizeof name, "%s_check.cu", v->name);
+    nvrtcProgram prog;
+    nvrtcResult r = nv->CreateProgram(&prog, src, name, nh, hdr_texts, hdr_names);
+    free(src);
+    KVA_RETURN_IF(r != NVRTC_SUCCESS, KVA_ERR_JIT, "compiling variant %s: nvrtcCreateProgram failed: %s", v->name,
+                  nv->GetErrorString(r));
+    /* the virtual architecture: front end and PTX only, which is where a bad hook source fails */
+    char a[64];
+    snprintf(a, sizeof a, "--gpu-architecture=compute_%s", arch + (strncmp(arch, "sm_", 3) == 0 ? 3 : 0));
+    const char* opts[3] = {a, "--std=c++17", "-DKVA_NVRTC=1"};
+    r = nv->CompileProgram(prog, 3, opts);
+    kva_status st = KVA_OK;
+    if (r != NVRTC_SUCCESS) {
+        size_t ls = 0;
+        nv->GetProgramLogSize(prog, &ls);
+        char* log = (char*)malloc(ls + 1);
+        if (log) {
+            log[0] = '\0';
+            nv->GetProgramLog(prog, log);
+            log[ls] = '\0';
+        }
+        st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: compiling variant %s with NVRTC %d.%d failed (%s):\n%s",
+                            v->name, nv->major, nv->minor, nv->GetErrorString(r), log ? log : "(no log)");
+        free(log);
+    }
+    nv->DestroyProgram(&prog);
+    return st;
 }
 
 int kva__kkey_enumerate(kva__kkey* keys, int max) {
@@ -468,7 +552,6 @@ kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const 
 /* ---------------------------------------------------------------------------------------------- */
 /* Kernel table                                                                                    */
 
-static int kva__kkey_eq(const kva__kkey* a, const kva__kkey* b) { return memcmp(a, b, sizeof *a) == 0; }
 
 kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kkey* k, int* index) {
     const kva__cu_api* cu = st->cu;
@@ -514,6 +597,11 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
                 goto unlock;
             }
             r = cu->ModuleGetFunction(&e.fn, e.module, name);
+            if (r == CUDA_SUCCESS && k->var_hash) {
+                char mname[160];
+                snprintf(mname, sizeof mname, "%s_merge", name);
+                r = cu->ModuleGetFunction(&e.fn_vmerge, e.module, mname);
+            }
             if (r != CUDA_SUCCESS) {
                 cu->ModuleUnload(e.module);
                 status = kva__cu_error(cu, r, "CUDA backend: kernel missing from its JIT module");
