@@ -641,7 +641,8 @@ static void kva__cuda_destroy(kva_context* ctx) {
    them are compiled at plan time for the plan's dtypes, head dims and tile (kva__cuda_kernel: disk cache, logged). */
 static kva_status kva__cuda_variant_compile(kva_context* ctx, kva_variant* v) {
     kva__cuda_state* st = kva__st(ctx);
-    KVA_FORWARD(kva__cuda_variant_check_compile(v, st->arch));
+    kva__log(ctx, KVA_LOG_DEBUG, "kvattn: checking variant %s with NVRTC (%s)", v->name, st->arch);
+    KVA_FORWARD(kva__cuda_variant_check_compile(v, st->arch, st->cache_dir));
     v->cuda_src = kva__cuda_variant_source(v, 0);
     KVA_RETURN_IF(!v->cuda_src, KVA_ERR_OUT_OF_MEMORY, "kva_variant_create: out of host memory");
     return KVA_OK;

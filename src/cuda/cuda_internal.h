@@ -75,9 +75,10 @@ kva_status kva__jit_compile(const kva__kkey* k, const char* arch, const char* ex
                             size_t* cubin_size, char** log_out);
 /* User variants on the CUDA backend: the NVRTC main source of the variant's kernels (malloc'd; prelude, hooks,
  * kva_decode.cuh, kva_variant.cuh), and a compile of the hooks alone for arch (kva_variant_check kernel) that
- * reports a bad source as KVA_ERR_JIT with the NVRTC log. No device needed. */
+ * reports a bad source as KVA_ERR_JIT with the NVRTC log; a passed check is remembered in cache_dir (NULL or "" =
+ * no cache). No device needed. */
 char* kva__cuda_variant_source(const struct kva_variant* v, int check_only);
-kva_status kva__cuda_variant_check_compile(const struct kva_variant* v, const char* arch);
+kva_status kva__cuda_variant_check_compile(const struct kva_variant* v, const char* arch, const char* cache_dir);
 
 /* Magic numbers of the kernels' division by the page size (see kva_fastdiv in kva_common.cuh) */
 void kva__fastdiv_magic(int32_t d, uint32_t* mul, uint32_t* shift);

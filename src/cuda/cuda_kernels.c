@@ -243,12 +243,58 @@ char* kva__cuda_variant_source(const kva_variant* v, int check_only) {
     return s;
 }
 
-kva_status kva__cuda_variant_check_compile(const kva_variant* v, const char* arch) {
+/* The check's cache marker: a file named by the hash of its identity and holding the identity. */
+static int kva__vcheck_hit(const char* file, const char* ident) {
+    if (!kva__jit_file_safe(file)) return 0;
+    int fd = open(file, O_RDONLY | O_NOFOLLOW);
+    if (fd < 0) return 0;
+    size_t il = strlen(ident);
+    char* buf = (char*)malloc(il + 2);
+    ssize_t got = buf ? read(fd, buf, il + 1) : -1;
+    close(fd);
+    int ok = got == (ssize_t)il && memcmp(buf, ident, il) == 0;
+    free(buf);
+    return ok;
+}
+
+static void kva__vcheck_store(const char* dir, const char* hash, const char* file, const char* ident) {
+    static unsigned counter = 0;
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s/.%s.%ld.%u.tmp", dir, hash, (long)getpid(),
+             __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+    if (fd < 0) return;
+    size_t il = strlen(ident);
+    int ok = write(fd, ident, il) == (ssize_t)il;
+    if (close(fd) != 0) ok = 0;
+    if (!ok || rename(tmp, file) != 0) unlink(tmp);
+}
+
+kva_status kva__cuda_variant_check_compile(const kva_variant* v, const char* arch, const char* cache_dir) {
     const kva__nvrtc_api* nv = kva__nvrtc_load();
     KVA_RETURN_IF(!nv, KVA_ERR_UNSUPPORTED,
                   "kva_variant_create: the CUDA backend compiles variants with NVRTC, which could not be loaded");
     char* src = kva__cuda_variant_source(v, 1);
     KVA_RETURN_IF(!src, KVA_ERR_OUT_OF_MEMORY, "kva_variant_create: out of host memory");
+    /* a check that passed before (same source, headers, NVRTC, arch, library) is remembered in the cache */
+    char ident[512], hash[40], file[1200];
+    {
+        uint64_t h = kva__fnv(KVA__FNV_SEED, src, strlen(src) + 1);
+        for (int i = 0; i < kva__num_kernel_sources; ++i)
+            h = kva__fnv(h, kva__kernel_sources[i].text, strlen(kva__kernel_sources[i].text) + 1);
+        snprintf(ident, sizeof ident, "kvattn %s|nvrtc %d.%d|%s|variant check %s|src %016llx", KVA_VERSION_STRING,
+                 nv->major, nv->minor, arch, v->name, (unsigned long long)h);
+        snprintf(hash, sizeof hash, "%016llx%016llx",
+                 (unsigned long long)kva__fnv(KVA__FNV_SEED, ident, strlen(ident)),
+                 (unsigned long long)kva__fnv(0x84222325cbf29ce4ull ^ 0x5bd1e995ull, ident, strlen(ident)));
+        if (cache_dir && *cache_dir) {
+            snprintf(file, sizeof file, "%s/%s.vcheck", cache_dir, hash);
+            if (kva__vcheck_hit(file, ident)) {
+                free(src);
+                return KVA_OK;
+            }
+        }
+    }
     const char* hdr_names[16];
     const char* hdr_texts[16];
     int nh = kva__num_kernel_sources < 16 ? kva__num_kernel_sources : 16;
@@ -283,6 +329,7 @@ kva_status kva__cuda_variant_check_compile(const kva_variant* v, const char* arc
         free(log);
     }
     nv->DestroyProgram(&prog);
+    if (st == KVA_OK && cache_dir && *cache_dir) kva__vcheck_store(cache_dir, hash, file, ident);
     return st;
 }
 

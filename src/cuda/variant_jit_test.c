@@ -80,7 +80,7 @@ static void make_variant(kva_variant* v, const char* name, const char* src, uint
 static void compile_variant(kva_variant* v) {
     static const char* const archs[] = {"sm_80", "sm_90a"};
     for (int a = 0; a < 2; ++a) {
-        kva_status st = kva__cuda_variant_check_compile(v, archs[a]);
+        kva_status st = kva__cuda_variant_check_compile(v, archs[a], NULL);
         CHECK(st == KVA_OK, "hook check of %s for %s: %s", v->name, archs[a], kva_last_error_message());
     }
     /* decode (GQA 32/8: tile 4) and prefill (tile 8) at head dim 128, f16 / bf16 with bf16 and e4m3 KV */
@@ -150,14 +150,14 @@ int main(void) {
                  "    return o * undeclared_identifier_xyz;\n"
                  "}\n",
                  KVA_VARIANT_OUTPUT_TRANSFORM, 1);
-    kva_status st = kva__cuda_variant_check_compile(&v, "sm_90a");
+    kva_status st = kva__cuda_variant_check_compile(&v, "sm_90a", NULL);
     CHECK(st == KVA_ERR_JIT && strstr(kva_last_error_message(), "undeclared_identifier_xyz") &&
               strstr(kva_last_error_message(), "broken.hooks.cu"),
           "a bad source gives KVA_ERR_JIT with the log: %s: %s", kva_status_string(st), kva_last_error_message());
     free(v.cuda_src);
     /* a declared hook that the source does not define */
     make_variant(&v, "missing", sink ? sink : "", KVA_VARIANT_OUTPUT_TRANSFORM | KVA_VARIANT_LOGITS_MASK, 1);
-    st = kva__cuda_variant_check_compile(&v, "sm_80");
+    st = kva__cuda_variant_check_compile(&v, "sm_80", NULL);
     CHECK(st == KVA_ERR_JIT && strstr(kva_last_error_message(), "kva_logits_mask"),
           "a declared but undefined hook gives KVA_ERR_JIT: %s: %s", kva_status_string(st), kva_last_error_message());
     free(v.cuda_src);
