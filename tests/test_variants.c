@@ -737,6 +737,9 @@ static void suite_errors(void) {
     a.variant_tensors = tnull;
     EXPECT_ST(kva_batch_decode_run(ctx, &plan, &ws.ws, &a), KVA_ERR_INVALID_ARGUMENT); /* NULL tensor */
     expect_msg("NULL tensor", "variant_tensors[0]");
+    const void* tmis[1] = {(const char*)h_buf_dp(&sink) + 2};
+    a.variant_tensors = tmis;
+    EXPECT_ST(kva_batch_decode_run(ctx, &plan, &ws.ws, &a), KVA_ERR_ALIGNMENT); /* f32 data misaligned */
     a.variant_tensors = tp;
     a.variant_scalars = sc;
     a.num_variant_scalars = 2; /* the sink takes none */
