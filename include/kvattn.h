@@ -207,6 +207,8 @@ KVA_API kva_status kva_paged_kv_init(kva_paged_kv* paged, void* k_data, void* v_
 /* ---------------------------------------------------------------------------------------------- */
 /* Attention descriptor: static per layer shape.                                                   */
 
+typedef struct kva_variant kva_variant; /* a compiled user-defined attention variant (below) */
+
 typedef struct kva_attention_desc {
     int32_t num_qo_heads;
     int32_t num_kv_heads;  /* num_qo_heads % num_kv_heads == 0; group size g = num_qo_heads / num_kv_heads */
@@ -224,6 +226,8 @@ typedef struct kva_attention_desc {
     float rope_theta;      /* default 1e4 */
     kva_score_mode score_mode;
     float sigmoid_bias;    /* sigmoid mode only */
+    const kva_variant* variant; /* user-defined attention variant (kva_variant_create); NULL = built-in.
+                                          Appended field: kva_attention_desc_init sets NULL. */
 } kva_attention_desc;
 
 /* Defaults: q/kv/o dtype = dtype, no mask, no window, no cap, default scale, no pos-enc, softmax. */
@@ -333,6 +337,13 @@ typedef struct kva_run_args {
     float k_scale;               /* fp8 dequantisation scales (default 1) */
     float v_scale;
     void* stream;                /* CUDA stream (cudaStream_t); NULL = the legacy default stream */
+    /* Appended fields: the run-time parameters of the plan's user variant (desc->variant; docs/variants.md).
+       Both counts must equal the variant's num_scalar_params / num_tensor_params (0 without a variant). */
+    const float* variant_scalars;          /* host array of num_variant_scalars floats (read during the call) */
+    int32_t num_variant_scalars;
+    int32_t num_variant_tensors;
+    const void* const* variant_tensors;    /* host array of num_variant_tensors pointers to f32 data in backend
+                                              memory (device memory for CUDA); each must be non-NULL */
 } kva_run_args;
 
 KVA_API void kva_run_args_init(kva_run_args* args);
@@ -368,6 +379,52 @@ KVA_API kva_status kva_single_decode(kva_context* context, const kva_attention_d
                                      const kva_workspace* workspace);
 KVA_API kva_status kva_single_prefill(kva_context* context, const kva_attention_desc* desc, const kva_run_args* args,
                                       const kva_workspace* workspace);
+
+/* ---------------------------------------------------------------------------------------------- */
+/* User-defined attention variants (docs/variants.md): C source of up to five hooks, compiled once for
+ * the context's backend (CUDA: NVRTC, into the kernels at plan time, cached on disk; CPU: the host C
+ * compiler $KVA_CC / cc / gcc / clang into a cached shared object loaded with dlopen). The same source
+ * serves both backends. Hooks (define the ones named in `hooks`, with exactly these names and signatures;
+ * KVA_HOOK and kva_vparams come from the prelude the source is compiled with):
+ *   KVA_HOOK float kva_query_transform(const kva_vparams* p, float q, int batch, int qo_head, int q_pos, int dim);
+ *   KVA_HOOK float kva_key_transform(const kva_vparams* p, float k, int batch, int kv_head, int kv_pos, int dim);
+ *   KVA_HOOK float kva_logits_transform(const kva_vparams* p, float logit, int batch, int qo_head, int kv_head,
+ *                                       int q_pos, int kv_pos);   (logit = sm_scale * k_scale * q'.k', natural log)
+ *   KVA_HOOK int kva_logits_mask(const kva_vparams* p, int batch, int qo_head, int kv_head, int q_pos,
+ *                                int kv_pos);                      (0 = masked)
+ *   KVA_HOOK float kva_output_transform(const kva_vparams* p, float o, float lse, int batch, int qo_head,
+ *                                       int q_pos, int dim);       (final o and its base-2 lse, after merges)
+ * p->s[i] are the run's variant_scalars, p->t[i] its variant_tensors (const float*). */
+
+#define KVA_VARIANT_QUERY_TRANSFORM 1u
+#define KVA_VARIANT_KEY_TRANSFORM 2u
+#define KVA_VARIANT_LOGITS_TRANSFORM 4u
+#define KVA_VARIANT_LOGITS_MASK 8u
+#define KVA_VARIANT_OUTPUT_TRANSFORM 16u
+#define KVA_VARIANT_MAX_SCALARS 16
+#define KVA_VARIANT_MAX_TENSORS 4
+#define KVA_VARIANT_MAX_NAME 48
+
+typedef struct kva_variant_spec {
+    const char* name;            /* C identifier, 1..KVA_VARIANT_MAX_NAME characters (logs, kernel names) */
+    const char* source;          /* C source of the hooks (copied by kva_variant_create) */
+    uint32_t hooks;              /* OR of KVA_VARIANT_* : the hooks the source defines */
+    int32_t use_softmax;         /* 1 (default): softmax over the (transformed) logits; 0: o = sum_j w_j v_j with
+                                    w_j = the transformed logit of each visible key (no lse) */
+    int32_t num_scalar_params;   /* 0 .. KVA_VARIANT_MAX_SCALARS floats given at run (kva_run_args) */
+    int32_t num_tensor_params;   /* 0 .. KVA_VARIANT_MAX_TENSORS f32 arrays given at run */
+} kva_variant_spec;
+
+/* Defaults: no name, no source, no hooks, use_softmax = 1, no parameters. */
+KVA_API void kva_variant_spec_init(kva_variant_spec* spec);
+/* Validates the spec and compiles the hooks for the context's backend. KVA_ERR_JIT: the source does not compile
+ * (the message carries the compiler's log); KVA_ERR_UNSUPPORTED: no compiler is available (CPU backend without a
+ * C compiler; CUDA without NVRTC). The variant belongs to `context`: destroy it before the context (a context
+ * destroys the variants still alive when it is destroyed). */
+KVA_API kva_status kva_variant_create(kva_context* context, const kva_variant_spec* spec, kva_variant** out_variant);
+/* NULL is allowed. Plans made with the variant must not be run afterwards (run then reports
+ * KVA_ERR_PLAN_MISMATCH). Not thread-safe against runs of the same variant on other threads. */
+KVA_API kva_status kva_variant_destroy(kva_variant* variant);
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Attention states: (v [rows, heads, dim], s [rows, heads] f32 base-2 lse).                       */

@@ -20,6 +20,7 @@ from ctypes import (
     c_int32,
     c_int64,
     c_size_t,
+    c_uint32,
     c_uint64,
     c_void_p,
 )
@@ -173,6 +174,18 @@ class kva_attention_desc(Structure):
         ("rope_theta", c_float),
         ("score_mode", c_enum),
         ("sigmoid_bias", c_float),
+        ("variant", c_void_p),  # const kva_variant*
+    ]
+
+
+class kva_variant_spec(Structure):
+    _fields_ = [
+        ("name", c_char_p),
+        ("source", c_char_p),
+        ("hooks", c_uint32),
+        ("use_softmax", c_int32),
+        ("num_scalar_params", c_int32),
+        ("num_tensor_params", c_int32),
     ]
 
 
@@ -239,6 +252,10 @@ class kva_run_args(Structure):
         ("k_scale", c_float),
         ("v_scale", c_float),
         ("stream", c_void_p),
+        ("variant_scalars", c_void_p),  # const float* (host)
+        ("num_variant_scalars", c_int32),
+        ("num_variant_tensors", c_int32),
+        ("variant_tensors", c_void_p),  # const void* const* (host array of backend pointers)
     ]
 
 
@@ -255,6 +272,7 @@ STRUCTS = {
     "kva_tensor": kva_tensor,
     "kva_paged_kv": kva_paged_kv,
     "kva_attention_desc": kva_attention_desc,
+    "kva_variant_spec": kva_variant_spec,
     "kva_plan_params": kva_plan_params,
     "kva_workspace": kva_workspace,
     "kva_plan": kva_plan,
@@ -289,6 +307,9 @@ _PROTOTYPES = {
     ),
     "kva_attention_desc_init": (None, [_P(kva_attention_desc), c_int32, c_int32, c_int32, c_enum]),
     "kva_attention_desc_check": (c_enum, [_ctx_p, _P(kva_attention_desc)]),
+    "kva_variant_spec_init": (None, [_P(kva_variant_spec)]),
+    "kva_variant_create": (c_enum, [_ctx_p, _P(kva_variant_spec), _P(c_void_p)]),
+    "kva_variant_destroy": (c_enum, [c_void_p]),
     "kva_plan_params_init": (None, [_P(kva_plan_params)]),
     "kva_plan_workspace_size": (
         c_enum,

@@ -49,6 +49,7 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
     ctx->log_level = opt.log_level;
     if (opt.jit_cache_dir) strcpy(ctx->jit_cache_dir, opt.jit_cache_dir);
     ctx->id = atomic_fetch_add(&kva__next_context_id, 1);
+    pthread_mutex_init(&ctx->variant_mu, NULL);
 
     kva_status st = KVA_ERR_NO_DEVICE;
     if (opt.backend == KVA_BACKEND_CUDA || opt.backend == KVA_BACKEND_AUTO) {
@@ -59,6 +60,7 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
         st = kva__set_error(KVA_ERR_NO_DEVICE, "kva_context_create: this build of kvattn has no CUDA backend");
 #endif
         if (st != KVA_OK && opt.backend == KVA_BACKEND_CUDA) {
+            pthread_mutex_destroy(&ctx->variant_mu);
             free(ctx);
             return st;
         }
@@ -72,6 +74,7 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
         ctx->backend = KVA_BACKEND_CPU;
         st = kva__cpu_init(ctx);
         if (st != KVA_OK) {
+            pthread_mutex_destroy(&ctx->variant_mu);
             free(ctx);
             return st;
         }
@@ -85,7 +88,9 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
 
 KVA_API kva_status kva_context_destroy(kva_context* context) {
     if (!context) return KVA_OK;
+    kva__variants_destroy_all(context); /* before the backend: their kernels or shared objects are its */
     if (context->ops && context->ops->destroy) context->ops->destroy(context);
+    pthread_mutex_destroy(&context->variant_mu);
     for (int i = 0; i < 8; ++i) free(context->plan_scratch[i]);
     free(context);
     return KVA_OK;

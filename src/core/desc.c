@@ -24,6 +24,7 @@ KVA_API void kva_attention_desc_init(kva_attention_desc* desc, int32_t num_qo_he
     desc->rope_theta = 1e4f;
     desc->score_mode = KVA_SCORE_SOFTMAX;
     desc->sigmoid_bias = 0.0f;
+    desc->variant = NULL;
 }
 
 static bool kva__is_float_dtype(kva_dtype t) {
@@ -80,6 +81,16 @@ kva_status kva__desc_normalize(const kva_attention_desc* in, kva_attention_desc*
     KVA_RETURN_IF(d.score_mode != KVA_SCORE_SOFTMAX && d.score_mode != KVA_SCORE_SIGMOID, KVA_ERR_INVALID_ARGUMENT,
                   "desc->score_mode = %d is not a kva_score_mode", (int)d.score_mode);
     KVA_RETURN_IF(!isfinite(d.sigmoid_bias), KVA_ERR_INVALID_ARGUMENT, "desc->sigmoid_bias is not finite");
+    if (d.variant) {
+        /* the variant's use_softmax decides the scores; fused RoPE would rotate transformed values (the hooks are
+           element-wise and cannot see the partner dimension) */
+        KVA_RETURN_IF(d.score_mode != KVA_SCORE_SOFTMAX, KVA_ERR_INVALID_ARGUMENT,
+                      "desc->score_mode must be KVA_SCORE_SOFTMAX with a variant (the variant's use_softmax chooses "
+                      "softmax or plain weights)");
+        KVA_RETURN_IF(d.pos_encoding == KVA_POS_ROPE_LLAMA, KVA_ERR_UNSUPPORTED,
+                      "desc->pos_encoding = KVA_POS_ROPE_LLAMA with a variant is not supported (apply RoPE to q and k "
+                      "before the call)");
+    }
     if (out) *out = d;
     return KVA_OK;
 }
@@ -88,6 +99,7 @@ KVA_API kva_status kva_attention_desc_check(const kva_context* context, const kv
     KVA_RETURN_IF(!context, KVA_ERR_INVALID_ARGUMENT, "kva_attention_desc_check: context is NULL");
     kva_attention_desc d;
     KVA_FORWARD(kva__desc_normalize(desc, &d));
+    if (d.variant) KVA_FORWARD(kva__variant_check_live((kva_context*)context, d.variant, 0, "desc->variant"));
     /* supported for at least one op */
     kva_status st = context->ops->check_desc(context, &d, KVA_OP_BATCH_DECODE);
     if (st == KVA_OK) return KVA_OK;

@@ -62,6 +62,9 @@ static kva_status kva__bsr_check(const char* fn, const kva_attention_desc* desc,
         snprintf(pre, sizeof pre, "%s: ", fn);
         return kva__prefix_error(st, pre);
     }
+    KVA_RETURN_IF(g->dense.variant != NULL, KVA_ERR_UNSUPPORTED,
+                  "%s: desc->variant: user variants are not supported by block-sparse attention (its run arguments "
+                  "carry no variant parameters and its hooks would see block-row positions)", fn);
     KVA_RETURN_IF(g->dense.mask_mode == KVA_MASK_CUSTOM, KVA_ERR_INVALID_ARGUMENT,
                   "%s: desc->mask_mode = KVA_MASK_CUSTOM: block-sparse attention builds the custom mask itself; "
                   "give the element mask as params->block_mask (mask_mode NONE or CAUSAL)", fn);
@@ -386,6 +389,9 @@ static kva_status kva__cascade_layout_of(const char* fn, kva_context* ctx, const
         snprintf(pre, sizeof pre, "%s: ", fn);
         return kva__prefix_error(st, pre);
     }
+    KVA_RETURN_IF(nd.variant != NULL, KVA_ERR_UNSUPPORTED,
+                  "%s: desc->variant: user variants are not supported by cascade attention (an output transform "
+                  "cannot be merged across levels)", fn);
     KVA_RETURN_IF(nd.mask_mode == KVA_MASK_CUSTOM, KVA_ERR_UNSUPPORTED,
                   "%s: desc->mask_mode = KVA_MASK_CUSTOM is not supported by cascade attention (NONE or CAUSAL; "
                   "causal applies to the last level)", fn);

@@ -5,6 +5,7 @@
 #ifndef KVATTN_INTERNAL_H
 #define KVATTN_INTERNAL_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -67,6 +68,11 @@ struct kva_context {
     int plan_scratch_busy;    /* taken with __atomic_exchange_n */
     void* plan_scratch[8];
     size_t plan_scratch_cap[8];
+    /* Live user variants of this context (src/core/variant.c): plans and runs look them up here, so a destroyed
+       variant or one of another context is reported instead of dereferenced. */
+    pthread_mutex_t variant_mu;
+    struct kva_variant** variants;
+    int32_t num_variants, cap_variants;
 };
 
 void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...) KVA_PRINTF(3, 4);
@@ -142,6 +148,7 @@ typedef struct kva__plan_data {
     int32_t backend;         /* kva_backend */
     int32_t graph_mode;
     kva_attention_desc desc; /* normalised: sm_scale, rope_scale, rope_theta filled in */
+    uint64_t variant_id;     /* desc.variant's id (0 = none): run checks the variant is still alive */
 
     int32_t batch_size;
     int32_t group_size;      /* g */
@@ -242,6 +249,10 @@ typedef struct kva__backend_ops {
                                   const kva_paged_kv* paged, int32_t batch_size, void* stream);
     kva_status (*read_faults)(kva_context* ctx, const kva_workspace* ws, kva_fault_report* report, void* stream);
     void (*destroy)(kva_context* ctx);
+    /* Compile a validated user variant for this backend (fills the backend part of *v); KVA_ERR_JIT with the
+       compiler log, KVA_ERR_UNSUPPORTED without a compiler. variant_release frees what compile made. */
+    kva_status (*variant_compile)(kva_context* ctx, struct kva_variant* v);
+    void (*variant_release)(kva_context* ctx, struct kva_variant* v);
 } kva__backend_ops;
 
 /* CPU backend (src/cpu). init sets ctx->ops, ctx->backend_state, ctx->num_workers. */
@@ -269,6 +280,69 @@ kva_status kva__check_tensor(const char* name, const kva_tensor* t, kva_dtype dt
 /* Size helpers */
 static inline size_t kva__align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static inline int64_t kva__ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* ---------------------------------------------------------------------------------------------- */
+/* User variants (src/core/variant.c; docs/variants.md)                                            */
+
+#define KVA__VARIANT_MAGIC 0x6b76617661726e74ull /* "kvavarnt" */
+
+/* The run-time parameter block of a variant, shared with the kernels (kvk_vparams in kva_kparams.h and the
+   prelude's kva_vparams have this layout). */
+typedef struct kva__vparams {
+    float s[KVA_VARIANT_MAX_SCALARS];
+    const float* t[KVA_VARIANT_MAX_TENSORS];
+} kva__vparams;
+
+/* CPU backend: row-wise entry points exported by the variant's shared object (wrappers around the hooks). */
+typedef void (*kva__vx_query_fn)(const kva__vparams* p, float* q, int n, int batch, int qo_head, int q_pos);
+typedef void (*kva__vx_key_fn)(const kva__vparams* p, float* k, int n, int batch, int kv_head, int kv_pos);
+/* logits s[0..nt) of keys kv_pos0 + t: keeps -inf (masked by the built-in masks), applies the mask hook and the
+   logits transform; use_softmax: masked -> -inf, else masked -> 0 (weights). Returns 1 if it masked any key. */
+typedef int (*kva__vx_logits_fn)(const kva__vparams* p, float* s, int nt, int batch, int qo_head, int kv_head,
+                                 int q_pos, int kv_pos0);
+typedef void (*kva__vx_output_fn)(const kva__vparams* p, float* o, int n, float lse, int batch, int qo_head,
+                                  int q_pos);
+
+struct kva_variant {
+    uint64_t magic;
+    uint64_t id;          /* unique in the process, never reused */
+    kva_context* ctx;
+    char name[KVA_VARIANT_MAX_NAME + 1];
+    char* source;         /* the user's hook source (copy) */
+    uint32_t hooks;       /* KVA_VARIANT_* */
+    int32_t use_softmax;
+    int32_t num_scalars;
+    int32_t num_tensors;
+    uint64_t hash;        /* FNV-1a of name, source, hooks, use_softmax and the parameter counts */
+    /* CPU backend */
+    void* dl;
+    kva__vx_query_fn cpu_query;
+    kva__vx_key_fn cpu_key;
+    kva__vx_logits_fn cpu_logits;
+    kva__vx_output_fn cpu_output;
+    /* CUDA backend: the NVRTC main source of the variant's kernels (prelude + hooks + kernel templates) */
+    char* cuda_src;
+};
+
+/* The C text every variant source is compiled with, before the user's hooks, for a host C compiler (cuda = 0) or
+   for NVRTC (cuda = 1). Static strings. */
+const char* kva__variant_prelude(int cuda);
+/* Is v a live variant of ctx (and, when id != 0, the one with this id)? Never dereferences a dead pointer. */
+kva_status kva__variant_check_live(kva_context* ctx, const kva_variant* v, uint64_t id, const char* what);
+/* Run-time variant arguments against the plan's variant (counts, pointers) and packing into *vp (may be NULL). */
+kva_status kva__variant_check_args(kva_context* ctx, const kva_attention_desc* d, uint64_t id, const kva_run_args* a,
+                                   kva__vparams* vp);
+/* Destroy every variant still registered with ctx (context destruction). */
+void kva__variants_destroy_all(kva_context* ctx);
+
+/* FNV-1a 64-bit over n bytes, continuing from h (start with KVA__FNV_SEED). */
+#define KVA__FNV_SEED 0xcbf29ce484222325ull
+uint64_t kva__fnv(uint64_t h, const void* data, size_t n);
+/* The JIT cache directory (configured, $KVATTN_CACHE_DIR, $XDG_CACHE_HOME/kvattn, ~/.cache/kvattn), created 0700
+   and checked to be owned by this user and not writable by group or others. Returns 0 when none is usable. */
+int kva__jit_cache_dir(const char* configured, char* out, size_t size);
+/* A regular file owned by this user, not writable by group or others, not a symlink? (cache entries) */
+int kva__jit_file_safe(const char* path);
 
 /* Planner (src/plan/planner.c): pure C. Fills *pd (counts and layout) without writing any workspace. */
 kva_status kva__plan_layout(kva_context* ctx, const kva_attention_desc* desc, kva_op op,

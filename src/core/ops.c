@@ -81,6 +81,9 @@ static kva_status kva__check_run_args(const kva__plan_data* pd, const kva_run_ar
         if (a->lse.data) {
             KVA_RETURN_IF(d->score_mode == KVA_SCORE_SIGMOID, KVA_ERR_INVALID_ARGUMENT,
                           "run: lse is not defined in sigmoid (no-softmax) mode; pass lse.data = NULL");
+            KVA_RETURN_IF(d->variant && !d->variant->use_softmax, KVA_ERR_INVALID_ARGUMENT,
+                          "run: lse is not defined for variant %s (use_softmax = 0); pass lse.data = NULL",
+                          d->variant->name);
             int64_t ls[2] = {rows, d->num_qo_heads};
             KVA_FORWARD(kva__check_tensor("run: lse", &a->lse, KVA_DTYPE_F32, 2, ls));
         }
@@ -111,6 +114,8 @@ KVA_API kva_status kva_run(kva_context* context, const kva_plan* plan, const kva
                            const kva_run_args* args) {
     const kva__plan_data* pd = NULL;
     KVA_FORWARD(kva__check_plan(context, plan, workspace, &pd));
+    KVA_RETURN_IF(!args, KVA_ERR_INVALID_ARGUMENT, "run: args is NULL");
+    KVA_FORWARD(kva__variant_check_args(context, &pd->desc, pd->variant_id, args, NULL));
     KVA_FORWARD(kva__check_run_args(pd, args));
     if (pd->total_qo_rows == 0) return KVA_OK;
     return context->ops->run(context, pd, workspace, args);
@@ -221,6 +226,7 @@ static kva_status kva__single(kva_context* ctx, const kva_attention_desc* desc, 
         kva__plan_data pd;
         KVA_FORWARD(kva__plan_layout(ctx, &nd, KVA_OP_BATCH_PREFILL_RAGGED, &p, &pd));
         KVA_FORWARD(kva__check_run_args(&pd, &a));
+        KVA_FORWARD(kva__variant_check_args(ctx, &pd.desc, pd.variant_id, &a, NULL));
     }
     kva_workspace local;
     memset(&local, 0, sizeof local);

@@ -4,7 +4,7 @@
 
 #include "internal.h"
 
-#define KVA__MSG_CAP 2048
+#define KVA__MSG_CAP 8192 /* room for a compiler log */
 
 static _Thread_local char kva__msg[KVA__MSG_CAP];
 static _Thread_local kva_status kva__last_status = KVA_OK;

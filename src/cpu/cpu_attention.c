@@ -111,6 +111,9 @@ typedef struct run_ctx {
     int32_t page_size;
     const uint8_t* mask;
     atomic_int merge_next;
+    /* user variant (NULL = built-in): its hooks through the shared object's row functions, its parameters */
+    const kva_variant* var;
+    kva__vparams vp;
 } run_ctx;
 
 static inline int64_t row_stride(const kva_tensor* t) { return t->ndim >= 3 ? t->stride[t->ndim - 3] : 0; }
@@ -192,7 +195,13 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
         const int p = p0 + r, i = p / g, qh = h * g + p % g;
         const char* src = rc->q + (size_t)((rq->qo_start + i) * rc->qs0 + qh * rc->qs1) * rc->qsz;
         float* qr = Q + (size_t)r * Dqp;
-        kern->load_row(rc->qdt, src, qr, Dq, Dqp, rc->qscale);
+        if (rc->var && rc->var->cpu_query) { /* the hook sees the raw q; the scale follows */
+            kern->load_row(rc->qdt, src, qr, Dq, Dqp, 1.0f);
+            rc->var->cpu_query(&rc->vp, qr, Dq, it->req, qh, (int)(base + i));
+            for (int d = 0; d < Dq; ++d) qr[d] *= rc->qscale;
+        } else {
+            kern->load_row(rc->qdt, src, qr, Dq, Dqp, rc->qscale);
+        }
         if (rc->rope)
             kva__cpu_rope_apply(qr, half, sc->cosr + (size_t)(i - i_first) * half, sc->sinr + (size_t)(i - i_first) * half);
         if (rc->alibi) sc->slope[r] = rc->alibi_slopes ? rc->alibi_slopes[qh] : kva__alibi_slope(qh, rc->num_qo_heads);
@@ -214,7 +223,8 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
 
     /* small tiles (decode) read K/V rows straight from the cache in the products, converting in registers;
        larger tiles convert each block to f32 once and reuse it for every row */
-    const int direct_k = R <= KVA__CPU_DIRECT_MAX_ROWS && !rc->rope && (Dq % 8) == 0;
+    const int key_hook = rc->var && rc->var->cpu_key;
+    const int direct_k = R <= KVA__CPU_DIRECT_MAX_ROWS && !rc->rope && !key_hook && (Dq % 8) == 0;
     const int direct_v = R <= KVA__CPU_DIRECT_MAX_ROWS && (Dv % 16) == 0;
 
     /* row pointers are double-buffered: block b+1's rows are computed and prefetched when block b starts */
@@ -254,6 +264,8 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
         } else {
             if (rc->rope) kva__cpu_rope_rows(rc->st, sc->rope, half, nb, sc->cosr, sc->sinr, half);
             kern->load_rows(rc->kvdt, kp, nb, K, Dqp, Dq, Dqp);
+            if (key_hook)
+                for (int t = 0; t < nb; ++t) rc->var->cpu_key(&rc->vp, K + (size_t)t * Dqp, Dq, it->req, h, (int)(j0 + t));
             if (rc->rope)
                 for (int t = 0; t < nb; ++t)
                     kva__cpu_rope_apply(K + (size_t)t * Dqp, half, sc->cosr + (size_t)t * half,
@@ -294,11 +306,17 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
                     }
                 }
             }
+            /* variant: mask hook and logits transform on the visible keys (no softmax: masked keys get weight 0) */
+            if (rc->var && rc->var->cpu_logits) {
+                const int qh = h * g + (p0 + r) % g;
+                if (rc->var->cpu_logits(&rc->vp, srow, nbp, it->req, qh, h, (int)qpos, (int)j0)) masked_any = 1;
+            }
         }
 
         /* ---- softmax (online) or sigmoid ---- */
         if (rc->sigmoid) {
-            for (int r = 0; r < R; ++r) kern->sigmoid(S + (size_t)r * SB, nbp, rc->sigmoid_bias);
+            if (!rc->var) /* a no-softmax variant's row function already wrote the weights */
+                for (int r = 0; r < R; ++r) kern->sigmoid(S + (size_t)r * SB, nbp, rc->sigmoid_bias);
         } else {
             for (int r = 0; r < R; ++r) {
                 float* srow = S + (size_t)r * SB;
@@ -354,8 +372,16 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
             rc->partial_lse[(size_t)it->partial * (size_t)rc->tile_q + (size_t)r] = lse;
         } else {
             char* dst = rc->o + (size_t)((rq->qo_start + i) * rc->os0 + qh * rc->os1) * rc->osz;
-            if (empty) memset(dst, 0, (size_t)Dv * rc->osz);
-            else kern->store_row(rc->odt, ar, dst, Dv, scale);
+            if (rc->var && rc->var->cpu_output) { /* the hook sees the final o and lse */
+                float* tmp = sc->tmp;
+                for (int d = 0; d < Dv; ++d) tmp[d] = empty ? 0.0f : ar[d] * scale;
+                rc->var->cpu_output(&rc->vp, tmp, Dv, lse, it->req, qh, (int)(base + i));
+                kern->store_row(rc->odt, tmp, dst, Dv, 1.0f);
+            } else if (empty) {
+                memset(dst, 0, (size_t)Dv * rc->osz);
+            } else {
+                kern->store_row(rc->odt, ar, dst, Dv, scale);
+            }
             if (rc->lse && !rc->sigmoid) rc->lse[(rq->qo_start + i) * rc->ls0 + qh * rc->ls1] = lse;
         }
     }
@@ -374,6 +400,8 @@ static void run_merge_task(const run_ctx* rc, kva__cpu_scratch* sc, const kva__m
                 const float* po = rc->partial_o + ((size_t)(mt->partial_first + k) * tq + (size_t)r) * (size_t)Dv;
                 for (int d = 0; d < Dv; ++d) accr[d] += po[d];
             }
+            if (rc->var && rc->var->cpu_output)
+                rc->var->cpu_output(&rc->vp, accr, Dv, -INFINITY, mt->req, qh, rq->kv_len - rq->qo_len + i);
             rc->kern->store_row(rc->odt, accr, dst, Dv, 1.0f);
             continue;
         }
@@ -383,7 +411,23 @@ static void run_merge_task(const run_ctx* rc, kva__cpu_scratch* sc, const kva__m
             M = l > M ? l : M;
         }
         float lse;
-        if (M == -INFINITY) {
+        if (rc->var && rc->var->cpu_output) { /* the hook sees the merged o and lse */
+            float wsum = 0.0f;
+            if (M != -INFINITY)
+                for (int k = 0; k < mt->num_partials; ++k) {
+                    float l = rc->partial_lse[(size_t)(mt->partial_first + k) * tq + (size_t)r];
+                    if (l == -INFINITY) continue;
+                    float w = exp2f(l - M);
+                    wsum += w;
+                    const float* po = rc->partial_o + ((size_t)(mt->partial_first + k) * tq + (size_t)r) * (size_t)Dv;
+                    for (int d = 0; d < Dv; ++d) accr[d] += w * po[d];
+                }
+            const float inv = wsum > 0.0f ? 1.0f / wsum : 0.0f;
+            for (int d = 0; d < Dv; ++d) accr[d] *= inv;
+            lse = wsum > 0.0f ? M + log2f(wsum) : -INFINITY;
+            rc->var->cpu_output(&rc->vp, accr, Dv, lse, mt->req, qh, rq->kv_len - rq->qo_len + i);
+            rc->kern->store_row(rc->odt, accr, dst, Dv, 1.0f);
+        } else if (M == -INFINITY) {
             memset(dst, 0, (size_t)Dv * rc->osz);
             lse = -INFINITY;
         } else {
@@ -575,6 +619,15 @@ kva_status kva__cpu_run(kva_context* ctx, const kva__plan_data* plan, const kva_
     rc.rope = d->pos_encoding == KVA_POS_ROPE_LLAMA;
     rc.alibi = d->pos_encoding == KVA_POS_ALIBI;
     rc.sigmoid = d->score_mode == KVA_SCORE_SIGMOID;
+    if (d->variant) {
+        rc.var = d->variant;
+        rc.sigmoid = !d->variant->use_softmax; /* no softmax: plain weighted sum, no lse (as sigmoid mode) */
+        stt = kva__variant_check_args(ctx, d, plan->variant_id, args, &rc.vp);
+        if (stt != KVA_OK) {
+            pthread_mutex_unlock(&st->call_mu);
+            return stt;
+        }
+    }
     rc.softcap_on = d->logits_soft_cap > 0.0f;
     rc.softcap = d->logits_soft_cap;
     rc.sigmoid_bias = d->sigmoid_bias;

@@ -151,6 +151,8 @@ static const kva__backend_ops kva__cpu_ops = {
     kva__cpu_append_paged_kv,
     cpu_read_faults,
     cpu_destroy,
+    kva__cpu_variant_compile,
+    kva__cpu_variant_release,
 };
 
 #if defined(KVA__CPU_HAVE_AVX2)

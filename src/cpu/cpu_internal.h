@@ -160,6 +160,10 @@ kva_status kva__cpu_append_paged_kv(kva_context* ctx, const kva_tensor* append_k
                                     const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
                                     const kva_paged_kv* paged, int32_t batch_size, void* stream);
 
+/* user variants (cpu_variant.c): compile the hooks into a cached shared object and bind its row functions */
+kva_status kva__cpu_variant_compile(kva_context* ctx, struct kva_variant* v);
+void kva__cpu_variant_release(kva_context* ctx, struct kva_variant* v);
+
 /* name of the kernel set a CPU context selected ("avx2" or "generic"; "none" for other backends) */
 const char* kva__cpu_kernel_name(const kva_context* ctx);
 

@@ -20,7 +20,7 @@ else()
   find_program(KVA_NVCC nvcc HINTS ${CUDAToolkit_BIN_DIR} REQUIRED)
 endif()
 
-set(KVA_KERNEL_FILES kva_kparams.h kva_common.cuh kva_decode.cuh kva_decode_tc.cuh kva_util.cuh)
+set(KVA_KERNEL_FILES kva_kparams.h kva_common.cuh kva_decode.cuh kva_decode_tc.cuh kva_util.cuh kva_variant.cuh)
 # the tensor-core attention family (kva_prefill.cuh): kernel files, AOT instances, host glue, test, benchmark
 include(${KVA_CUDA_DIR}/prefill.cmake)
 list(APPEND KVA_KERNEL_FILES ${KVA_PREFILL_KERNEL_FILES})
@@ -152,6 +152,17 @@ if(KVA_BUILD_TESTS)
   add_test(NAME cuda_nvrtc_all_variants COMMAND kva_cuda_jit_test)
   set_tests_properties(cuda_nvrtc_all_variants PROPERTIES TIMEOUT 3600 LABELS "cuda;nogpu;slow"
                        ENVIRONMENT "KVATTN_JIT_TEST_FULL=1")
+
+  # user variants (examples/variants and a variant with every hook) through NVRTC for sm_80 and sm_90a, no GPU
+  add_executable(kva_cuda_variant_jit_test ${KVA_CUDA_DIR}/variant_jit_test.c)
+  target_include_directories(kva_cuda_variant_jit_test PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src/core ${KVA_CUDA_DIR}
+                                                               ${CUDAToolkit_INCLUDE_DIRS})
+  target_link_libraries(kva_cuda_variant_jit_test PRIVATE kvattn_static)
+  target_compile_options(kva_cuda_variant_jit_test PRIVATE ${KVA_WARNINGS})
+  target_compile_definitions(kva_cuda_variant_jit_test PRIVATE
+                             KVA_EXAMPLES_DIR="${CMAKE_CURRENT_SOURCE_DIR}/examples/variants")
+  add_test(NAME cuda_nvrtc_user_variants COMMAND kva_cuda_variant_jit_test)
+  set_tests_properties(cuda_nvrtc_user_variants PROPERTIES TIMEOUT 900 LABELS "cuda;nogpu")
 
   add_executable(kva_cuda_selftest ${KVA_CUDA_DIR}/cuda_selftest.c)
   target_include_directories(kva_cuda_selftest PRIVATE ${CUDAToolkit_INCLUDE_DIRS})

@@ -328,6 +328,9 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     p.window_left = d->window_left;
     uint32_t flags = 0;
     if (d->pos_encoding == KVA_POS_ALIBI) flags |= KVK_FLAG_ALIBI | KVK_FLAG_TRANSFORM;
+    /* a user variant's hooks see natural-log logits; without softmax the scores are plain weights */
+    const kva_variant* var = d->variant;
+    if (var) flags |= KVK_FLAG_TRANSFORM | (var->use_softmax ? 0u : KVK_FLAG_SIGMOID);
     if (d->logits_soft_cap > 0.0f) flags |= KVK_FLAG_SOFTCAP | KVK_FLAG_TRANSFORM;
     if (d->score_mode == KVA_SCORE_SIGMOID) flags |= KVK_FLAG_SIGMOID;
     if (d->mask_mode == KVA_MASK_CAUSAL) flags |= KVK_FLAG_CAUSAL;
@@ -363,7 +366,16 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     mp.o_dtype = d->o_dtype;
     mp.group_size = pd->group_size;
     mp.tile_q = pd->tile_q;
-    mp.sigmoid = d->score_mode == KVA_SCORE_SIGMOID;
+    mp.sigmoid = d->score_mode == KVA_SCORE_SIGMOID || (var && !var->use_softmax);
+    kvk_vparams vpar;
+    memset(&vpar, 0, sizeof vpar);
+    if (var) {
+        kva__vparams hv;
+        KVA_FORWARD(kva__variant_check_args(ctx, d, pd->variant_id, a, &hv));
+        _Static_assert(sizeof hv == sizeof vpar, "kva__vparams and kvk_vparams differ");
+        memcpy(&vpar, &hv, sizeof vpar);
+        KVA_RETURN_IF(!ke->fn_vmerge, KVA_ERR_PLAN_MISMATCH, "run: the plan's kernel is not the variant's");
+    }
 
     /* ---- launches ---- */
     int pushed;
@@ -372,6 +384,22 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     kva_status status = KVA_OK;
     const bool graph = pd->graph_mode != 0;
     const unsigned grid = (unsigned)pd->num_workers; /* one persistent CTA per planner worker */
+    if (var) { /* the variant's kernels take their parameters after the built-in block */
+        kvk_vattn_params vpp;
+        vpp.base = p;
+        vpp.vp = vpar;
+        kvk_vmerge_params vmp;
+        vmp.base = mp;
+        vmp.vp = vpar;
+        if (graph || pd->num_items > 0)
+            status = kva__launch(st, ke->fn, grid, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &vpp,
+                                 "run: launching the variant's attention kernel");
+        if (status == KVA_OK && (graph || pd->num_merge > 0))
+            status = kva__launch(st, ke->fn_vmerge, (unsigned)pd->num_workers, 0, s, &vmp,
+                                 "run: launching the variant's merge kernel");
+        kva__leave(st, pushed);
+        return status;
+    }
     if (graph || pd->num_items > 0)
         status = kva__launch(st, ke->fn, grid, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
                              "run: launching the attention kernel");
@@ -606,6 +634,25 @@ static void kva__cuda_destroy(kva_context* ctx) {
     ctx->backend_state = NULL;
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* user variants                                                                                   */
+
+/* The hooks are checked by a compile of their own (NVRTC, this device's architecture); the kernels that use
+   them are compiled at plan time for the plan's dtypes, head dims and tile (kva__cuda_kernel: disk cache, logged). */
+static kva_status kva__cuda_variant_compile(kva_context* ctx, kva_variant* v) {
+    kva__cuda_state* st = kva__st(ctx);
+    kva__log(ctx, KVA_LOG_DEBUG, "kvattn: checking variant %s with NVRTC (%s)", v->name, st->arch);
+    KVA_FORWARD(kva__cuda_variant_check_compile(v, st->arch, st->cache_dir));
+    v->cuda_src = kva__cuda_variant_source(v, 0);
+    KVA_RETURN_IF(!v->cuda_src, KVA_ERR_OUT_OF_MEMORY, "kva_variant_create: out of host memory");
+    return KVA_OK;
+}
+
+static void kva__cuda_variant_release(kva_context* ctx, kva_variant* v) {
+    (void)ctx;
+    (void)v; /* the variant's kernels stay in the context's kernel table (keyed by its hash) until the context goes */
+}
+
 static const kva__backend_ops kva__cuda_ops = {
     .name = "cuda",
     .plans_on_host_memory = false,
@@ -618,6 +665,8 @@ static const kva__backend_ops kva__cuda_ops = {
     .append_paged_kv = kva__cuda_append,
     .read_faults = kva__cuda_read_faults,
     .destroy = kva__cuda_destroy,
+    .variant_compile = kva__cuda_variant_compile,
+    .variant_release = kva__cuda_variant_release,
 };
 
 /* The util module: prebuilt if the fatbin loaded, else NVRTC. */

@@ -28,7 +28,13 @@ typedef struct kva__kkey {
     int32_t rope;       /* 0 / 1 */
     int32_t nochk;      /* benchmark-only builds: bit 0 no page-index bounds check (KVATTN_BENCH_NO_BOUNDS_CHECK),
                            bit 1 timestamp trace (KVATTN_BENCH_TRACE_PTR, tensor-core kernel) */
+    int32_t var_hooks;  /* user variant (CUDA-core family only): KVA_VARIANT_* bits | 0x100 if use_softmax; 0 = none */
+    uint64_t var_hash;  /* the variant's hash (kva_variant.hash); 0 = built-in */
+    const char* var_src; /* the variant's NVRTC source (not part of the key's identity: var_hash is) */
 } kva__kkey;
+
+/* Keys compare by every field before var_src. */
+int kva__kkey_eq(const kva__kkey* a, const kva__kkey* b);
 
 /* The kernel choice for one descriptor, op and tile size. */
 typedef struct kva__kchoice {
@@ -67,14 +73,18 @@ int kva__kkey_enumerate(kva__kkey* keys, int max);
  * KVA_ERR_JIT with the NVRTC log in the message. No driver or device needed. */
 kva_status kva__jit_compile(const kva__kkey* k, const char* arch, const char* extra_opt, void** cubin,
                             size_t* cubin_size, char** log_out);
+/* User variants on the CUDA backend: the NVRTC main source of the variant's kernels (malloc'd; prelude, hooks,
+ * kva_decode.cuh, kva_variant.cuh), and a compile of the hooks alone for arch (kva_variant_check kernel) that
+ * reports a bad source as KVA_ERR_JIT with the NVRTC log; a passed check is remembered in cache_dir (NULL or "" =
+ * no cache). No device needed. */
+char* kva__cuda_variant_source(const struct kva_variant* v, int check_only);
+kva_status kva__cuda_variant_check_compile(const struct kva_variant* v, const char* arch, const char* cache_dir);
+
 /* Magic numbers of the kernels' division by the page size (see kva_fastdiv in kva_common.cuh) */
 void kva__fastdiv_magic(int32_t d, uint32_t* mul, uint32_t* shift);
 /* The cache identity of a key for an arch (hash of sources, options, NVRTC version, arch, library version) */
 kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, size_t ident_size, char* hash_hex,
                              size_t hash_size);
-/* Resolve the cache directory (ctx option, $KVATTN_CACHE_DIR, $XDG_CACHE_HOME/kvattn, ~/.cache/kvattn); creates
- * it 0700. Returns 0 when no safe directory is available (then nothing is cached). */
-int kva__jit_cache_dir(const char* configured, char* out, size_t size);
 /* Compile through the disk cache: a hit loads the cubin; a miss logs "compiling <key>..." (when ctx != NULL),
  * compiles and stores atomically. *cubin is malloc'd. */
 kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const kva__kkey* k, const char* arch,
@@ -112,6 +122,7 @@ int kva__aot_has(const char* name);
 typedef struct kva__kentry {
     kva__kkey key;
     CUfunction fn;
+    CUfunction fn_vmerge; /* user variants: the variant's split-KV merge kernel (same module) */
     CUmodule module; /* JIT module (owned), or NULL for prebuilt */
     int max_smem_set;
 } kva__kentry;

@@ -4,6 +4,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,13 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
                   "CUDA backend: %d query heads are not a multiple of %d KV heads", (int)d->num_qo_heads,
                   (int)d->num_kv_heads);
     const int32_t g = d->num_qo_heads / d->num_kv_heads;
+    /* User variants run on the CUDA-core kernel (kva_decode.cuh), which has their hook sites, for every op. */
+    const kva_variant* var = d->variant;
+    KVA_RETURN_IF(var && !var->cuda_src, KVA_ERR_INVALID_ARGUMENT,
+                  "CUDA backend (%s): desc->variant %s was not compiled for the CUDA backend", kva__op_str(op),
+                  var->name);
+    KVA_RETURN_IF(var && d->pos_encoding == KVA_POS_ROPE_LLAMA, KVA_ERR_UNSUPPORTED,
+                  "CUDA backend (%s): a variant with fused RoPE is not supported", kva__op_str(op));
     /* the tensor-core attention family: prefill ops, and decode with GQA groups above 8 */
     /* Not (yet) for fused RoPE or q/KV of different 16-bit dtypes: those round q to 16 bits before the MMA
        (RoPE'd q in shared memory, q converted to the KV dtype) and missed the lse tolerance in the GPU suite;
@@ -74,7 +82,7 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
        passes max_packed (graph mode: from the bounds); finish_plan passes the tile it chose (<= 8 only here). */
     const bool few_rows = op != KVA_OP_BATCH_DECODE && !kva__cuda_prefill_prefer_for_decode(d) &&
                           ((tile_q > 0 && tile_q <= 8) || (tile_q <= 0 && max_packed >= 1 && max_packed <= 8));
-    if (pf_ok && !few_rows && (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d))) {
+    if (!var && pf_ok && !few_rows && (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d))) {
         int32_t t = tile_q > 0 ? tile_q : kva__cuda_prefill_tile_q(d, op, avg_packed, max_packed, max_smem_optin);
         if (t > 0 && kva__cuda_prefill_supported(d, op, t, max_smem_optin, NULL, 0)) {
             kva__kchoice c;
@@ -112,7 +120,7 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
        different dtypes, or fp8 KV at head dims 64 and 256 (256: no registers left for the conversions on sm_80);
        those run on the CUDA-core kernel (kva_decode.cuh). */
     const bool fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
-    const bool tc = !c.key.rope && ((!fp8 && d->q_dtype == d->kv_dtype) || (fp8 && d->head_dim_qk == 128));
+    const bool tc = !var && !c.key.rope && ((!fp8 && d->q_dtype == d->kv_dtype) || (fp8 && d->head_dim_qk == 128));
     if (tc) {
         c.key.family = KVA__KF_DECODE_TC;
         c.key.rope = 0;
@@ -120,6 +128,11 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
     } else {
         c.key.family = KVA__KF_DECODE;
         c.smem = (size_t)KVK_DEC_SMEM(c.key.dqk, c.key.dvo, KVK_DEC_ES(c.key.kt), c.key.rows);
+    }
+    if (var) {
+        c.key.var_hooks = (int32_t)var->hooks | (var->use_softmax ? 0x100 : 0);
+        c.key.var_hash = var->hash;
+        c.key.var_src = var->cuda_src;
     }
     if (out) *out = c;
     return KVA_OK;
@@ -176,9 +189,16 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
     else if (k->family == KVA__KF_DECODE_TC)
         snprintf(buf, size, "kva_tc_d%d_q%s_kv%s_o%s_r%d%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (k->nochk & 1) ? "_nochk" : "", (k->nochk & 2) ? "_trace" : "");
+    else if (k->var_hash)
+        snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, (unsigned long long)k->var_hash, (k->nochk & 1) ? "_nochk" : "");
     else
         snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_rope%d%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (int)k->rope, (k->nochk & 1) ? "_nochk" : "");
+}
+
+int kva__kkey_eq(const kva__kkey* a, const kva__kkey* b) {
+    return memcmp(a, b, offsetof(kva__kkey, var_src)) == 0;
 }
 
 int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
@@ -197,6 +217,7 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     int n = 8;
     if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1");
     if ((k->nochk & 2) && max > n) snprintf(defs[n++], 128, "-DKVA_TC_TRACE=1");
+    if (k->var_hash && max > n) snprintf(defs[n++], 128, "-DKVA_VMERGE_NAME=%s_merge", name);
     return n;
 }
 
@@ -204,7 +225,117 @@ const char* kva__kkey_source(const kva__kkey* k) {
     if (k->family == KVA__KF_UTIL) return "#include \"kva_util.cuh\"\n";
     if (k->family == KVA__KF_DECODE_TC) return "#include \"kva_decode_tc.cuh\"\n";
     if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_source();
+    if (k->var_hash && k->var_src) return k->var_src;
     return "#include \"kva_decode.cuh\"\n";
+}
+
+char* kva__cuda_variant_source(const kva_variant* v, int check_only) {
+    const char* pre = kva__variant_prelude(1);
+    char head[512];
+    snprintf(head, sizeof head,
+             "/* kvattn user variant %s */\n#define KVA_VARIANT 1\n#define KVA_VAR_HOOKS %u\n#define KVA_VAR_SOFTMAX %d\n"
+             "#define KVA_VARIANT_CHECK %d\n",
+             v->name, (unsigned)v->hooks, v->use_softmax ? 1 : 0, check_only ? 1 : 0);
+    char line[160];
+    snprintf(line, sizeof line, "#line 1 \"%s.hooks.cu\"\n", v->name);
+    const char* tail = check_only ? "\n#line 1 \"kvattn-variant-kernels\"\n#include \"kva_variant.cuh\"\n"
+                                  : "\n#line 1 \"kvattn-variant-kernels\"\n#include \"kva_decode.cuh\"\n"
+                                    "#include \"kva_variant.cuh\"\n";
+    size_t n = strlen(head) + strlen(pre) + strlen(line) + strlen(v->source) + strlen(tail) + 1;
+    char* s = (char*)malloc(n);
+    if (!s) return NULL;
+    snprintf(s, n, "%s%s%s%s%s", head, pre, line, v->source, tail);
+    return s;
+}
+
+/* The check's cache marker: a file named by the hash of its identity and holding the identity. */
+static int kva__vcheck_hit(const char* file, const char* ident) {
+    if (!kva__jit_file_safe(file)) return 0;
+    int fd = open(file, O_RDONLY | O_NOFOLLOW);
+    if (fd < 0) return 0;
+    size_t il = strlen(ident);
+    char* buf = (char*)malloc(il + 2);
+    ssize_t got = buf ? read(fd, buf, il + 1) : -1;
+    close(fd);
+    int ok = got == (ssize_t)il && memcmp(buf, ident, il) == 0;
+    free(buf);
+    return ok;
+}
+
+static void kva__vcheck_store(const char* dir, const char* hash, const char* file, const char* ident) {
+    static unsigned counter = 0;
+    char tmp[1200];
+    snprintf(tmp, sizeof tmp, "%s/.%s.%ld.%u.tmp", dir, hash, (long)getpid(),
+             __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+    if (fd < 0) return;
+    size_t il = strlen(ident);
+    int ok = write(fd, ident, il) == (ssize_t)il;
+    if (close(fd) != 0) ok = 0;
+    if (!ok || rename(tmp, file) != 0) unlink(tmp);
+}
+
+kva_status kva__cuda_variant_check_compile(const kva_variant* v, const char* arch, const char* cache_dir) {
+    const kva__nvrtc_api* nv = kva__nvrtc_load();
+    KVA_RETURN_IF(!nv, KVA_ERR_UNSUPPORTED,
+                  "kva_variant_create: the CUDA backend compiles variants with NVRTC, which could not be loaded");
+    char* src = kva__cuda_variant_source(v, 1);
+    KVA_RETURN_IF(!src, KVA_ERR_OUT_OF_MEMORY, "kva_variant_create: out of host memory");
+    /* a check that passed before (same source, headers, NVRTC, arch, library) is remembered in the cache */
+    char ident[512], hash[40], file[1200];
+    {
+        uint64_t h = kva__fnv(KVA__FNV_SEED, src, strlen(src) + 1);
+        for (int i = 0; i < kva__num_kernel_sources; ++i)
+            h = kva__fnv(h, kva__kernel_sources[i].text, strlen(kva__kernel_sources[i].text) + 1);
+        snprintf(ident, sizeof ident, "kvattn %s|nvrtc %d.%d|%s|variant check %s|src %016llx", KVA_VERSION_STRING,
+                 nv->major, nv->minor, arch, v->name, (unsigned long long)h);
+        snprintf(hash, sizeof hash, "%016llx%016llx",
+                 (unsigned long long)kva__fnv(KVA__FNV_SEED, ident, strlen(ident)),
+                 (unsigned long long)kva__fnv(0x84222325cbf29ce4ull ^ 0x5bd1e995ull, ident, strlen(ident)));
+        if (cache_dir && *cache_dir) {
+            snprintf(file, sizeof file, "%s/%s.vcheck", cache_dir, hash);
+            if (kva__vcheck_hit(file, ident)) {
+                free(src);
+                return KVA_OK;
+            }
+        }
+    }
+    const char* hdr_names[16];
+    const char* hdr_texts[16];
+    int nh = kva__num_kernel_sources < 16 ? kva__num_kernel_sources : 16;
+    for (int i = 0; i < nh; ++i) {
+        hdr_names[i] = kva__kernel_sources[i].name;
+        hdr_texts[i] = kva__kernel_sources[i].text;
+    }
+    char name[96];
+    snprintf(name, sizeof name, "%s_check.cu", v->name);
+    nvrtcProgram prog;
+    nvrtcResult r = nv->CreateProgram(&prog, src, name, nh, hdr_texts, hdr_names);
+    free(src);
+    KVA_RETURN_IF(r != NVRTC_SUCCESS, KVA_ERR_JIT, "compiling variant %s: nvrtcCreateProgram failed: %s", v->name,
+                  nv->GetErrorString(r));
+    /* the virtual architecture: front end and PTX only, which is where a bad hook source fails */
+    char a[64];
+    snprintf(a, sizeof a, "--gpu-architecture=compute_%s", arch + (strncmp(arch, "sm_", 3) == 0 ? 3 : 0));
+    const char* opts[3] = {a, "--std=c++17", "-DKVA_NVRTC=1"};
+    r = nv->CompileProgram(prog, 3, opts);
+    kva_status st = KVA_OK;
+    if (r != NVRTC_SUCCESS) {
+        size_t ls = 0;
+        nv->GetProgramLogSize(prog, &ls);
+        char* log = (char*)malloc(ls + 1);
+        if (log) {
+            log[0] = '\0';
+            nv->GetProgramLog(prog, log);
+            log[ls] = '\0';
+        }
+        st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: compiling variant %s with NVRTC %d.%d failed (%s):\n%s",
+                            v->name, nv->major, nv->minor, nv->GetErrorString(r), log ? log : "(no log)");
+        free(log);
+    }
+    nv->DestroyProgram(&prog);
+    if (st == KVA_OK && cache_dir && *cache_dir) kva__vcheck_store(cache_dir, hash, file, ident);
+    return st;
 }
 
 int kva__kkey_enumerate(kva__kkey* keys, int max) {
@@ -347,16 +478,6 @@ kva_status kva__jit_compile(const kva__kkey* k, const char* arch, const char* ex
     return KVA_OK;
 }
 
-/* FNV-1a, 64-bit, two seeds for a 128-bit name */
-static uint64_t kva__fnv(uint64_t h, const void* data, size_t n) {
-    const unsigned char* p = (const unsigned char*)data;
-    for (size_t i = 0; i < n; ++i) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, size_t ident_size, char* hash_hex,
                              size_t hash_size) {
     const kva__nvrtc_api* nv = kva__nvrtc_load();
@@ -386,46 +507,6 @@ kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, 
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Disk cache                                                                                      */
-
-static int kva__dir_safe(const char* path) {
-    struct stat sb;
-    if (stat(path, &sb) != 0) return 0;
-    if (!S_ISDIR(sb.st_mode)) return 0;
-    if (sb.st_uid != geteuid()) return 0;
-    if (sb.st_mode & (S_IWGRP | S_IWOTH)) return 0;
-    return 1;
-}
-
-static int kva__mkdirs(const char* path) {
-    char tmp[1024];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof tmp) return 0;
-    memcpy(tmp, path, n + 1);
-    for (size_t i = 1; i <= n; ++i) {
-        if (tmp[i] == '/' || tmp[i] == '\0') {
-            char c = tmp[i];
-            tmp[i] = '\0';
-            if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return 0;
-            tmp[i] = c;
-        }
-    }
-    return 1;
-}
-
-int kva__jit_cache_dir(const char* configured, char* out, size_t size) {
-    char path[1024];
-    path[0] = '\0';
-    const char* env;
-    if (configured && *configured) snprintf(path, sizeof path, "%s", configured);
-    else if ((env = getenv("KVATTN_CACHE_DIR")) && *env) snprintf(path, sizeof path, "%s", env);
-    else if ((env = getenv("XDG_CACHE_HOME")) && *env) snprintf(path, sizeof path, "%s/kvattn", env);
-    else if ((env = getenv("HOME")) && *env) snprintf(path, sizeof path, "%s/.cache/kvattn", env);
-    if (!path[0]) return 0;
-    if (!kva__mkdirs(path)) return 0;
-    if (!kva__dir_safe(path)) return 0;
-    snprintf(out, size, "%s", path);
-    return 1;
-}
 
 #define KVA__CACHE_MAGIC "KVACUBN1"
 
@@ -523,7 +604,6 @@ kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const 
 /* ---------------------------------------------------------------------------------------------- */
 /* Kernel table                                                                                    */
 
-static int kva__kkey_eq(const kva__kkey* a, const kva__kkey* b) { return memcmp(a, b, sizeof *a) == 0; }
 
 kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kkey* k, int* index) {
     const kva__cu_api* cu = st->cu;
@@ -569,6 +649,11 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
                 goto unlock;
             }
             r = cu->ModuleGetFunction(&e.fn, e.module, name);
+            if (r == CUDA_SUCCESS && k->var_hash) {
+                char mname[160];
+                snprintf(mname, sizeof mname, "%s_merge", name);
+                r = cu->ModuleGetFunction(&e.fn_vmerge, e.module, mname);
+            }
             if (r != CUDA_SUCCESS) {
                 cu->ModuleUnload(e.module);
                 status = kva__cu_error(cu, r, "CUDA backend: kernel missing from its JIT module");

@@ -10,6 +10,11 @@
  *   KVA_QT, KVA_KT, KVA_OT   dtypes of q, KV, o (KVK_F16 / KVK_BF16; KV also KVK_E4M3 / KVK_E5M2; o also KVK_F32)
  *   KVA_ROWS          packed rows per CTA (1, 2, 4, 8)
  *   KVA_ROPE          fused rotate-half RoPE on q and k (0 / 1)
+ *   KVA_VARIANT       1: a user variant's instance (docs/variants.md); its source defines the hooks before this
+ *                     file and KVA_VAR_HOOKS (KVA_VARIANT_* bits), KVA_VAR_SOFTMAX (0 / 1). The kernel then takes
+ *                     kvk_vattn_params and the host sets KVK_FLAG_TRANSFORM (natural-log logits for the hooks) and,
+ *                     without softmax, KVK_FLAG_SIGMOID (plain weighted sums). Built-in instances (KVA_VARIANT 0)
+ *                     compile exactly as without this option: every hook site is under #if KVA_VARIANT.
  * Everything else (page size, layout, window, soft cap, ALiBi, sigmoid, masks) is a runtime argument.
  *
  * Per KV tile of KVA_TILE tokens (a multi-stage cp.async pipeline of KVA_STAGES tiles in shared memory):
@@ -78,6 +83,17 @@
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
+#ifndef KVA_VARIANT
+#define KVA_VARIANT 0
+#endif
+#if KVA_VARIANT
+#if KVA_ROPE
+#error "user variants do not combine with fused RoPE"
+#endif
+#define KVA_VAR_HAS(bit) ((KVA_VAR_HOOKS & (bit)) != 0)
+#else
+#define KVA_VAR_HAS(bit) 0
+#endif
 #if KVA_DQK != KVA_DVO
 #error "the CUDA-core kernel needs head_dim_qk == head_dim_vo"
 #endif
@@ -124,7 +140,14 @@
 #define KVA_QPAIR_TO_F32 kva_bf16x2_to_f32
 #endif
 
+#if KVA_VARIANT
+/* the variant's parameters stay in the parameter space (__grid_constant__), so the hooks read them in place */
+extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(const __grid_constant__ kvk_vattn_params vpp) {
+    const kvk_attn_params& p = vpp.base;
+    const kvk_vparams* const vp = &vpp.vp;
+#else
 extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(const kvk_attn_params p) {
+#endif
     extern __shared__ __align__(16) char kva_smem[];
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -275,6 +298,11 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
                 KVA_QPAIR_TO_F32(w.y, &f[2], &f[3]);
                 KVA_QPAIR_TO_F32(w.z, &f[4], &f[5]);
                 KVA_QPAIR_TO_F32(w.w, &f[6], &f[7]);
+#if KVA_VAR_HAS(1) /* KVA_VARIANT_QUERY_TRANSFORM: on the raw q, before the scale */
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    f[e] = kva_query_transform(vp, f[e], item.req, qh, rq.kv_len - rq.qo_len + i, lx * 8 + e);
+#endif
 #if KVA_ROPE
                 uint4 w2 = kva_ldg_nc16(qp + (lx ^ (KVA_LX / 2)) * 8);
                 float f2[8];
@@ -336,6 +364,12 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
                 const int jl = ty + k * KVA_NT;
                 float kf[8];
                 KVA_KV_TO_F32_8(kst + (unsigned)((jl * KVA_DQK + lx * 8) * KVA_ES), kf);
+#if KVA_VAR_HAS(2) /* KVA_VARIANT_KEY_TRANSFORM: on the dequantised k (KVA_KFIX folds into q's scale) */
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    kf[e] = kva_key_transform(vp, kf[e] * KVA_KFIX, item.req, kvh, tile0 + jl, lx * 8 + e) *
+                            (1.0f / KVA_KFIX);
+#endif
 #if KVA_ROPE
                 {
                     float part[8];
@@ -419,8 +453,24 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
                                 if (((p.custom_mask[bit >> 3] >> (bit & 7)) & 1) == 0) vis = false;
                             }
                         }
+#if KVA_VAR_HAS(4) || KVA_VAR_HAS(8) /* logits mask and transform, natural-log domain */
+                        {
+                            const int pr_ = item.row_start + (r < item.rows ? r : item.rows - 1);
+                            const int qh_ = kvh * g + pr_ % g;
+#if KVA_VAR_HAS(8)
+                            if (vis && !kva_logits_mask(vp, item.req, qh_, kvh, s_qpos[r], j)) vis = false;
+#endif
+#if KVA_VAR_HAS(4)
+                            if (vis) x = kva_logits_transform(vp, x, item.req, qh_, kvh, s_qpos[r], j);
+#endif
+                        }
+#endif
+#if KVA_VARIANT && !KVA_VAR_SOFTMAX
+                        s_logit[jl * KVA_ROWS + r] = vis ? x : 0.0f; /* the weight itself; masked keys weigh 0 */
+#else
                         if (flags & KVK_FLAG_TRANSFORM) x *= KVA_LOG2E;
                         s_logit[jl * KVA_ROWS + r] = vis ? x : neg_inf;
+#endif
                     }
                 }
             }
@@ -455,8 +505,13 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
                         const int jl = warp * KVA_TG + (tt % KVA_TG) + (tt / KVA_TG) * KVA_NT;
                         const float x = s_logit[jl * KVA_ROWS + rr_];
                         float pv;
+#if KVA_VARIANT && !KVA_VAR_SOFTMAX
+                        pv = x;
+                        (void)sb;
+#else
                         if (!sigmoid) pv = kva_exp2(x - m_use);
                         else pv = x == neg_inf ? 0.0f : kva_rcp(1.0f + kva_exp2(-(x + sb)));
+#endif
                         s_p[jl * KVA_ROWS + rr_] = pv;
                         psum += pv;
                     }
@@ -584,6 +639,17 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
                 }
 #pragma unroll
                 for (int e = 0; e < 8; ++e) o8[e] *= scale;
+#if KVA_VAR_HAS(16) /* KVA_VARIANT_OUTPUT_TRANSFORM on a final row (split rows: in the variant's merge kernel) */
+                if (!to_partial && !faulted) {
+                    const int pr_ = item.row_start + r;
+                    const int i_ = pr_ / g;
+                    const int qh_ = kvh * g + pr_ % g;
+#pragma unroll
+                    for (int e = 0; e < 8; ++e)
+                        o8[e] = kva_output_transform(vp, o8[e], sigmoid ? neg_inf : lse, item.req, qh_,
+                                                     rq.kv_len - rq.qo_len + i_, c * 8 + e);
+                }
+#endif
                 if (to_partial) {
                     float* dst = po + ((long long)item.partial * p.tile_q + r) * KVA_DVO + c * 8;
                     *(float4*)dst = make_float4(o8[0], o8[1], o8[2], o8[3]);
@@ -629,3 +695,4 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
 #undef KVA_PAIR_TO_F32
 #undef KVA_FP8X2
 #undef KVA_QPAIR_TO_F32
+#undef KVA_VAR_HAS

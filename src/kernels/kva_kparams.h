@@ -164,6 +164,24 @@ typedef struct kvk_merge_params {
     kvk_i32 pad_;
 } kvk_merge_params;
 
+/* User variants (docs/variants.md): the run-time parameters every hook receives (the prelude's kva_vparams;
+   kva__vparams in src/core/internal.h has the same layout), and the parameter blocks of a variant's kernels:
+   the built-in block followed by the variant's parameters (the built-in kernels never see these). */
+typedef struct kvk_vparams {
+    float s[16];
+    const float* t[4];
+} kvk_vparams;
+
+typedef struct kvk_vattn_params {
+    kvk_attn_params base;
+    kvk_vparams vp;
+} kvk_vattn_params;
+
+typedef struct kvk_vmerge_params {
+    kvk_merge_params base;
+    kvk_vparams vp;
+} kvk_vmerge_params;
+
 /* v/s state tensor view: v [rows, heads, dim] of dtype, s [rows, heads] f32 */
 typedef struct kvk_state_view {
     void* v;

@@ -375,6 +375,7 @@ static kva_status kva__check_common(kva_context* ctx, const kva_attention_desc* 
     KVA_RETURN_IF(op != KVA_OP_BATCH_DECODE && op != KVA_OP_BATCH_PREFILL_PAGED && op != KVA_OP_BATCH_PREFILL_RAGGED,
                   KVA_ERR_INVALID_ARGUMENT, "plan: op = %d is not a kva_op", (int)op);
     KVA_FORWARD(kva__desc_normalize(desc, nd));
+    if (nd->variant) KVA_FORWARD(kva__variant_check_live(ctx, nd->variant, 0, "plan: desc->variant"));
     KVA_RETURN_IF(op == KVA_OP_BATCH_DECODE && nd->mask_mode == KVA_MASK_CUSTOM, KVA_ERR_UNSUPPORTED,
                   "batch decode takes no custom mask (use KVA_OP_BATCH_PREFILL_PAGED with one row per request)");
     KVA_FORWARD(ctx->ops->check_desc(ctx, nd, op));
@@ -389,6 +390,7 @@ static void kva__init_plan_data(kva__plan_data* pd, kva_context* ctx, const kva_
     pd->context_id = ctx->id;
     pd->backend = (int32_t)ctx->backend;
     pd->desc = *nd;
+    pd->variant_id = nd->variant ? nd->variant->id : 0;
     pd->group_size = nd->num_qo_heads / nd->num_kv_heads;
     pd->num_workers = ctx->num_workers > 0 ? ctx->num_workers : 1;
 }

@@ -1,0 +1,70 @@
+/* jit_cache.c - the on-disk cache directory shared by the run-time compilers (NVRTC kernels of the CUDA backend,
+ * shared objects of user variants on the CPU backend) and the hash that keys its entries. */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+uint64_t kva__fnv(uint64_t h, const void* data, size_t n) {
+    const unsigned char* p = (const unsigned char*)data;
+    for (size_t i = 0; i < n; ++i) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static int kva__dir_safe(const char* path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return 0;
+    if (!S_ISDIR(sb.st_mode)) return 0;
+    if (sb.st_uid != geteuid()) return 0;
+    if (sb.st_mode & (S_IWGRP | S_IWOTH)) return 0;
+    return 1;
+}
+
+int kva__jit_file_safe(const char* path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return 0;
+    if (!S_ISREG(sb.st_mode)) return 0;
+    if (sb.st_uid != geteuid()) return 0;
+    if (sb.st_mode & (S_IWGRP | S_IWOTH)) return 0;
+    return 1;
+}
+
+static int kva__mkdirs(const char* path) {
+    char tmp[1024];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof tmp) return 0;
+    memcpy(tmp, path, n + 1);
+    for (size_t i = 1; i <= n; ++i) {
+        if (tmp[i] == '/' || tmp[i] == '\0') {
+            char c = tmp[i];
+            tmp[i] = '\0';
+            if (mkdir(tmp, 0700) != 0 && errno != EEXIST) return 0;
+            tmp[i] = c;
+        }
+    }
+    return 1;
+}
+
+int kva__jit_cache_dir(const char* configured, char* out, size_t size) {
+    char path[1024];
+    path[0] = '\0';
+    const char* env;
+    if (configured && *configured) snprintf(path, sizeof path, "%s", configured);
+    else if ((env = getenv("KVATTN_CACHE_DIR")) && *env) snprintf(path, sizeof path, "%s", env);
+    else if ((env = getenv("XDG_CACHE_HOME")) && *env) snprintf(path, sizeof path, "%s/kvattn", env);
+    else if ((env = getenv("HOME")) && *env) snprintf(path, sizeof path, "%s/.cache/kvattn", env);
+    if (!path[0]) return 0;
+    if (!kva__mkdirs(path)) return 0;
+    if (!kva__dir_safe(path)) return 0;
+    snprintf(out, size, "%s", path);
+    return 1;
+}
