@@ -75,7 +75,7 @@ if [ -x "$BUILD/tests/test_ops" ]; then
         run_step "test_ops $suite [cuda]" $limit 25 "$BUILD/tests/test_ops" --backend cuda --suite "$suite"
     done
 fi
-for t in test_errors test_api test_formats; do
+for t in test_errors test_api test_formats test_variants; do
     if [ -x "$BUILD/tests/$t" ]; then
         echo "--- $t"
         run_step "$t [cuda]" 60 25 "$BUILD/tests/$t" --backend cuda
@@ -93,6 +93,7 @@ run_step "kva_cuda_selftest" 120 0 "$BUILD/kva_cuda_selftest" --verbose
 
 section "2c. NVRTC: covering set of kernel variants (sm_80, sm_90a), spill check"
 if [ -x "$BUILD/kva_cuda_jit_test" ]; then run_step "kva_cuda_jit_test" 120 20 "$BUILD/kva_cuda_jit_test"; fi
+if [ -x "$BUILD/kva_cuda_variant_jit_test" ]; then run_step "kva_cuda_variant_jit_test" 120 20 "$BUILD/kva_cuda_variant_jit_test"; fi
 fi
 
 section "3. compute-sanitizer"
@@ -105,6 +106,12 @@ elif command -v compute-sanitizer >/dev/null; then
         "$BUILD/kva_cuda_selftest" --quick
     run_step "racecheck selftest --quick" 150 30 compute-sanitizer --tool racecheck --racecheck-report hazard \
         --error-exitcode 99 --print-limit 20 "$BUILD/kva_cuda_selftest" --quick
+    if [ -x "$BUILD/tests/test_variants" ]; then
+        run_step "memcheck test_variants ops" 200 10 compute-sanitizer --tool memcheck --error-exitcode 99 \
+            --print-limit 20 "$BUILD/tests/test_variants" --backend cuda --suite ops
+        run_step "racecheck test_variants ops" 300 10 compute-sanitizer --tool racecheck --racecheck-report hazard \
+            --error-exitcode 99 --print-limit 20 "$BUILD/tests/test_variants" --backend cuda --suite ops
+    fi
     if [ -x "$BUILD/tests/test_ops" ]; then
         run_step "memcheck test_ops (20 cases)" 120 20 compute-sanitizer --tool memcheck \
             --error-exitcode 99 --print-limit 20 "$BUILD/tests/test_ops" --backend cuda --count 20

@@ -7,10 +7,12 @@ rm -rf build-dev
 mkdir -p build-dev/tests build-dev/kva_cuda_gen
 cp -a build-cuda/libkvattn.so* build-cuda/kva_bench_decode build-cuda/kva_cuda_selftest build-cuda/kva_cuda_jit_test build-dev/
 cp -a build-cuda/tests/test_ops build-cuda/tests/test_errors build-cuda/tests/test_api build-cuda/tests/test_formats build-dev/tests/
+[ -x build-cuda/tests/test_variants ] && cp -a build-cuda/tests/test_variants build-dev/tests/ || true
 mkdir -p build-dev/bench build-dev/apps
 cp -a build-cuda/bench/bench_plan build-dev/bench/ 2>/dev/null || true
+cp -a build-cuda/bench/bench_jit build-dev/bench/ 2>/dev/null || true
 cp -a build-cuda/apps/kvattn_serve build-dev/apps/ 2>/dev/null || true
-for f in kva_bench_prefill bench_prefill kva_cuda_prefill_jit_test kva_bench_formats; do
+for f in kva_bench_prefill bench_prefill kva_cuda_prefill_jit_test kva_bench_formats kva_cuda_variant_jit_test; do
     [ -x build-cuda/$f ] && cp -a build-cuda/$f build-dev/ || true
 done
 cp build-cuda/kva_cuda_gen/kva_aot_sm90a.fatbin build-dev/kva_cuda_gen/

@@ -752,6 +752,9 @@ static kva_status kva__vbsr_check(const char* fn, const kva_attention_desc* desc
     KVA_RETURN_IF(g->dense.mask_mode == KVA_MASK_CUSTOM, KVA_ERR_INVALID_ARGUMENT,
                   "%s: desc->mask_mode = KVA_MASK_CUSTOM: give the block structure in params->block_mask_map "
                   "(mask_mode NONE or CAUSAL)", fn);
+    KVA_RETURN_IF(g->dense.variant != NULL, KVA_ERR_UNSUPPORTED,
+                  "%s: desc->variant: user variants are not supported by variable block-sparse attention (its run "
+                  "arguments carry no variant parameters)", fn);
     KVA_RETURN_IF(g->dense.pos_encoding != KVA_POS_NONE, KVA_ERR_UNSUPPORTED,
                   "%s: desc->pos_encoding = %s: variable block-sparse attention supports KVA_POS_NONE only (apply "
                   "RoPE beforehand)", fn,
