@@ -4,8 +4,9 @@
  * From host arrays of query and KV lengths it builds:
  *   tiles:  per (request, KV head, query tile of tile_q packed rows) the visible KV range [lo, hi)
  *           (causal and sliding window clip it; GQA heads of a group are packed into rows);
- *   chunks: each tile's range split into chunks of at most L tokens, L = max(128, ceil(sum / W)) rounded to 16
- *           (or a fixed size, or no split);
+ *   chunks: each tile's range split into chunks of at most L tokens, L = max(128, ceil(sum / W)) rounded to 16,
+ *           raised to the smallest L with at most W items when that shortens the longest worker (or a fixed
+ *           size, or no split);
  *   assignment: chunks sorted longest first (cost = len + 2 * rows), each given to the least-loaded worker
  *           (min-heap, ties to the lowest worker id): deterministic for the same lengths;
  *   merge map: the chunks of a split tile write consecutive partial slots; one merge task per split tile.
@@ -293,6 +294,60 @@ static kva_status kva__make_tiles(const kva__plan_data* pd, int32_t B, kva__plan
     return KVA_OK;
 }
 
+/* Chunking facts at chunk size L: work items (all KV heads), the longest and the shortest chunk (balanced chunks
+ * as kva__split_tiles makes them). */
+static void kva__chunk_stats(const kva__plan_scratch* s, int64_t H, int64_t L, int64_t* items, int64_t* longest,
+                             int64_t* shortest) {
+    int64_t n_all = 0, mx = 0, mn = INT64_MAX;
+    for (int64_t i = 0; i < s->ntiles; ++i) {
+        const int64_t len = s->tiles[i].hi - s->tiles[i].lo;
+        int64_t n = 1, cl = len;
+        if (len > L) {
+            n = kva__ceil_div64(len, L);
+            cl = kva__ceil_div64(kva__ceil_div64(len, n), KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
+            n = kva__ceil_div64(len, cl);
+        }
+        n_all += n;
+        if (cl > mx) mx = cl;
+        const int64_t last = len - (n - 1) * cl;
+        if (last < mn) mn = last;
+    }
+    *items = n_all * H;
+    *longest = mx;
+    *shortest = mn == INT64_MAX ? 0 : mn;
+}
+
+/* L = ceil(total / W) is the ideal chunk only when the chunks pack: with T tiles of equal length it gives
+ * T * ceil(len / L) items, often a little more than W (e.g. 32 heads x 32k over 264 workers: 288 items), and the
+ * last few workers then take two chunks (makespan ~2L). When all tiles fit in W items, the smallest L with at most
+ * W items ends at its longest chunk; take it when that beats the estimate for L (its longest chunk plus its
+ * shortest, the least a second chunk on a worker adds). */
+static int64_t kva__refine_chunk(const kva__plan_data* pd, const kva__plan_scratch* s, int64_t L0) {
+    const int64_t W = pd->num_workers, H = pd->desc.num_kv_heads;
+    int64_t items, longest, shortest;
+    kva__chunk_stats(s, H, L0, &items, &longest, &shortest);
+    if (items <= W || s->ntiles * H > W) return L0;
+    int64_t maxlen = 0;
+    for (int64_t i = 0; i < s->ntiles; ++i)
+        if (s->tiles[i].hi - s->tiles[i].lo > maxlen) maxlen = s->tiles[i].hi - s->tiles[i].lo;
+    const int64_t est0 = longest + shortest;
+    /* smallest multiple of the alignment in (L0, maxlen] with at most W items (items do not grow with L) */
+    int64_t lo = L0 / KVA__CHUNK_ALIGN + 1, hi = kva__ceil_div64(maxlen, KVA__CHUNK_ALIGN);
+    if (lo > hi) return L0;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        int64_t it, lg, sh;
+        kva__chunk_stats(s, H, mid * KVA__CHUNK_ALIGN, &it, &lg, &sh);
+        if (it <= W) hi = mid;
+        else lo = mid + 1;
+    }
+    const int64_t L1 = lo * KVA__CHUNK_ALIGN;
+    int64_t it1, longest1, sh1;
+    kva__chunk_stats(s, H, L1, &it1, &longest1, &sh1);
+    if (it1 > W || longest1 >= est0) return L0;
+    return L1 > INT32_MAX / 2 ? L0 : L1;
+}
+
 /* Chunk size L for this batch (0 = no split). */
 static int32_t kva__choose_chunk(const kva__plan_data* pd, const kva_plan_params* p, const kva__plan_scratch* s) {
     if (p->disable_split_kv) return 0;
@@ -304,7 +359,7 @@ static int32_t kva__choose_chunk(const kva__plan_data* pd, const kva_plan_params
     if (L < KVA__MIN_KV_CHUNK) L = KVA__MIN_KV_CHUNK;
     L = kva__ceil_div64(L, KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
     if (L > INT32_MAX / 2) L = INT32_MAX / 2;
-    return (int32_t)L;
+    return (int32_t)kva__refine_chunk(pd, s, L);
 }
 
 /* Split every tile: n = ceil(len / L) chunks. Fixed-split mode uses boundaries lo + k*L (they depend only on
