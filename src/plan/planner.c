@@ -320,8 +320,8 @@ static void kva__chunk_stats(const kva__plan_scratch* s, int64_t H, int64_t L, i
 /* L = ceil(total / W) is the ideal chunk only when the chunks pack: with T tiles of equal length it gives
  * T * ceil(len / L) items, often a little more than W (e.g. 32 heads x 32k over 264 workers: 288 items), and the
  * last few workers then take two chunks (makespan ~2L). When all tiles fit in W items, the smallest L with at most
- * W items ends at its longest chunk; take it when that beats the estimate for L (its longest chunk plus its
- * shortest, the least a second chunk on a worker adds). */
+ * W items ends at its longest chunk; take it unless that is worse than the estimate for L (its longest chunk plus
+ * its shortest, the least a second chunk on a worker adds). */
 static int64_t kva__refine_chunk(const kva__plan_data* pd, const kva__plan_scratch* s, int64_t L0) {
     const int64_t W = pd->num_workers, H = pd->desc.num_kv_heads;
     int64_t items, longest, shortest;
@@ -344,7 +344,7 @@ static int64_t kva__refine_chunk(const kva__plan_data* pd, const kva__plan_scrat
     const int64_t L1 = lo * KVA__CHUNK_ALIGN;
     int64_t it1, longest1, sh1;
     kva__chunk_stats(s, H, L1, &it1, &longest1, &sh1);
-    if (it1 > W || longest1 >= est0) return L0;
+    if (it1 > W || longest1 > est0) return L0; /* a tie goes to L1: fewer items, fewer merges */
     return L1 > INT32_MAX / 2 ? L0 : L1;
 }
 
