@@ -278,9 +278,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
                use_fp16_softmax=use_fp16_softmax, uses_spcompress=uses_spcompress)
         return self._run_paged(q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, return_lse,
-                               variant_scalars, variant_tensors, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
-                               rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode,
-                               causal=causal)
+                               variant_scalars, variant_tensors, window_left=window_left,
+                               logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
+                               rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode, causal=causal)
 
     def run_return_lse(self, q: Any, paged_kv_cache: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any]:
         kwargs["return_lse"] = True
