@@ -359,9 +359,8 @@ def check_tensors(variant: Variant, tensors: Any, dev: T.DeviceKey, where: str) 
         if T.device_of(x) != dev:
             raise ValueError("kvattn: %s: %s is on %s but the attention runs on %s"
                              % (where, what, T.device_str(T.device_of(x)), T.device_str(dev)))
-        if T.dtype_of(x, what) != F.KVA_DTYPE_F32:
-            raise TypeError("kvattn: %s: %s must be float32, got %s"
-                            % (where, what, T.dtype_name(T.dtype_of(x, what))))
+        if str(x.dtype).replace("torch.", "") != "float32":
+            raise TypeError("kvattn: %s: %s must be float32, got %s" % (where, what, str(x.dtype)))
         if not T.is_contiguous(x):
             raise ValueError("kvattn: %s: %s must be contiguous (the hooks index it as a flat f32 array)"
                              % (where, what))

@@ -570,9 +570,10 @@ def np64(x):
 
 @needs_cc
 @pytest.mark.parametrize("kind", KINDS)
-def test_torch_cpu_single_and_decode(rng, variants, kind):
+def test_torch_cpu(rng, variants, kind):
+    """torch CPU tensors run on the CPU backend with the same compiled variant as NumPy arrays."""
     torch = _torch()
-    hkv, g, d = 2, 2, 32
+    hkv, g, d, ps = 2, 2, 32, 16
     hq = hkv * g
     q = torch.from_numpy(rand(rng, (5, hq, d), np.float32))
     k = torch.from_numpy(rand(rng, (21, hkv, d), np.float32))
@@ -583,12 +584,24 @@ def test_torch_cpu_single_and_decode(rng, variants, kind):
                                             variant_tensors=tt)
     assert isinstance(o, torch.Tensor)
     ro, _, rb = variant_ref(q.numpy(), k.numpy(), v.numpy(), kind, params, 1.0 / math.sqrt(d), causal=True)
-    check(o.numpy(), ro, rb, "float32", "o")
-    with pytest.raises(TypeError if kind == "sink" else ValueError):
-        # a NumPy tensor parameter with torch inputs is fine on the CPU, a wrong dtype is not
-        kvattn.single_prefill_with_kv_cache(q, k, v, variant=variants[kind], variant_scalars=scalars,
-                                            variant_tensors=None if tt is None else [tt[0].double()]) \
-            if kind == "sink" else \
+    check(o.numpy(), ro, rb, "float32", "single prefill o")
+
+    lens = [9, 40]
+    cache_np, indptr, indices, last, _ = make_paged(rng, lens, ps, hkv, d, np.float32)
+    qd = torch.from_numpy(rand(rng, (2, hq, d), np.float32))
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(16 << 20, dtype=torch.uint8))
+    w.plan(torch.from_numpy(indptr), torch.from_numpy(indices), torch.from_numpy(last), hq, hkv, d, ps,
+           q_data_type=torch.float32, variant=variants[kind], variant_scalars=scalars, variant_tensors=tt)
+    od = w.run(qd, torch.from_numpy(cache_np))
+    for b, n in enumerate(lens):
+        kb, vb = gather_kv(cache_np[:, 0], cache_np[:, 1], indptr, indices, b, n)
+        ro, _, rb = variant_ref(qd[b:b + 1].numpy(), kb, vb, kind, params, 1.0 / math.sqrt(d))
+        check(od[b].numpy(), ro[0], rb[0], "float32", "decode o[%d]" % b)
+    if kind == "sink":
+        with pytest.raises(TypeError, match="must be float32"):
+            kvattn.single_prefill_with_kv_cache(q, k, v, variant=variants[kind], variant_tensors=[tt[0].double()])
+    else:
+        with pytest.raises(ValueError, match="takes 2 scalar parameters"):
             kvattn.single_prefill_with_kv_cache(q, k, v, variant=variants[kind], variant_scalars=scalars[:1])
 
 
@@ -597,6 +610,11 @@ CUDA_DTYPES = ["float16", "bfloat16"]
 
 def _tdt(torch, name):
     return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
+
+
+def trand(torch, rng, shape, tdt):
+    """Seeded standard-normal CUDA tensor (drawn by the test's NumPy generator)."""
+    return torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).cuda().to(tdt)
 
 
 def cuda_case_args(torch, kind, rng, hq):
@@ -612,9 +630,9 @@ def test_cuda_single(rng, torch_cuda, kind, dtype):
     hkv, g, d, kv, qo = 2, 4, 64, 300, 17
     hq = hkv * g
     tdt = _tdt(torch, dtype)
-    q = torch.randn(qo, hq, d, device="cuda").to(tdt)
-    k = torch.randn(kv, hkv, d, device="cuda").to(tdt)
-    v = torch.randn(kv, hkv, d, device="cuda").to(tdt)
+    q = trand(torch, rng, (qo, hq, d), tdt)
+    k = trand(torch, rng, (kv, hkv, d), tdt)
+    v = trand(torch, rng, (kv, hkv, d), tdt)
     params, scalars, tensors = cuda_case_args(torch, kind, rng, hq)
     od = kvattn.single_decode_with_kv_cache(q[0], k, v, variant=var, variant_scalars=scalars,
                                             variant_tensors=tensors)
@@ -646,7 +664,7 @@ def test_cuda_batch_wrappers(rng, torch_cuda, kind, dtype):
     sm = 1.0 / math.sqrt(d)
 
     # paged decode (with a forced split: the variant's merge kernel)
-    qd = torch.randn(len(kv_lens), hq, d, device="cuda").to(tdt)
+    qd = trand(torch, rng, (len(kv_lens), hq, d), tdt)
     w = kvattn.BatchDecodeWithPagedKVCacheWrapper(wsb)
     w.plan(indptr, torch.from_numpy(indices).cuda(), last, hq, hkv, d, ps, q_data_type=tdt, fixed_split_size=4,
            variant=var)
@@ -658,7 +676,7 @@ def test_cuda_batch_wrappers(rng, torch_cuda, kind, dtype):
 
     # paged prefill, causal
     qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
-    qp = torch.randn(int(qo_indptr[-1]), hq, d, device="cuda").to(tdt)
+    qp = trand(torch, rng, (int(qo_indptr[-1]), hq, d), tdt)
     wp = kvattn.BatchPrefillWithPagedKVCacheWrapper(wsb)
     wp.plan(qo_indptr, indptr, indices, last, hq, hkv, d, ps, causal=True, q_data_type=tdt, variant=var,
             variant_scalars=scalars, variant_tensors=tensors)
@@ -671,8 +689,8 @@ def test_cuda_batch_wrappers(rng, torch_cuda, kind, dtype):
 
     # ragged prefill
     kv_indptr = np.concatenate([[0], np.cumsum(kv_lens)]).astype(np.int32)
-    k = torch.randn(int(kv_indptr[-1]), hkv, d, device="cuda").to(tdt)
-    v = torch.randn(int(kv_indptr[-1]), hkv, d, device="cuda").to(tdt)
+    k = trand(torch, rng, (int(kv_indptr[-1]), hkv, d), tdt)
+    v = trand(torch, rng, (int(kv_indptr[-1]), hkv, d), tdt)
     wr = kvattn.BatchPrefillWithRaggedKVCacheWrapper(wsb)
     wr.plan(qo_indptr, kv_indptr, hq, hkv, d, causal=True, q_data_type=tdt, variant=var)
     o = wr.run(qp, k, v, variant_scalars=scalars, variant_tensors=tensors)
@@ -699,7 +717,7 @@ def test_cuda_graph_replays_captured_scalars_and_reads_tensors(rng, torch_cuda):
     cache_np, indptr, indices, last, P = make_paged(rng, lens, ps, hkv, d, np.float32)
     cache = torch.from_numpy(cache_np).cuda().half()
     c64 = np64(cache)
-    q = torch.randn(B, hq, d, device="cuda").half()
+    q = trand(torch, rng, (B, hq, d), torch.float16)
     sm = 1.0 / math.sqrt(d)
     bufs = [torch.zeros(B + 1, dtype=torch.int32, device="cuda"),
             torch.zeros(len(indices), dtype=torch.int32, device="cuda"),
@@ -747,12 +765,16 @@ def test_cuda_graph_replays_captured_scalars_and_reads_tensors(rng, torch_cuda):
 def test_one_variant_on_cpu_and_cuda(rng, torch_cuda):
     torch = torch_cuda
     var = sigmoid_variant()
-    q = rand(rng, (4, 64), np.float16)
-    k = rand(rng, (40, 2, 64), np.float16)
-    o_cpu = kvattn.single_decode_with_kv_cache(q, k, k, variant=var, variant_scalars=[0.2, 0.0])
+    d = 64
+    q = rand(rng, (4, d), np.float16)
+    k = rand(rng, (40, 2, d), np.float16)
+    v = rand(rng, (40, 2, d), np.float16)
+    o_cpu = kvattn.single_decode_with_kv_cache(q, k, v, variant=var, variant_scalars=[0.2, 0.0])
     o_gpu = kvattn.single_decode_with_kv_cache(torch.from_numpy(q).cuda(), torch.from_numpy(k).cuda(),
-                                               torch.from_numpy(k).cuda(), variant=var, variant_scalars=[0.2, 0.0])
+                                               torch.from_numpy(v).cuda(), variant=var, variant_scalars=[0.2, 0.0])
     assert set(var.devices) == {"cpu", "cuda:%d" % torch.cuda.current_device()}
-    np.testing.assert_allclose(np64(o_gpu), o_cpu.astype(np.float64), atol=2e-2, rtol=2e-2)
+    ro, _, rb = variant_ref(q[None], k, v, "sigmoid", (0.2, 0.0), 1.0 / math.sqrt(d))
+    check(o_cpu, ro[0], rb[0], "float16", "cpu o")
+    check(np64(o_gpu), ro[0], rb[0], "float16", "cuda o")
     var.close()
     assert var.devices == ()
