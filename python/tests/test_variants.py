@@ -315,6 +315,26 @@ def test_run_parameters_override_plan_defaults(rng, variants):
 
 
 @needs_cc
+def test_replans_keep_the_variant(rng, variants):
+    """Plans remade by the wrapper itself (a smaller pool at run; forward() with another causal) keep the variant."""
+    kv_lens, qo_lens, ps, hkv, d = [30, 12], [4, 12], 8, 2, 32
+    cache, indptr, indices, last, P = make_paged(rng, kv_lens, ps, hkv, d, np.float32)
+    qo_indptr = np.array([0, 4, 16], np.int32)
+    q = rand(rng, (16, 4, d), np.float32)
+    w = kvattn.BatchPrefillWithPagedKVCacheWrapper(ws())
+    w.plan(qo_indptr, indptr, indices, last, 4, hkv, d, ps, causal=False, q_data_type="float32", num_pages=P + 10,
+           variant=variants["sigmoid"], variant_scalars=SIG_PARAMS)
+    o = w.run(q, cache)  # the pool has P < P + 10 pages: planned again for it
+    o_causal = w.forward(q, cache, causal=True)  # planned again with causal=True
+    for b in range(2):
+        k, v = gather_kv(cache[:, 0], cache[:, 1], indptr, indices, b, kv_lens[b])
+        r = slice(qo_indptr[b], qo_indptr[b + 1])
+        for out, causal in ((o, False), (o_causal, True)):
+            ro, _, rb = variant_ref(q[r], k, v, "sigmoid", SIG_PARAMS, 1.0 / math.sqrt(d), causal)
+            check(out[r], ro, rb, "float32", "o[request %d] causal=%s" % (b, causal))
+
+
+@needs_cc
 def test_plan_keeps_variant_and_tensors_alive(rng):
     """A plan keeps its Variant and the tensors given at plan alive: no other reference is needed."""
     ps, hkv, d = 16, 1, 32
