@@ -45,6 +45,8 @@ from .quantization import packbits, segment_packbits
 from . import sparse  # noqa: F401 (flashinfer.sparse path)
 from .sparse import BlockSparseAttentionWrapper, VariableBlockSparseAttentionWrapper
 from .utils import MaskMode, PosEncodingMode, TensorLayout
+from . import variant  # noqa: F401
+from .variant import Variant, VariantHook
 
 __version__ = "0.1.0"
 
@@ -78,6 +80,8 @@ __all__ = [
     "PosEncodingMode",
     "TensorLayout",
     "MaskMode",
+    "Variant",
+    "VariantHook",
     "KvattnError",
     "InvalidArgumentError",
     "UnsupportedError",

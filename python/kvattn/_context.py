@@ -17,6 +17,9 @@ from .exceptions import WorkspaceTooSmallError
 _log = logging.getLogger("kvattn")
 _lock = threading.Lock()
 _contexts: Dict[T.DeviceKey, int] = {}
+# One token object per created context: objects owned by a context (user variants) remember the token and touch
+# their C handles only while it is still the current one (kva_context_destroy frees what a context owns).
+_tokens: Dict[T.DeviceKey, object] = {}
 
 
 def _log_cb(user, level, message):  # pragma: no cover - only with KVATTN_LOG set
@@ -54,8 +57,20 @@ def get_context(dev: T.DeviceKey) -> int:
         out = ctypes.c_void_p()
         F.check(lib.kva_context_create(ctypes.byref(opt), ctypes.byref(out)),
                 "kva_context_create(%s)" % T.device_str(dev))
+        _tokens[dev] = object()
         _contexts[dev] = out.value
         return out.value
+
+
+def context_token(dev: T.DeviceKey) -> object:
+    """The liveness token of the device's context (creating the context if needed)."""
+    get_context(dev)
+    return _tokens[dev]
+
+
+def context_alive(dev: T.DeviceKey, token: object) -> bool:
+    """Whether the context that `token` was issued for is still alive (not destroyed at exit)."""
+    return _tokens.get(dev) is token
 
 
 @atexit.register
@@ -63,6 +78,7 @@ def _destroy_all() -> None:  # pragma: no cover - process exit
     lib = F._lib
     if lib is None:
         return
+    _tokens.clear()  # first: variant finalizers that run later must not touch freed handles
     for dev, ctx in list(_contexts.items()):
         try:
             lib.kva_context_destroy(ctx)

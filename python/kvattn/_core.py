@@ -15,7 +15,8 @@ from . import _context as C
 from . import _ffi as F
 from . import _tensor as T
 from . import _torch_ops
-from .exceptions import CaptureActiveError, PlanMismatchError
+from . import variant as V
+from .exceptions import CaptureActiveError, InvalidArgumentError, PlanMismatchError, UnsupportedError
 
 # --------------------------------------------------------------------------------------------------
 # Argument parsing
@@ -125,7 +126,8 @@ def resolve_dtypes(q_data_type: Any, kv_data_type: Any, o_data_type: Any,
 
 def make_desc(num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, head_dim_vo: int, q_dtype: int,
               kv_dtype: int, o_dtype: int, mask_mode: int, window_left: int, logits_soft_cap: float,
-              sm_scale: float, pos_encoding: str, rope_scale: float, rope_theta: float) -> "F.kva_attention_desc":
+              sm_scale: float, pos_encoding: str, rope_scale: float, rope_theta: float,
+              variant_ptr: int = 0) -> "F.kva_attention_desc":
     for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads), ("head_dim_qk", head_dim_qk),
                     ("head_dim_vo", head_dim_vo)):
         if int(v) <= 0:
@@ -145,6 +147,7 @@ def make_desc(num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, head_dim_v
     d.pos_encoding = POS_ENCODING_MODES[pos_encoding]
     d.rope_scale = float(rope_scale)
     d.rope_theta = float(rope_theta)
+    d.variant = variant_ptr or None
     return d
 
 
@@ -285,8 +288,15 @@ class PlanState:
     indices: Any
     mask: Any
     mask_bytes: int
+    # user variant (desc.variant) and its run-time parameters given at plan (None = not given: run passes them)
+    variant: Optional[V.Variant]
+    v_scalars: Optional[Tuple[float, ...]]
+    v_tensors: Optional[Tuple[Any, ...]]
 
     def __init__(self) -> None:
+        self.variant = None
+        self.v_scalars = None
+        self.v_tensors = None
         self.indices = None
         self.mask = None
         self.mask_bytes = 0
@@ -324,6 +334,8 @@ def commit_plan(st: PlanState, ws: C.Workspace, what: str) -> None:
     """Size, check and make the C plan for st into workspace ws (st.plan / st.ws / st.ctx are set)."""
     lib = F.lib()
     ctx = C.get_context(st.dev)
+    # the variant's current handle on this device (raises if the Variant was closed; compiles it on first use)
+    st.desc.variant = st.variant.handle(st.dev) if st.variant is not None else None
     params = st.params()
     dev_b, host_b = ctypes.c_size_t(0), ctypes.c_size_t(0)
     F.check(lib.kva_plan_workspace_size(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params),
@@ -341,9 +353,26 @@ def _narrow_rows(t: "F.kva_tensor", rows: int) -> None:
         t.shape[0] = rows
 
 
-def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: float, v_scale: float) -> None:
+def variant_run_params(st: PlanState, scalars: Any, tensors: Any, where: str) -> "V.RunParams":
+    """The variant parameters of a run of plan st: those given to run(), else those given to plan() (checked;
+    a variant that takes parameters needs them from one of the two)."""
+    if st.variant is None:
+        if (scalars is not None and len(scalars)) or (tensors is not None and len(tensors)):
+            raise InvalidArgumentError("kvattn: %s got variant_scalars / variant_tensors but the plan has no "
+                                       "variant (pass variant= to plan())" % where)
+        return V.RunParams()
+    vs = st.v_scalars if scalars is None and st.v_scalars is not None else \
+        V.check_scalars(st.variant, scalars, where)
+    vt = st.v_tensors if tensors is None and st.v_tensors is not None else \
+        V.check_tensors(st.variant, tensors, st.dev, where)
+    return V.run_params(st.variant, vs, vt)
+
+
+def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: float, v_scale: float,
+             variant_scalars: Any = None, variant_tensors: Any = None) -> None:
     """Run wrapper `handle`'s current plan: the body of the kvattn::run custom op (arrays were checked by the
-    wrapper in eager mode; the C library re-checks everything against the plan)."""
+    wrapper in eager mode; the C library re-checks everything against the plan). The variant parameters default
+    to those given at plan (the custom op passes none)."""
     w = _registry.get(int(handle))
     if w is None:
         raise RuntimeError("kvattn: wrapper handle %d is gone (the wrapper was garbage collected)" % handle)
@@ -351,6 +380,8 @@ def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: f
     lib = F.lib()
     args = F.kva_run_args()
     lib.kva_run_args_init(ctypes.byref(args))
+    vparams = variant_run_params(st, variant_scalars, variant_tensors, type(w).__name__ + ".run")
+    vparams.apply(args)
     T.fill_tensor(args.q, q, "q")
     T.fill_tensor(args.o, out, "out")
     if lse is not None:
@@ -385,13 +416,32 @@ def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: f
     args.v_scale = float(v_scale)
     args.stream = C.current_stream(st.dev)
     F.check(lib.kva_run(st.ctx, ctypes.byref(st.plan), ctypes.byref(st.ws), ctypes.byref(args)), "run")
+    del vparams  # the scalars / tensor pointers were read during the call
 
 
-def dispatch_run(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: float, v_scale: float) -> None:
+def dispatch_run(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: float, v_scale: float,
+                 variant_scalars: Any = None, variant_tensors: Any = None) -> None:
     if T.is_torch(q) and _torch_ops.is_compiling():
+        if variant_scalars is not None or variant_tensors is not None:
+            raise UnsupportedError("kvattn: under torch.compile the variant parameters cannot be passed to run(); "
+                                   "pass variant_scalars / variant_tensors to plan() (they are the run's defaults)")
         _torch_ops.ops().run(handle, q, k, v, out, lse, k_scale, v_scale)
     else:
-        run_impl(handle, q, k, v, out, lse, k_scale, v_scale)
+        run_impl(handle, q, k, v, out, lse, k_scale, v_scale, variant_scalars, variant_tensors)
+
+
+def check_variant_run(st: PlanState, want_lse: bool, post_scale: float, what: str) -> None:
+    """Refusals that depend on the plan's variant and the run's outputs (before anything is allocated)."""
+    var = st.variant
+    if var is None:
+        return
+    if want_lse and not var.use_softmax:
+        raise InvalidArgumentError("kvattn: %s: lse is not defined for variant %r (use_softmax=False); do not ask "
+                                   "for it (return_lse / lse=)" % (what, var.name))
+    if post_scale != 1.0 and var.hooks & V.VariantHook.OUTPUT_TRANSFORM:
+        raise UnsupportedError("kvattn: %s: v_scale=%g with %s KV is applied to the output after the kernel, which "
+                               "would also scale variant %r's output transform; scale v (or fold it into the "
+                               "variant) instead" % (what, post_scale, T.dtype_name(st.kv_dtype), var.name))
 
 
 def scales_for(kv_dtype: int, q_scale: Any, k_scale: Any, v_scale: Any) -> Tuple[float, float, float]:
@@ -609,7 +659,8 @@ class BatchWrapperBase:
         return out, lse
 
     def _run_paged(self, q: Any, paged_kv_cache: Any, extra_args: Tuple, q_scale: Any, k_scale: Any, v_scale: Any,
-                   out: Any, lse: Any, return_lse: bool, **checks: Any) -> Any:
+                   out: Any, lse: Any, return_lse: bool, variant_scalars: Any = None, variant_tensors: Any = None,
+                   **checks: Any) -> Any:
         if extra_args:
             raise NotImplementedError("kvattn: extra positional run() arguments (JIT variant parameters) are not "
                                       "supported")
@@ -630,9 +681,10 @@ class BatchWrapperBase:
                 P = int(k.shape[0])
                 self._check_array(st, k, "k_cache", st.kv_dtype, (P,) + st.layout_shape_k)
                 self._check_array(st, v, "v_cache", st.kv_dtype, (P,) + st.layout_shape_v)
-        out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
         ks, vs, post = scales_for(st.kv_dtype, q_scale, k_scale, v_scale)
-        dispatch_run(self._handle, q, k, v, out, lse, ks, vs)
+        check_variant_run(st, return_lse or lse is not None, post, type(self).__name__ + ".run")
+        out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
+        dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors)
         if post != 1.0:
             scale_output(out, st.total_rows, post)
         return (out, lse) if return_lse else out
@@ -690,7 +742,8 @@ class BatchWrapperBase:
     def _fill_common(self, st: PlanState, op: int, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
                      head_dim_vo: int, dtypes: Tuple[int, int, int], mask_mode: int, causal: bool,
                      window_left: Any, logits_soft_cap: Any, sm_scale: Any, pos_encoding_mode: Any,
-                     rope_scale: Any, rope_theta: Any, fixed_split_tokens: int, disable_split_kv: bool) -> None:
+                     rope_scale: Any, rope_theta: Any, fixed_split_tokens: int, disable_split_kv: bool,
+                     variant: Any = None, variant_scalars: Any = None, variant_tensors: Any = None) -> None:
         st.op = op
         st.dev = self._dev
         st.graph = self._use_cuda_graph
@@ -710,6 +763,15 @@ class BatchWrapperBase:
         st.disable_split_kv = bool(disable_split_kv)
         if not math.isfinite(st.sm_scale) or st.sm_scale <= 0:
             raise ValueError("kvattn: sm_scale=%r must be a positive finite number" % (sm_scale,))
+        st.variant = V.check_variant(variant)
+        where = type(self).__name__ + ".plan"
+        if st.variant is None:
+            if variant_scalars is not None or variant_tensors is not None:
+                raise InvalidArgumentError("kvattn: %s got variant_scalars / variant_tensors without variant=" % where)
+        else:
+            st.v_scalars = None if variant_scalars is None else V.check_scalars(st.variant, variant_scalars, where)
+            st.v_tensors = None if variant_tensors is None else \
+                V.check_tensors(st.variant, variant_tensors, self._dev, where)
         st.desc = make_desc(st.num_qo_heads, st.num_kv_heads, st.head_dim_qk, st.head_dim_vo, st.q_dtype,
                             st.kv_dtype, st.o_dtype, mask_mode, st.window_left, st.logits_soft_cap, st.sm_scale,
                             st.pos_encoding, st.rope_scale, st.rope_theta)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any, List
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -14,6 +14,8 @@ from . import _core
 from . import _ffi as F
 from . import _tensor as T
 from . import _torch_ops
+from . import variant as V
+from .exceptions import InvalidArgumentError, UnsupportedError
 from .quantization import packbits
 
 
@@ -22,9 +24,11 @@ def _transpose01(x: Any) -> Any:
 
 
 def single_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, mask: Any, iparams: List[int],
-                fparams: List[float]) -> None:
+                fparams: List[float], variant: Optional[V.Variant] = None,
+                vparams: Optional[V.RunParams] = None) -> None:
     """Body of the kvattn::single custom op. k, v: [kv_len, Hkv, D] views. iparams = [decode, mask_mode,
-    window_left, pos_encoding]; fparams = [logits_soft_cap, sm_scale, rope_scale, rope_theta, k_scale, v_scale]."""
+    window_left, pos_encoding]; fparams = [logits_soft_cap, sm_scale, rope_scale, rope_theta, k_scale, v_scale].
+    variant / vparams: a user variant and its checked run-time parameters (eager calls only)."""
     decode, mask_mode, window_left, pos = (int(x) for x in iparams)
     cap, sm, rope_scale, rope_theta, ks, vs = (float(x) for x in fparams)
     dev = T.device_of(q)
@@ -34,7 +38,8 @@ def single_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, mask: Any, iparams: 
     hq = int(q.shape[-2])
     hkv = int(k.shape[1])
     desc = _core.make_desc(hq, hkv, int(q.shape[-1]), int(v.shape[2]), q_dtype, kv_dtype, o_dtype, mask_mode,
-                           window_left, cap, sm, _core._POS_BY_CODE[pos], rope_scale, rope_theta)
+                           window_left, cap, sm, _core._POS_BY_CODE[pos], rope_scale, rope_theta,
+                           variant.handle(dev) if variant is not None else 0)
     lib = F.lib()
     ctx = C.get_context(dev)
     args = F.kva_run_args()
@@ -51,6 +56,8 @@ def single_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, mask: Any, iparams: 
     args.k_scale = ks
     args.v_scale = vs
     args.stream = C.current_stream(dev)
+    if vparams is not None:
+        vparams.apply(args)
     ws_p = None
     if dev[0] != "cpu":
         qo_len = 1 if decode else int(q.shape[0])
@@ -67,7 +74,8 @@ def single_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, mask: Any, iparams: 
 def single_attention(q: Any, k: Any, v: Any, *, decode: bool, kv_layout: str, pos_encoding_mode: Any,
                      q_scale: Any, k_scale: Any, v_scale: Any, window_left: Any, logits_soft_cap: Any,
                      sm_scale: Any, rope_scale: Any, rope_theta: Any, return_lse: bool, causal: bool = False,
-                     custom_mask: Any = None, packed_custom_mask: Any = None, o_dtype: Any = None) -> Any:
+                     custom_mask: Any = None, packed_custom_mask: Any = None, o_dtype: Any = None,
+                     variant: Any = None, variant_scalars: Any = None, variant_tensors: Any = None) -> Any:
     layout = _core.parse_layout(kv_layout)
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not (T.is_torch(x) or isinstance(x, np.ndarray)):
@@ -107,6 +115,28 @@ def single_attention(q: Any, k: Any, v: Any, *, decode: bool, kv_layout: str, po
     fp8 = kv_dtype in T.FP8_DTYPES
     v_c, post = (vs, 1.0) if fp8 else (1.0, vs)
 
+    what = "single_decode_with_kv_cache" if decode else "single_prefill_with_kv_cache"
+    var = V.check_variant(variant)
+    vparams = None
+    if var is None:
+        if variant_scalars is not None or variant_tensors is not None:
+            raise InvalidArgumentError("kvattn: %s got variant_scalars / variant_tensors without variant="
+                                             % what)
+    else:
+        if T.is_torch(q) and _torch_ops.is_compiling():
+            raise UnsupportedError("kvattn: %s with a user variant cannot be traced by torch.compile (its "
+                                   "parameters do not go through the custom op); call it outside the compiled "
+                                   "region or use a batch wrapper with the parameters given at plan()" % what)
+        if return_lse and not var.use_softmax:
+            raise InvalidArgumentError("kvattn: %s: lse is not defined for variant %r (use_softmax=False); "
+                                             "call it with return_lse=False" % (what, var.name))
+        if post != 1.0 and var.hooks & V.VariantHook.OUTPUT_TRANSFORM:
+            raise UnsupportedError("kvattn: %s: v_scale=%g with %s KV is applied to the output after the kernel, "
+                                   "which would also scale variant %r's output transform; scale v instead"
+                                   % (what, post, T.dtype_name(kv_dtype), var.name))
+        vparams = V.run_params(var, V.check_scalars(var, variant_scalars, what),
+                               V.check_tensors(var, variant_tensors, dev, what))
+
     mask = None
     mask_mode = F.KVA_MASK_CAUSAL if causal else F.KVA_MASK_NONE
     if packed_custom_mask is not None or custom_mask is not None:
@@ -142,6 +172,6 @@ def single_attention(q: Any, k: Any, v: Any, *, decode: bool, kv_layout: str, po
     if T.is_torch(q) and _torch_ops.is_compiling():
         _torch_ops.ops().single(q, k, v, out, lse, mask, iparams, fparams)
     else:
-        single_impl(q, k, v, out, lse, mask, iparams, fparams)
+        single_impl(q, k, v, out, lse, mask, iparams, fparams, var, vparams)
     _core.scale_output(out, int(out.shape[0]), post)
     return (out, lse) if return_lse else out

@@ -14,6 +14,7 @@ from . import _context as C
 from . import _ffi as F
 from . import _tensor as T
 from . import _torch_ops
+from .variant import refuse as refuse_variant
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "MultiLevelCascadeAttentionWrapper"]
 
@@ -179,9 +180,13 @@ class MultiLevelCascadeAttentionWrapper:
              paged_kv_last_page_len: Any, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
              causal: bool = False, pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
              sm_scale: Any = None, window_left: int = -1, logits_soft_cap: Any = None, rope_scale: Any = None,
-             rope_theta: Any = None, q_data_type: Any = "float16", kv_data_type: Any = None) -> None:
+             rope_theta: Any = None, q_data_type: Any = "float16", kv_data_type: Any = None, *,
+             variant: Any = None) -> None:
         """Per-level arrays (lists of length num_levels): ``qo_indptr_arr[i]``, ``paged_kv_indptr_arr[i]``,
-        ``paged_kv_indices_arr[i]``, ``paged_kv_last_page_len[i]``."""
+        ``paged_kv_indices_arr[i]``, ``paged_kv_last_page_len[i]``. ``variant`` is refused (UnsupportedError)."""
+        refuse_variant(variant, "MultiLevelCascadeAttentionWrapper",
+                       "the levels are merged through their lse, which an output transform or use_softmax=False "
+                       "would break; as the C library's kva_cascade_*")
         for name, arr in (("qo_indptr_arr", qo_indptr_arr), ("paged_kv_indptr_arr", paged_kv_indptr_arr),
                           ("paged_kv_indices_arr", paged_kv_indices_arr),
                           ("paged_kv_last_page_len", paged_kv_last_page_len)):

@@ -26,15 +26,20 @@ def single_decode_with_kv_cache(q: Any, k: Any, v: Any, kv_layout: str = "NHD", 
                                 k_scale: Optional[float] = None, v_scale: Optional[float] = None,
                                 window_left: int = -1, logits_soft_cap: Optional[float] = None,
                                 sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-                                rope_theta: Optional[float] = None, return_lse: bool = False) -> Any:
+                                rope_theta: Optional[float] = None, return_lse: bool = False, *,
+                                variant: Any = None, variant_scalars: Any = None, variant_tensors: Any = None) -> Any:
     """Decode attention for one request: ``q [num_qo_heads, head_dim]`` against ``k, v [kv_len, num_kv_heads,
     head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]`` (HND). Returns ``o [num_qo_heads, head_dim]``
     (and the base-2 ``lse [num_qo_heads]`` when ``return_lse``). The query sits at position ``kv_len - 1``.
-    ``use_tensor_cores`` is accepted and has no effect (kvattn picks its kernel itself)."""
+    ``use_tensor_cores`` is accepted and has no effect (kvattn picks its kernel itself).
+
+    kvattn extension: ``variant`` (a :class:`kvattn.Variant`) with its ``variant_scalars`` (floats) and
+    ``variant_tensors`` (f32 arrays on q's device)."""
     return single_attention(q, k, v, decode=True, kv_layout=kv_layout, pos_encoding_mode=pos_encoding_mode,
                             q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, window_left=window_left,
                             logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
-                            rope_theta=rope_theta, return_lse=return_lse)
+                            rope_theta=rope_theta, return_lse=return_lse, variant=variant,
+                            variant_scalars=variant_scalars, variant_tensors=variant_tensors)
 
 
 class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
@@ -85,7 +90,8 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
                logits_soft_cap: Any, q_data_type: Any, kv_data_type: Any, o_data_type: Any, data_type: Any,
                sm_scale: Any, rope_scale: Any, rope_theta: Any, block_tables: Any, seq_lens: Any,
                fixed_split_size: Any, disable_split_kv: Any, q_len_per_req: Any, num_pages: Any,
-               dry: bool) -> PlanState:
+               dry: bool, variant: Any = None, variant_scalars: Any = None,
+               variant_tensors: Any = None) -> PlanState:
         reject(block_tables=block_tables)
         if window_right not in (None, 0, -1):
             raise NotImplementedError("kvattn: window_right=%r is not supported by decode (keys after the query "
@@ -117,7 +123,8 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             st.h_qo_indptr = np.arange(0, (B + 1) * qlen, qlen, dtype=np.int32)
         self._fill_common(st, op, num_qo_heads, num_kv_heads, head_dim, head_dim, dtypes, mask, qlen > 1,
                           window_left, logits_soft_cap, sm_scale, pos_encoding_mode, rope_scale, rope_theta,
-                          _core.norm_split(fixed_split_size, st.page_size), bool(disable_split_kv))
+                          _core.norm_split(fixed_split_size, st.page_size), bool(disable_split_kv), variant,
+                          variant_scalars, variant_tensors)
         st.q_len_per_req = qlen
         st.total_rows = B * qlen
         st.max_batch = self._fixed_batch_size or B
@@ -132,17 +139,21 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
              sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
              rope_theta: Optional[float] = None, non_blocking: bool = True, block_tables: Any = None,
              seq_lens: Any = None, fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
-             q_len_per_req: int = 1, num_pages: Optional[int] = None) -> None:
+             q_len_per_req: int = 1, num_pages: Optional[int] = None, variant: Any = None,
+             variant_scalars: Any = None, variant_tensors: Any = None) -> None:
         """Plan a decode step (host work; reused by every layer's run()).
 
         Args follow FlashInfer. ``indptr [B+1]``, ``last_page_len [B]`` are read on the host (device tensors are
         copied, which synchronises); ``indices`` may live on the host or the wrapper's device.
-        ``fixed_split_size`` is in pages. kvattn extension: ``num_pages``, the pool's page count (default: the
-        pool seen by the previous run, else the largest index + 1)."""
+        ``fixed_split_size`` is in pages. kvattn extensions: ``num_pages``, the pool's page count (default: the
+        pool seen by the previous run, else the largest index + 1); ``variant`` (a :class:`kvattn.Variant`, compiled
+        for the wrapper's device on first use) with default ``variant_scalars`` / ``variant_tensors`` for every
+        run (run() may pass others)."""
         st = self._build(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
                          pos_encoding_mode, window_left, window_right, logits_soft_cap, q_data_type, kv_data_type,
                          o_data_type, data_type, sm_scale, rope_scale, rope_theta, block_tables, seq_lens,
-                         fixed_split_size, disable_split_kv, q_len_per_req, num_pages, dry=False)
+                         fixed_split_size, disable_split_kv, q_len_per_req, num_pages, dry=False, variant=variant,
+                         variant_scalars=variant_scalars, variant_tensors=variant_tensors)
         self._set_state(None)
         commit_plan(st, self._ws, type(self).__name__ + ".plan")
         self._set_state(st)
@@ -156,7 +167,8 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         kw = dict(pos_encoding_mode="NONE", window_left=-1, window_right=0, logits_soft_cap=None,
                   q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None,
                   rope_scale=None, rope_theta=None, block_tables=None, seq_lens=None, fixed_split_size=None,
-                  disable_split_kv=False, q_len_per_req=1, num_pages=None)
+                  disable_split_kv=False, q_len_per_req=1, num_pages=None, variant=None, variant_scalars=None,
+                  variant_tensors=None)
         kwargs.pop("non_blocking", None)
         for key in kwargs:
             if key not in kw:
@@ -173,13 +185,14 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             skip_softmax_threshold_scale_factor: Optional[float] = None, kv_cache_sf: Any = None,
             logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
             rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
-            pos_encoding_mode: Any = None) -> Any:
+            pos_encoding_mode: Any = None, variant_scalars: Any = None, variant_tensors: Any = None) -> Any:
         """Attention of ``q [B * q_len_per_req, num_qo_heads, head_dim]`` against the paged cache.
 
         Returns ``out [rows, num_qo_heads, head_dim]`` (and base-2 ``lse [rows, num_qo_heads]`` with
         ``return_lse``). With ``out=`` (and ``lse=``) given, nothing is allocated and nothing synchronises, so the
         call can be captured in a CUDA graph (``use_cuda_graph=True`` wrappers). Scalar arguments that disagree
-        with the plan raise PlanMismatchError. ``enable_pdl`` is accepted and ignored."""
+        with the plan raise PlanMismatchError. ``enable_pdl`` is accepted and ignored. kvattn extension:
+        ``variant_scalars`` / ``variant_tensors`` for the plan's variant (None = those given to plan())."""
         reject(sinks=sinks, skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
                kv_cache_sf=kv_cache_sf)
         st = self._require_plan()
@@ -187,8 +200,9 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             raise PlanMismatchError("kvattn: run got q_len_per_req=%d but the plan was made with q_len_per_req=%d"
                                     % (int(q_len_per_req), st.q_len_per_req))
         return self._run_paged(q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, return_lse,
-                               window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
-                               rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode)
+                               variant_scalars, variant_tensors, window_left=window_left,
+                               logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
+                               rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode)
 
     def run_return_lse(self, q: Any, paged_kv_cache: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any]:
         kwargs["return_lse"] = True
@@ -231,7 +245,8 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: Any, indi
                      sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
                      rope_theta: Optional[float] = None, non_blocking: bool = True,
                      fixed_split_size: Optional[int] = None, disable_split_kv: bool = False, q_len_per_req: int = 1,
-                     global_override_indptr_cpu: Any = None) -> None:
+                     global_override_indptr_cpu: Any = None, *, variant: Any = None, variant_scalars: Any = None,
+                     variant_tensors: Any = None) -> None:
     """FlashInfer's plan variant that engines monkey-patch onto the decode wrapper: the same plan, with the host
     indptr taken from ``global_override_indptr_cpu`` when given (so a device indptr is never copied back)."""
     if global_override_indptr_cpu is not None:
@@ -242,7 +257,8 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: Any, indi
         pos_encoding_mode=pos_encoding_mode, window_left=window_left, logits_soft_cap=logits_soft_cap,
         q_data_type=q_data_type, kv_data_type=kv_data_type, data_type=data_type, sm_scale=sm_scale,
         rope_scale=rope_scale, rope_theta=rope_theta, non_blocking=non_blocking, fixed_split_size=fixed_split_size,
-        disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req)
+        disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req, variant=variant,
+        variant_scalars=variant_scalars, variant_tensors=variant_tensors)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -270,6 +286,7 @@ def _query_size(st: PlanState) -> int:
     lib = F.lib()
     ctx = C.get_context(st.dev)
     params = st.params()
+    st.desc.variant = st.variant.handle(st.dev) if st.variant is not None else None
     db, hb = ctypes.c_size_t(0), ctypes.c_size_t(0)
     F.check(lib.kva_plan_workspace_size(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(db),
                                         ctypes.byref(hb)), "workspace_size")

@@ -32,13 +32,17 @@ def single_prefill_with_kv_cache(q: Any, k: Any, v: Any, scale_q: Any = None, sc
                                  logits_soft_cap: Optional[float] = None, rope_scale: Optional[float] = None,
                                  rope_theta: Optional[float] = None, backend: str = "auto", return_lse: bool = False,
                                  kv_cache_sf: Any = None, k_scale: Optional[float] = None,
-                                 v_scale: Optional[float] = None) -> Any:
+                                 v_scale: Optional[float] = None, *, variant: Any = None,
+                                 variant_scalars: Any = None, variant_tensors: Any = None) -> Any:
     """Prefill attention for one request: ``q [qo_len, num_qo_heads, head_dim_qk]`` against
     ``k [kv_len, num_kv_heads, head_dim_qk]``, ``v [kv_len, num_kv_heads, head_dim_vo]`` (NHD; HND swaps the first
     two dims). Query row i sits at position ``kv_len - qo_len + i`` (causal mask bottom-right aligned).
     ``custom_mask`` (bool ``[qo_len, kv_len]``, True = visible) or ``packed_custom_mask`` (its
     ``packbits(..., bitorder="little")``) take precedence over ``causal``. Returns ``o [qo_len, num_qo_heads,
-    head_dim_vo]`` (and base-2 ``lse [qo_len, num_qo_heads]``)."""
+    head_dim_vo]`` (and base-2 ``lse [qo_len, num_qo_heads]``).
+
+    kvattn extension: ``variant`` (a :class:`kvattn.Variant`) with its ``variant_scalars`` (floats) and
+    ``variant_tensors`` (f32 arrays on q's device)."""
     _core.check_backend(backend)
     reject(scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, kv_cache_sf=kv_cache_sf)
     if use_fp16_qk_reduction:
@@ -48,7 +52,8 @@ def single_prefill_with_kv_cache(q: Any, k: Any, v: Any, scale_q: Any = None, sc
                             q_scale=None, k_scale=k_scale, v_scale=v_scale, window_left=window_left,
                             logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
                             rope_theta=rope_theta, return_lse=return_lse, causal=causal, custom_mask=custom_mask,
-                            packed_custom_mask=packed_custom_mask, o_dtype=o_dtype)
+                            packed_custom_mask=packed_custom_mask, o_dtype=o_dtype, variant=variant,
+                            variant_scalars=variant_scalars, variant_tensors=variant_tensors)
 
 
 single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache, return_lse=True)
@@ -183,7 +188,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                rope_theta: Any, q_data_type: Any, kv_data_type: Any, o_data_type: Any, prefix_len_ptr: Any,
                token_pos_in_items_ptr: Any, token_pos_in_items_len: Any, max_item_len_ptr: Any, seq_lens: Any,
                seq_lens_q: Any, block_tables: Any, max_token_per_sequence: Any, max_sequence_kv: Any,
-               fixed_split_size: Any, disable_split_kv: Any, num_pages: Any, dry: bool) -> PlanState:
+               fixed_split_size: Any, disable_split_kv: Any, num_pages: Any, dry: bool, variant: Any = None,
+               variant_scalars: Any = None, variant_tensors: Any = None) -> PlanState:
         reject(prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
                token_pos_in_items_len=token_pos_in_items_len, max_item_len_ptr=max_item_len_ptr, seq_lens=seq_lens,
                seq_lens_q=seq_lens_q, block_tables=block_tables, max_token_per_sequence=max_token_per_sequence,
@@ -205,7 +211,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         dvo = head_dim_qk if head_dim_vo is None else head_dim_vo
         self._fill_common(st, F.KVA_OP_BATCH_PREFILL_PAGED, num_qo_heads, num_kv_heads, head_dim_qk, dvo, dtypes,
                           mask_mode, causal, window_left, logits_soft_cap, sm_scale, pos_encoding_mode, rope_scale,
-                          rope_theta, _core.norm_split(fixed_split_size, st.page_size), bool(disable_split_kv))
+                          rope_theta, _core.norm_split(fixed_split_size, st.page_size), bool(disable_split_kv),
+                          variant, variant_scalars, variant_tensors)
         self._set_pool_shapes(st)
         return st
 
@@ -220,16 +227,18 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
              seq_lens: Any = None, seq_lens_q: Any = None, block_tables: Any = None,
              max_token_per_sequence: Optional[int] = None, max_sequence_kv: Optional[int] = None,
              fixed_split_size: Optional[int] = None, disable_split_kv: bool = False, *,
-             num_pages: Optional[int] = None) -> None:
+             num_pages: Optional[int] = None, variant: Any = None, variant_scalars: Any = None,
+             variant_tensors: Any = None) -> None:
         """Plan a batch (host work; reused by every layer's run()). Arguments follow FlashInfer;
-        ``fixed_split_size`` is in pages. kvattn extension: ``num_pages`` (the pool's page count)."""
+        ``fixed_split_size`` is in pages. kvattn extensions: ``num_pages`` (the pool's page count); ``variant`` (a
+        :class:`kvattn.Variant`) with default ``variant_scalars`` / ``variant_tensors`` for every run."""
         st = self._build(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                          num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask, packed_custom_mask, causal,
                          pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale,
                          rope_theta, q_data_type, kv_data_type, o_data_type, prefix_len_ptr, token_pos_in_items_ptr,
                          token_pos_in_items_len, max_item_len_ptr, seq_lens, seq_lens_q, block_tables,
                          max_token_per_sequence, max_sequence_kv, fixed_split_size, disable_split_kv, num_pages,
-                         dry=False)
+                         dry=False, variant=variant, variant_scalars=variant_scalars, variant_tensors=variant_tensors)
         self._set_state(None)
         commit_plan(st, self._ws, type(self).__name__ + ".plan")
         self._set_state(st)
@@ -250,7 +259,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                          num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask, packed_custom_mask, causal,
                          pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale,
                          rope_theta, q_data_type, kv_data_type, o_data_type, None, None, 0, None, None, None, None,
-                         None, None, fixed_split_size, disable_split_kv, kwargs.get("num_pages"), dry=True)
+                         None, None, fixed_split_size, disable_split_kv, kwargs.get("num_pages"), dry=True,
+                         variant=kwargs.get("variant"))
         return _query_size(st), 0
 
     def run(self, q: Any, paged_kv_cache: Any, *args: Any, q_scale: Optional[float] = None,
@@ -260,16 +270,17 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
             use_fp16_softmax: Optional[bool] = None, uses_spcompress: Optional[bool] = None,
             logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
             rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, pos_encoding_mode: Any = None,
-            causal: Optional[bool] = None) -> Any:
+            causal: Optional[bool] = None, variant_scalars: Any = None, variant_tensors: Any = None) -> Any:
         """``q [qo_indptr[-1], num_qo_heads, head_dim_qk]`` -> ``out [rows, num_qo_heads, head_dim_vo]`` (and base-2
-        ``lse``). Capturable in a CUDA graph with ``out=`` given (``use_cuda_graph=True`` wrappers)."""
+        ``lse``). Capturable in a CUDA graph with ``out=`` given (``use_cuda_graph=True`` wrappers). kvattn
+        extension: ``variant_scalars`` / ``variant_tensors`` (None = those given to plan())."""
         reject(sinks=sinks, kv_cache_sf=kv_cache_sf,
                skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
                use_fp16_softmax=use_fp16_softmax, uses_spcompress=uses_spcompress)
         return self._run_paged(q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, return_lse,
-                               window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
-                               rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode,
-                               causal=causal)
+                               variant_scalars, variant_tensors, window_left=window_left,
+                               logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
+                               rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode, causal=causal)
 
     def run_return_lse(self, q: Any, paged_kv_cache: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any]:
         kwargs["return_lse"] = True
@@ -318,7 +329,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                token_pos_in_items_ptr: Any, token_pos_in_items_len: Any, max_item_len_ptr: Any,
                fixed_split_size: Any, disable_split_kv: Any, seq_lens: Any, seq_lens_q: Any,
                max_token_per_sequence: Any, max_sequence_kv: Any, v_indptr: Any, o_indptr: Any,
-               dry: bool) -> PlanState:
+               dry: bool, variant: Any = None, variant_scalars: Any = None,
+               variant_tensors: Any = None) -> PlanState:
         reject(prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
                token_pos_in_items_len=token_pos_in_items_len, max_item_len_ptr=max_item_len_ptr, seq_lens=seq_lens,
                seq_lens_q=seq_lens_q, max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv)
@@ -350,7 +362,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         dvo = head_dim_qk if head_dim_vo is None else head_dim_vo
         self._fill_common(st, F.KVA_OP_BATCH_PREFILL_RAGGED, num_qo_heads, num_kv_heads, head_dim_qk, dvo, dtypes,
                           mask_mode, causal, window_left, logits_soft_cap, sm_scale, pos_encoding_mode, rope_scale,
-                          rope_theta, _core.norm_split(fixed_split_size, 1), bool(disable_split_kv))
+                          rope_theta, _core.norm_split(fixed_split_size, 1), bool(disable_split_kv), variant,
+                          variant_scalars, variant_tensors)
         return st
 
     def plan(self, qo_indptr: Any, kv_indptr: Any, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
@@ -362,14 +375,18 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
              prefix_len_ptr: Any = None, token_pos_in_items_ptr: Any = None, token_pos_in_items_len: int = 0,
              max_item_len_ptr: Any = None, fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
              seq_lens: Any = None, seq_lens_q: Any = None, max_token_per_sequence: Optional[int] = None,
-             max_sequence_kv: Optional[int] = None, v_indptr: Any = None, o_indptr: Any = None) -> None:
-        """Plan a batch (host work; reused by every layer's run()). ``fixed_split_size`` counts tokens here."""
+             max_sequence_kv: Optional[int] = None, v_indptr: Any = None, o_indptr: Any = None, *,
+             variant: Any = None, variant_scalars: Any = None, variant_tensors: Any = None) -> None:
+        """Plan a batch (host work; reused by every layer's run()). ``fixed_split_size`` counts tokens here.
+        kvattn extension: ``variant`` (a :class:`kvattn.Variant`) with default ``variant_scalars`` /
+        ``variant_tensors`` for every run."""
         st = self._build(qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, custom_mask,
                          packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
                          logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type, o_data_type,
                          prefix_len_ptr, token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr,
                          fixed_split_size, disable_split_kv, seq_lens, seq_lens_q, max_token_per_sequence,
-                         max_sequence_kv, v_indptr, o_indptr, dry=False)
+                         max_sequence_kv, v_indptr, o_indptr, dry=False, variant=variant,
+                         variant_scalars=variant_scalars, variant_tensors=variant_tensors)
         self._set_state(None)
         commit_plan(st, self._ws, type(self).__name__ + ".plan")
         self._set_state(st)
@@ -390,7 +407,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                          packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
                          logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type, o_data_type,
                          None, None, 0, None, fixed_split_size, disable_split_kv, None, None, None, None, None, None,
-                         dry=True)
+                         dry=True, variant=kwargs.get("variant"))
         return _query_size(st), 0
 
     def run(self, q: Any, k: Any, v: Any, *args: Any, q_scale: Optional[float] = None,
@@ -398,9 +415,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
             out: Any = None, lse: Any = None, return_lse: bool = False, enable_pdl: Optional[bool] = None,
             kv_cache_sf: Any = None, window_left: Optional[int] = None, logits_soft_cap: Optional[float] = None,
             sm_scale: Optional[float] = None, rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
-            pos_encoding_mode: Any = None, causal: Optional[bool] = None) -> Any:
+            pos_encoding_mode: Any = None, causal: Optional[bool] = None, variant_scalars: Any = None,
+            variant_tensors: Any = None) -> Any:
         """``q [qo_indptr[-1], Hq, Dqk]``, ``k [kv_indptr[-1], Hkv, Dqk]``, ``v [kv_indptr[-1], Hkv, Dvo]`` (NHD; HND
-        swaps the first two dims of k and v) -> ``out [rows, Hq, Dvo]`` (and base-2 ``lse``)."""
+        swaps the first two dims of k and v) -> ``out [rows, Hq, Dvo]`` (and base-2 ``lse``). kvattn extension:
+        ``variant_scalars`` / ``variant_tensors`` (None = those given to plan())."""
         reject(kv_cache_sf=kv_cache_sf)
         if o_scale is not None and float(o_scale) != 1.0:
             raise NotImplementedError("kvattn: o_scale (fp8 output scaling) is not supported")
@@ -430,9 +449,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                               rows_at_least=kvr if st.graph else None)
             self._check_array(st, v, "v", st.kv_dtype, (kvr, st.num_kv_heads, st.head_dim_vo),
                               rows_at_least=kvr if st.graph else None)
-        out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
         ks, vs, post = _core.scales_for(st.kv_dtype, q_scale, k_scale, v_scale)
-        _core.dispatch_run(self._handle, q, k, v, out, lse, ks, vs)
+        _core.check_variant_run(st, return_lse or lse is not None, post, type(self).__name__ + ".run")
+        out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
+        _core.dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors)
         _core.scale_output(out, st.total_rows, post)
         return (out, lse) if return_lse else out
 

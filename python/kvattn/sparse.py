@@ -48,6 +48,7 @@ from . import _core
 from . import _ffi as F
 from . import _tensor as T
 from . import _torch_ops
+from .variant import refuse as refuse_variant
 from .exceptions import PlanMismatchError
 
 __all__ = ["BlockSparseAttentionWrapper", "VariableBlockSparseAttentionWrapper"]
@@ -268,14 +269,17 @@ class BlockSparseAttentionWrapper:
              logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
              rope_scale: Optional[float] = None, rope_theta: Optional[float] = None, q_data_type: Any = "float16",
              kv_data_type: Any = None, o_data_type: Any = "float16", non_blocking: bool = True,
-             block_mask: Any = None, fixed_split_size: Optional[int] = None, disable_split_kv: bool = False) -> None:
+             block_mask: Any = None, fixed_split_size: Optional[int] = None, disable_split_kv: bool = False, *,
+             variant: Any = None) -> None:
         """Plan block-sparse attention (host work, reused by every run()).
 
         ``indptr [MB + 1]`` (``MB = ceil(M / R)``) and ``indices [nnz]`` (column-block ids in ``[0, N / C)``, no
         repeats within a block row) describe the BSR matrix; ``N`` must be a multiple of ``C``. ``mask`` (bool
         ``[nnz, R, C]``) or ``packed_mask`` masks elements of the listed blocks and takes precedence over
         ``causal``. ``fixed_split_size`` (tokens) and ``disable_split_kv`` are kvattn extensions (batch-invariant
-        or unsplit KV)."""
+        or unsplit KV). ``variant`` is refused (UnsupportedError), as by the C library's kva_bsr_*."""
+        refuse_variant(variant, "BlockSparseAttentionWrapper",
+                       "block-sparse runs carry no variant parameters and hooks would see block-row positions")
         if use_fp16_qk_reduction:
             raise NotImplementedError("kvattn: use_fp16_qk_reduction=True is not supported (kvattn always "
                                       "accumulates QK in float32)")

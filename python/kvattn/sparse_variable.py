@@ -29,6 +29,7 @@ from . import _core
 from . import _ffi as F
 from . import _tensor as T
 from .exceptions import PlanMismatchError
+from .variant import refuse as refuse_variant
 
 __all__ = ["VariableBlockSparseAttentionWrapper"]
 
@@ -180,10 +181,12 @@ class VariableBlockSparseAttentionWrapper:
              sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
              rope_theta: Optional[float] = None, non_blocking: bool = True, q_data_type: Any = "float16",
              kv_data_type: Any = None, o_data_type: Any = None, fixed_split_size: Optional[int] = None,
-             disable_split_kv: bool = False) -> None:
+             disable_split_kv: bool = False, *, variant: Any = None) -> None:
         """``block_mask_map [num_kv_heads, MB, NB]`` (bool), ``block_row_sz [num_kv_heads, MB]``,
         ``block_col_sz [num_kv_heads, NB]``; every head's row sizes sum to ``qo_len`` and column sizes to
-        ``kv_len``."""
+        ``kv_len``. ``variant`` is refused (UnsupportedError), as by the C library's kva_vbsr_*."""
+        refuse_variant(variant, "VariableBlockSparseAttentionWrapper",
+                       "variable block-sparse runs carry no variant parameters")
         if use_fp16_qk_reduction:
             raise NotImplementedError("kvattn: use_fp16_qk_reduction=True is not supported")
         if _core.parse_pos_encoding(pos_encoding_mode) != "NONE":
