@@ -4,6 +4,8 @@
  *   decode   paged decode over a matrix of group sizes, page sizes, layouts, dtypes, head dims, variants,
  *            empty / one-token / long (split-KV) requests;
  *   prefill  small multi-row paged and ragged prefill (causal), through the same kernel;
+ *   bsr graph  a block-sparse run captured in graph mode, another pattern re-planned into the same workspace and
+ *            buffers, replayed: equals a plain run of the new pattern;
  *   graph    plan (graph mode) -> capture run -> re-plan with other lengths (and other splits) into the same
  *            workspace -> replay -> equals a non-graph run of the new plan and the reference;
  *   fault    an out-of-range page index (too large, negative) in one request, with and without split-KV:
@@ -1065,6 +1067,176 @@ static void test_append_and_merge(kva_context* ctx) {
     dfree(dms);
 }
 
+/* ---------------------------------------------------------------------------------------------- */
+/* BSR graph mode: capture a block-sparse run, re-plan another pattern into the same workspace (same indices and
+   mask buffers, rewritten), replay, compare with a plain (non-graph) run of the new pattern. */
+
+typedef struct bsr_pat {
+    int32_t indptr[5];
+    int32_t indices[4 * 32];
+} bsr_pat;
+
+static void bsr_pattern(bsr_pat* pt, int MB, int NB, int density) {
+    pt->indptr[0] = 0;
+    int n = 0;
+    for (int b = 0; b < MB; ++b) {
+        for (int j = 0; j < NB; ++j)
+            if (rint_range(0, 99) < density) pt->indices[n++] = j;
+        pt->indptr[b + 1] = n;
+    }
+}
+
+static void test_bsr_graph(kva_context* ctx) {
+    const int HQ = 8, HK = 2, D = 128, M = 64, N = 512, R = 16, C = 16, MB = 4, NB = 32;
+    kva_attention_desc d;
+    kva_attention_desc_init(&d, HQ, HK, D, KVA_DTYPE_BF16);
+    d.mask_mode = KVA_MASK_CAUSAL;
+    uint16_t* hq = (uint16_t*)malloc((size_t)M * HQ * D * 2);
+    uint16_t* hk = (uint16_t*)malloc((size_t)N * HK * D * 2);
+    uint16_t* hv = (uint16_t*)malloc((size_t)N * HK * D * 2);
+    for (size_t i = 0; i < (size_t)M * HQ * D; ++i) rand_val(KVA_DTYPE_BF16, hq + i, 1.0);
+    for (size_t i = 0; i < (size_t)N * HK * D; ++i) {
+        rand_val(KVA_DTYPE_BF16, hk + i, 1.0);
+        rand_val(KVA_DTYPE_BF16, hv + i, 1.0);
+    }
+    void* q = dalloc((size_t)M * HQ * D * 2);
+    void* k = dalloc((size_t)N * HK * D * 2);
+    void* v = dalloc((size_t)N * HK * D * 2);
+    void* o_g = dalloc((size_t)M * HQ * D * 2);
+    void* o_r = dalloc((size_t)M * HQ * D * 2);
+    dput(q, hq, (size_t)M * HQ * D * 2);
+    dput(k, hk, (size_t)N * HK * D * 2);
+    dput(v, hv, (size_t)N * HK * D * 2);
+    bsr_pat A, B;
+    bsr_pattern(&A, MB, NB, 35);
+    bsr_pattern(&B, MB, NB, 75);
+    kva_bsr_params p;
+    kva_bsr_params_init(&p);
+    p.num_qo_rows = M;
+    p.num_kv_rows = N;
+    p.block_rows = R;
+    p.block_cols = C;
+    p.graph_mode = 1;
+    p.indptr = A.indptr;
+    p.indices = A.indices;
+    size_t db = 0, hb = 0, db2 = 0, hb2 = 0;
+    kva_status st = kva_bsr_workspace_size(ctx, &d, &p, &db, &hb);
+    p.indptr = B.indptr;
+    p.indices = B.indices;
+    st = st == KVA_OK ? kva_bsr_workspace_size(ctx, &d, &p, &db2, &hb2) : st;
+    CHECK(st == KVA_OK && db == db2 && hb == hb2, "bsr graph: workspace sizes depend only on the shape (%zu/%zu vs %zu/%zu)",
+          db, hb, db2, hb2);
+    kva_workspace ws = {dalloc(db), db, NULL, hb};
+    CU(cudaMallocHost(&ws.host, hb > 0 ? hb : 256));
+    void* d_idx = dalloc(sizeof(int32_t) * MB * NB);
+    p.indptr = A.indptr;
+    p.indices = A.indices;
+    kva_bsr_plan plan;
+    st = kva_bsr_plan_make(ctx, &d, &p, &ws, &plan, NULL);
+    CHECK(st == KVA_OK && plan.uses_mask, "bsr graph: plan A: %s", kva_last_error_message());
+    void* d_mask = dalloc((size_t)plan.max_mask_bytes + 1);
+    uint8_t* hmask = (uint8_t*)malloc((size_t)plan.max_mask_bytes + 1);
+    size_t mb = 0;
+    st = kva_bsr_mask_pack(&d, &p, hmask, (size_t)plan.max_mask_bytes, &mb);
+    dput(d_idx, A.indices, sizeof(int32_t) * (size_t)A.indptr[MB]);
+    dput(d_mask, hmask, mb);
+    kva_bsr_run_args a;
+    kva_bsr_run_args_init(&a);
+    a.q = kva_tensor_make(q, KVA_DTYPE_BF16, 3, M, HQ, D, 0);
+    a.k = kva_tensor_make(k, KVA_DTYPE_BF16, 3, N, HK, D, 0);
+    a.v = kva_tensor_make(v, KVA_DTYPE_BF16, 3, N, HK, D, 0);
+    a.o = kva_tensor_make(o_g, KVA_DTYPE_BF16, 3, M, HQ, D, 0);
+    a.indices = (const int32_t*)d_idx;
+    a.packed_mask = (const uint8_t*)d_mask;
+    a.packed_mask_bytes = plan.max_mask_bytes; /* the buffer's size: enough for every pattern */
+    cudaStream_t s;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    a.stream = s;
+    CU(cudaStreamSynchronize(s));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    st = kva_bsr_run(ctx, &plan, &ws, &a);
+    CU(cudaStreamEndCapture(s, &graph));
+    CHECK(st == KVA_OK, "bsr graph: run under capture: %s", kva_last_error_message());
+    CU(cudaGraphInstantiate(&exec, graph, 0));
+    CU(cudaGraphLaunch(exec, s));
+    CU(cudaStreamSynchronize(s));
+    /* pattern B into the same workspace and the same buffers, then replay */
+    p.indptr = B.indptr;
+    p.indices = B.indices;
+    kva_bsr_plan planB;
+    st = kva_bsr_plan_make(ctx, &d, &p, &ws, &planB, s);
+    CHECK(st == KVA_OK && planB.mask_bytes <= plan.max_mask_bytes, "bsr graph: plan B: %s", kva_last_error_message());
+    st = kva_bsr_mask_pack(&d, &p, hmask, (size_t)plan.max_mask_bytes, &mb);
+    CU(cudaStreamSynchronize(s));
+    dput(d_idx, B.indices, sizeof(int32_t) * (size_t)B.indptr[MB]);
+    dput(d_mask, hmask, mb);
+    dset(o_g, 0xff, (size_t)M * HQ * D * 2);
+    CU(cudaGraphLaunch(exec, s));
+    CU(cudaStreamSynchronize(s));
+    /* reference: pattern B planned without graph mode into its own workspace and buffers */
+    p.graph_mode = 0;
+    st = kva_bsr_workspace_size(ctx, &d, &p, &db2, &hb2);
+    kva_workspace ws2 = {dalloc(db2), db2, NULL, hb2};
+    CU(cudaMallocHost(&ws2.host, hb2 > 0 ? hb2 : 256));
+    kva_bsr_plan planR;
+    st = st == KVA_OK ? kva_bsr_plan_make(ctx, &d, &p, &ws2, &planR, s) : st;
+    CHECK(st == KVA_OK, "bsr graph: reference plan: %s", kva_last_error_message());
+    size_t mr = 0;
+    kva_bsr_mask_pack(&d, &p, hmask, (size_t)plan.max_mask_bytes, &mr);
+    void* d_idx2 = dalloc(sizeof(int32_t) * MB * NB);
+    void* d_mask2 = dalloc(mr + 1);
+    dput(d_idx2, B.indices, sizeof(int32_t) * (size_t)B.indptr[MB]);
+    dput(d_mask2, hmask, mr);
+    kva_bsr_run_args ar = a;
+    ar.o = kva_tensor_make(o_r, KVA_DTYPE_BF16, 3, M, HQ, D, 0);
+    ar.indices = (const int32_t*)d_idx2;
+    ar.packed_mask = mr ? (const uint8_t*)d_mask2 : NULL;
+    ar.packed_mask_bytes = (int64_t)mr;
+    st = kva_bsr_run(ctx, &planR, &ws2, &ar);
+    CHECK(st == KVA_OK, "bsr graph: reference run: %s", kva_last_error_message());
+    CU(cudaStreamSynchronize(s));
+    uint16_t* g1 = (uint16_t*)malloc((size_t)M * HQ * D * 2);
+    uint16_t* g2 = (uint16_t*)malloc((size_t)M * HQ * D * 2);
+    dget(g1, o_g, (size_t)M * HQ * D * 2);
+    dget(g2, o_r, (size_t)M * HQ * D * 2);
+    int bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)M * HQ * D; ++i) {
+        const double x = dec_bf16(g1[i]), y = dec_bf16(g2[i]);
+        const double e = fabs(x - y);
+        if (!(e <= tol_of(KVA_DTYPE_BF16) * (1.0 + fabs(y)))) bad++;
+        if (e > worst || e != e) worst = e;
+    }
+    CHECK(bad == 0, "bsr graph: replay after re-planning pattern B matches a plain run of B (%d mismatches, worst %.3g)",
+          bad, worst);
+    if (verbose) printf("  bsr graph: nnz A %d, B %d, mask bytes %lld (max %lld), worst diff %.3g\n", A.indptr[MB],
+                        B.indptr[MB], (long long)planB.mask_bytes, (long long)plan.max_mask_bytes, worst);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    CU(cudaStreamDestroy(s));
+    cudaFreeHost(ws.host);
+    cudaFreeHost(ws2.host);
+    dfree(ws.device);
+    dfree(ws2.device);
+    dfree(q);
+    dfree(k);
+    dfree(v);
+    dfree(o_g);
+    dfree(o_r);
+    dfree(d_idx);
+    dfree(d_idx2);
+    dfree(d_mask);
+    dfree(d_mask2);
+    free(hq);
+    free(hk);
+    free(hv);
+    free(hmask);
+    free(g1);
+    free(g2);
+}
+
 int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -1088,6 +1260,7 @@ int main(int argc, char** argv) {
         test_fault(ctx, 1, 0);
         test_fault(ctx, 1, 1);
         test_graph(ctx);
+        test_bsr_graph(ctx);
     }
     test_append_and_merge(ctx);
     kva_context_destroy(ctx);
