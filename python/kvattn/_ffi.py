@@ -428,6 +428,33 @@ def lib() -> ctypes.CDLL:
     return _lib if _lib is not None else _load()
 
 
+class PrototypeBinder:
+    """Binds a module's extra C prototypes (name -> (restype, argtypes)) to the loaded library on first use, and again
+    if the library is reloaded; a missing symbol raises LibraryNotFoundError naming the feature."""
+
+    def __init__(self, prototypes: dict, feature: str) -> None:
+        self._prototypes = prototypes
+        self._feature = feature
+        self._bound = None
+
+    def __call__(self) -> ctypes.CDLL:
+        lb = lib()
+        if self._bound is not lb:
+            missing = []
+            for name, (restype, argtypes) in self._prototypes.items():
+                fn = getattr(lb, name, None)
+                if fn is None:
+                    missing.append(name)
+                    continue
+                fn.restype = restype
+                fn.argtypes = argtypes
+            if missing:
+                raise LibraryNotFoundError("%s does not export %s (a kvattn build without %s?)"
+                                           % (library_path(), ", ".join(missing), self._feature))
+            self._bound = lb
+        return lb
+
+
 def library_path() -> str:
     lib()
     assert _lib_path is not None

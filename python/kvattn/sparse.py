@@ -121,27 +121,7 @@ _PROTOTYPES = {
     "kva_bsr_run": (F.c_enum, [c_void_p, _P(kva_bsr_plan), _P(F.kva_workspace), _P(kva_bsr_run_args)]),
 }
 
-_bound = None
-
-
-def _lib() -> ctypes.CDLL:
-    """The C library with the block-sparse prototypes bound (once)."""
-    global _bound
-    lib = F.lib()
-    if _bound is not lib:
-        missing = []
-        for name, (restype, argtypes) in _PROTOTYPES.items():
-            fn = getattr(lib, name, None)
-            if fn is None:
-                missing.append(name)
-                continue
-            fn.restype = restype
-            fn.argtypes = argtypes
-        if missing:
-            raise F.LibraryNotFoundError("%s does not export %s (a kvattn build without block-sparse attention?)"
-                                         % (F.library_path(), ", ".join(missing)))
-        _bound = lib
-    return lib
+_lib = F.PrototypeBinder(_PROTOTYPES, "block-sparse attention")
 
 
 # --------------------------------------------------------------------------------------------------

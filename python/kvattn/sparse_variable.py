@@ -97,26 +97,7 @@ _PROTOTYPES = {
     "kva_vbsr_run": (F.c_enum, [c_void_p, _P(kva_vbsr_plan), _P(F.kva_workspace), _P(kva_vbsr_run_args)]),
 }
 
-_bound = None
-
-
-def _lib() -> ctypes.CDLL:
-    global _bound
-    lib = F.lib()
-    if _bound is not lib:
-        missing = []
-        for name, (restype, argtypes) in _PROTOTYPES.items():
-            fn = getattr(lib, name, None)
-            if fn is None:
-                missing.append(name)
-                continue
-            fn.restype = restype
-            fn.argtypes = argtypes
-        if missing:
-            raise F.LibraryNotFoundError("%s does not export %s (a kvattn build without variable block-sparse "
-                                         "attention?)" % (F.library_path(), ", ".join(missing)))
-        _bound = lib
-    return lib
+_lib = F.PrototypeBinder(_PROTOTYPES, "variable block-sparse attention")
 
 
 def _host_i32_2d(x: Any, what: str, shape: Tuple[int, int]) -> np.ndarray:
