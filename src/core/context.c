@@ -49,6 +49,12 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
     ctx->log_level = opt.log_level;
     if (opt.jit_cache_dir) strcpy(ctx->jit_cache_dir, opt.jit_cache_dir);
     ctx->id = atomic_fetch_add(&kva__next_context_id, 1);
+    ctx->min_kv_chunk = KVA__MIN_KV_CHUNK;
+    {
+        const char* mc = getenv("KVATTN_BENCH_MIN_KV_CHUNK"); /* benchmark A/B only */
+        const long v = mc ? strtol(mc, NULL, 10) : 0;
+        if (v >= 16 && v <= (1L << 20)) ctx->min_kv_chunk = (int32_t)v;
+    }
     pthread_mutex_init(&ctx->variant_mu, NULL);
 
     kva_status st = KVA_ERR_NO_DEVICE;

@@ -349,14 +349,16 @@ static int64_t kva__refine_chunk(const kva__plan_data* pd, const kva__plan_scrat
 }
 
 /* Chunk size L for this batch (0 = no split). */
-static int32_t kva__choose_chunk(const kva__plan_data* pd, const kva_plan_params* p, const kva__plan_scratch* s) {
+static int32_t kva__choose_chunk(const kva_context* ctx, const kva__plan_data* pd, const kva_plan_params* p,
+                                 const kva__plan_scratch* s) {
     if (p->disable_split_kv) return 0;
     if (p->fixed_split_size > 0) return p->fixed_split_size;
     int64_t total = 0;
     for (int64_t i = 0; i < s->ntiles; ++i) total += s->tiles[i].hi - s->tiles[i].lo;
     total *= pd->desc.num_kv_heads;
     int64_t L = kva__ceil_div64(total, pd->num_workers);
-    if (L < KVA__MIN_KV_CHUNK) L = KVA__MIN_KV_CHUNK;
+    const int64_t min_chunk = ctx->min_kv_chunk > 0 ? ctx->min_kv_chunk : KVA__MIN_KV_CHUNK;
+    if (L < min_chunk) L = min_chunk;
     L = kva__ceil_div64(L, KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
     if (L > INT32_MAX / 2) L = INT32_MAX / 2;
     return (int32_t)kva__refine_chunk(pd, s, L);
@@ -522,7 +524,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
 
     st = kva__make_tiles(pd, B, &s);
     if (st != KVA_OK) goto done;
-    const int32_t L = kva__choose_chunk(pd, params, &s);
+    const int32_t L = kva__choose_chunk(ctx, pd, params, &s);
     int64_t nsplit_tiles = 0, nsplit_chunks = 0, nchunks_tile = 0;
     kva__split_tiles(&s, L, params->fixed_split_size > 0, &nsplit_tiles, &nsplit_chunks, &nchunks_tile);
     const int64_t H = nd.num_kv_heads;
