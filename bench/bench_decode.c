@@ -490,12 +490,7 @@ int main(int argc, char** argv) {
     /* one random source buffer replicated into pools */
     const size_t src_bytes = (size_t)64 << 20;
     uint16_t* hsrc = (uint16_t*)malloc(src_bytes);
-    for (size_t i = 0; i < src_bytes / 2; ++i) {
-        float f = (float)(unif() * 2 - 1);
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        hsrc[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-    }
+    for (size_t i = 0; i < src_bytes / 2; ++i) hsrc[i] = f2bf((float)(unif() * 2 - 1));
     void* dsrc;
     CU(cudaMalloc(&dsrc, src_bytes));
     CU(cudaMemcpy(dsrc, hsrc, src_bytes, cudaMemcpyHostToDevice));

@@ -52,12 +52,7 @@ static void fill_random_bf16(void* dst, size_t bytes) {
     static const size_t src_bytes = (size_t)32 << 20;
     if (!src) {
         uint16_t* h = (uint16_t*)malloc(src_bytes);
-        for (size_t i = 0; i < src_bytes / 2; ++i) {
-            float f = (float)(unif() * 2 - 1);
-            uint32_t u;
-            memcpy(&u, &f, 4);
-            h[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-        }
+        for (size_t i = 0; i < src_bytes / 2; ++i) h[i] = f2bf((float)(unif() * 2 - 1));
         CU(cudaMalloc(&src, src_bytes));
         CU(cudaMemcpy(src, h, src_bytes, cudaMemcpyHostToDevice));
         free(h);
@@ -73,13 +68,6 @@ static void fill_random_bf16(void* dst, size_t bytes) {
     }
 }
 
-static float bf16_to_f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 /* Largest |a - b| of two bf16 device arrays of n elements (and the largest |b|). */
 static double max_diff_bf16(const void* a, const void* b, size_t n, double* max_ref) {
     uint16_t* ha = (uint16_t*)malloc(n * 2);
@@ -88,7 +76,7 @@ static double max_diff_bf16(const void* a, const void* b, size_t n, double* max_
     CU(cudaMemcpy(hb, b, n * 2, cudaMemcpyDeviceToHost));
     double m = 0, r = 0;
     for (size_t i = 0; i < n; ++i) {
-        double x = bf16_to_f(ha[i]), y = bf16_to_f(hb[i]);
+        double x = bf2f(ha[i]), y = bf2f(hb[i]);
         double d = fabs(x - y);
         if (!(d <= m)) m = d; /* NaN propagates */
         if (fabs(y) > r) r = fabs(y);

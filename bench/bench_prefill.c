@@ -37,17 +37,6 @@ static float gauss(void) {
     if (u < 1e-300) u = 1e-300;
     return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
 }
-static uint16_t f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-static float bf2f(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static uint16_t f2h(float f) { /* round to nearest even, no NaN inputs here */
     uint32_t u;
     memcpy(&u, &f, 4);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "kvattn.h"
@@ -38,6 +39,19 @@ static inline uint64_t xs(void) {
     return rng;
 }
 static inline double unif(void) { return (double)(xs() >> 11) / 9007199254740992.0; }
+
+/* float <-> bf16 bits (round to nearest even; finite inputs) */
+static inline uint16_t f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+static inline float bf2f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 static inline int cmp_f(const void* a, const void* b) {
     float x = *(const float*)a, y = *(const float*)b;

@@ -313,6 +313,32 @@ def host_int32(x: Any, what: str, ndim: int = 1) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+def backend_u8(a: np.ndarray, dev: DeviceKey) -> Any:
+    """A host uint8 array in `dev` memory (CUDA: a device copy made on the current stream; plan time only)."""
+    if dev[0] == "cpu":
+        return a
+    return _torch().from_numpy(a).to("cuda:%d" % dev[1], non_blocking=False)
+
+
+def check_run_array(x: Any, dev: DeviceKey, what: str, dtype: int, shape: Tuple[int, ...], hint: str = "") -> None:
+    """A run-time argument against its plan: array kind, device, dtype (hint: how to change it), exact shape, unit
+    last stride."""
+    from .exceptions import PlanMismatchError
+    if not (is_torch(x) or isinstance(x, np.ndarray)):
+        raise TypeError("kvattn: %s must be a NumPy array or a torch tensor, got %s" % (what, type(x).__name__))
+    if device_of(x) != dev:
+        raise ValueError("kvattn: %s is on %s but the wrapper's workspace is on %s"
+                         % (what, device_str(device_of(x)), device_str(dev)))
+    code = dtype_of(x, what)
+    if code != dtype:
+        raise PlanMismatchError("kvattn: %s has dtype %s but the plan expects %s%s"
+                                % (what, dtype_name(code), dtype_name(dtype), " (%s)" % hint if hint else ""))
+    if tuple(int(s) for s in x.shape) != shape:
+        raise PlanMismatchError("kvattn: %s has shape %s but the plan expects %s"
+                                % (what, tuple(int(s) for s in x.shape), shape))
+    check_last_contiguous(x, what)
+
+
 def backend_int32(x: Any, dev: DeviceKey, what: str) -> Any:
     """A contiguous int32 1-D array in `dev` memory holding x (no copy when x already is one)."""
     if dev[0] == "cpu":

@@ -49,7 +49,6 @@ from . import _ffi as F
 from . import _tensor as T
 from . import _torch_ops
 from .variant import refuse as refuse_variant
-from .exceptions import PlanMismatchError
 
 __all__ = ["BlockSparseAttentionWrapper", "VariableBlockSparseAttentionWrapper"]
 
@@ -175,14 +174,6 @@ def _unpack_bsr_mask(packed: np.ndarray, indptr: np.ndarray, M: int, R: int, C: 
             out[e0:e1, :rows, :] = seg.reshape(rows, e1 - e0, C).transpose(1, 0, 2)
         off += nbytes
     return out
-
-
-def _backend_u8(a: np.ndarray, dev: T.DeviceKey) -> Any:
-    """The packed mask in backend memory (CUDA: a device copy made on the current stream; plan time only)."""
-    if dev[0] == "cpu":
-        return a
-    t = T._torch()
-    return t.from_numpy(a).to("cuda:%d" % dev[1], non_blocking=False)
 
 
 class _BsrState:
@@ -330,7 +321,7 @@ class BlockSparseAttentionWrapper:
                                           ctypes.byref(got)), "kva_bsr_mask_pack")
         st = _BsrState()
         st.indices = T.backend_int32(h_indices, self._dev, "indices") if nnz else None
-        st.mask = _backend_u8(packed, self._dev) if packed is not None else None
+        st.mask = T.backend_u8(packed, self._dev) if packed is not None else None
         st.mask_bytes = int(mbytes.value)
         wss = self._ws.struct(int(dev_b.value), int(host_b.value), "BlockSparseAttentionWrapper.plan")
         self._state = None
@@ -353,19 +344,7 @@ class BlockSparseAttentionWrapper:
                    "lse": "lse is always float32"}
 
     def _check(self, st: _BsrState, x: Any, what: str, dtype: int, shape: Tuple[int, ...]) -> None:
-        if not (T.is_torch(x) or isinstance(x, np.ndarray)):
-            raise TypeError("kvattn: %s must be a NumPy array or a torch tensor, got %s" % (what, type(x).__name__))
-        if T.device_of(x) != st.dev:
-            raise ValueError("kvattn: %s is on %s but the wrapper's workspace is on %s"
-                             % (what, T.device_str(T.device_of(x)), T.device_str(st.dev)))
-        code = T.dtype_of(x, what)
-        if code != dtype:
-            raise PlanMismatchError("kvattn: %s has dtype %s but the plan expects %s (%s)" % (
-                what, T.dtype_name(code), T.dtype_name(dtype), self._DTYPE_HINT[what]))
-        if tuple(int(s) for s in x.shape) != shape:
-            raise PlanMismatchError("kvattn: %s has shape %s but the plan expects %s"
-                                    % (what, tuple(int(s) for s in x.shape), shape))
-        T.check_last_contiguous(x, what)
+        T.check_run_array(x, st.dev, what, dtype, shape, self._DTYPE_HINT[what])
 
     def _guard_backend_arrays(self, st: _BsrState, stream: Optional[int]) -> None:
         """Keep the plan's backend arrays valid for the stream this run is enqueued on (CUDA)."""

@@ -28,7 +28,6 @@ from . import _context as CX
 from . import _core
 from . import _ffi as F
 from . import _tensor as T
-from .exceptions import PlanMismatchError
 from .variant import refuse as refuse_variant
 
 __all__ = ["VariableBlockSparseAttentionWrapper"]
@@ -228,10 +227,7 @@ class VariableBlockSparseAttentionWrapper:
         st.table = T.backend_int32(table, self._dev, "table")
         st.table_entries = int(nt.value)
         if nm.value:
-            if self._dev[0] == "cpu":
-                st.mask = mask
-            else:
-                st.mask = T._torch().from_numpy(mask).to("cuda:%d" % self._dev[1])
+            st.mask = T.backend_u8(mask, self._dev)
         st.mask_bytes = int(nm.value)
         wss = self._ws.struct(int(dev_b.value), int(host_b.value), "VariableBlockSparseAttentionWrapper.plan")
         self._state = None
@@ -248,19 +244,7 @@ class VariableBlockSparseAttentionWrapper:
     begin_forward = plan
 
     def _check(self, st: _VState, x: Any, what: str, dtype: int, shape: Tuple[int, ...]) -> None:
-        if not (T.is_torch(x) or isinstance(x, np.ndarray)):
-            raise TypeError("kvattn: %s must be a NumPy array or a torch tensor, got %s" % (what, type(x).__name__))
-        if T.device_of(x) != st.dev:
-            raise ValueError("kvattn: %s is on %s but the wrapper's workspace is on %s"
-                             % (what, T.device_str(T.device_of(x)), T.device_str(st.dev)))
-        code = T.dtype_of(x, what)
-        if code != dtype:
-            raise PlanMismatchError("kvattn: %s has dtype %s but the plan expects %s"
-                                    % (what, T.dtype_name(code), T.dtype_name(dtype)))
-        if tuple(int(s) for s in x.shape) != shape:
-            raise PlanMismatchError("kvattn: %s has shape %s but the plan expects %s"
-                                    % (what, tuple(int(s) for s in x.shape), shape))
-        T.check_last_contiguous(x, what)
+        T.check_run_array(x, st.dev, what, dtype, shape)
 
     @staticmethod
     def _swap01(x: Any) -> Any:

@@ -1063,6 +1063,17 @@ static kva_status kva__vbsr_check_plan(const char* fn, const kva_context* ctx, c
     return KVA_OK;
 }
 
+/* Head h's region of a vbsr workspace: the regions follow each other in head order, each its plan's sizes rounded
+ * to the alignment; *off / *hoff advance past it. */
+static kva_workspace kva__vbsr_next_ws(const kva_workspace* ws, const kva__plan_data* pd, size_t* off, size_t* hoff) {
+    const size_t db = kva__align_up(pd->device_bytes, KVA__WS_ALIGN);
+    const size_t hb = kva__align_up(pd->host_bytes, KVA__WS_ALIGN);
+    kva_workspace sub = kva__sub_ws(ws, *off, db, *hoff, hb);
+    *off += db;
+    *hoff += hb;
+    return sub;
+}
+
 /* The sub-view of a [rows, heads, dim] (or [rows, heads]) tensor at heads [h0, h0 + n). */
 static kva_tensor kva__head_slice(const kva_tensor* t, int64_t h0, int64_t n) {
     kva_tensor s = *t;
@@ -1130,9 +1141,7 @@ KVA_API kva_status kva_vbsr_run(kva_context* context, const kva_vbsr_plan* plan,
     int64_t toff = 0, moff = 0;
     for (int32_t h = 0; h < H; ++h) {
         const kva__plan_data* pd = kva__plan_data_ofc(&plan->head_plans[h]);
-        const size_t db = kva__align_up(pd->device_bytes, KVA__WS_ALIGN);
-        const size_t hb = kva__align_up(pd->host_bytes, KVA__WS_ALIGN);
-        kva_workspace sub = kva__sub_ws(workspace, off, db, hoff, hb);
+        kva_workspace sub = kva__vbsr_next_ws(workspace, pd, &off, &hoff);
         ra.q = kva__head_slice(&args->q, (int64_t)h * g, g);
         ra.o = kva__head_slice(&args->o, (int64_t)h * g, g);
         if (args->lse.data) ra.lse = kva__head_slice(&args->lse, (int64_t)h * g, g);
@@ -1164,8 +1173,6 @@ KVA_API kva_status kva_vbsr_run(kva_context* context, const kva_vbsr_plan* plan,
             snprintf(pre, sizeof pre, "%s: KV head %d: ", fn, (int)h);
             return kva__prefix_error(st, pre);
         }
-        off += db;
-        hoff += hb;
         toff += pd->num_page_entries;
         moff += pd->desc.mask_mode == KVA_MASK_CUSTOM ? pd->custom_mask_bytes : 0;
     }
@@ -1181,15 +1188,10 @@ KVA_API kva_status kva_vbsr_read_faults(kva_context* context, const kva_vbsr_pla
     report->request = -1;
     size_t off = 0, hoff = 0;
     for (int32_t h = 0; h < plan->num_kv_heads; ++h) {
-        const kva__plan_data* pd = kva__plan_data_ofc(&plan->head_plans[h]);
-        const size_t db = kva__align_up(pd->device_bytes, KVA__WS_ALIGN);
-        const size_t hb = kva__align_up(pd->host_bytes, KVA__WS_ALIGN);
-        kva_workspace sub = kva__sub_ws(workspace, off, db, hoff, hb);
+        kva_workspace sub = kva__vbsr_next_ws(workspace, kva__plan_data_ofc(&plan->head_plans[h]), &off, &hoff);
         kva_fault_report r;
         KVA_FORWARD(kva_read_faults(context, &sub, &r, stream));
         if (r.faulted && !report->faulted) *report = r;
-        off += db;
-        hoff += hb;
     }
     return KVA_OK;
 }
