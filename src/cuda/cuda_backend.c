@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "cuda_prefill.h"
 
 /* The workspace records must match internal.h */
 _Static_assert(sizeof(kvk_request) == sizeof(kva__request), "kvk_request layout");
@@ -65,11 +66,16 @@ static kva_status kva__not_capturing(kva__cuda_state* st, CUstream s, const char
     return KVA_OK;
 }
 
+static kva_status kva__launch_n(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
+                                CUstream s, void* params, const char* what) {
+    void* args[1] = {params};
+    KVA_CU_TRY(st->cu, st->cu->LaunchKernel(f, grid, 1, 1, threads, 1, 1, smem, s, args, NULL), what);
+    return KVA_OK;
+}
+
 static kva_status kva__launch(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned smem, CUstream s, void* params,
                               const char* what) {
-    void* args[1] = {params};
-    KVA_CU_TRY(st->cu, st->cu->LaunchKernel(f, grid, 1, 1, KVK_THREADS, 1, 1, smem, s, args, NULL), what);
-    return KVA_OK;
+    return kva__launch_n(st, f, grid, KVK_THREADS, smem, s, params, what);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -186,6 +192,8 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
         c.key.rope = plan->desc.pos_encoding == KVA_POS_ROPE_LLAMA;
         c.smem = kva__kkey_smem(&c.key);
     }
+    if (status == KVA_OK && c.key.family == KVA__KF_PREFILL && !st->no_wgmma)
+        kva__cuda_prefill_upgrade(&c.key, &c.smem, st->cc, st->max_smem_optin);
     if (status == KVA_OK && st->no_bounds_check) c.key.nochk |= 1;
     if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
     if (status == KVA_OK) status = kva__cuda_kernel(ctx, st, &c.key, &index);
@@ -400,9 +408,11 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
         kva__leave(st, pushed);
         return status;
     }
+    const unsigned threads =
+        ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key) : (unsigned)KVK_THREADS;
     if (graph || pd->num_items > 0)
-        status = kva__launch(st, ke->fn, grid, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
-                             "run: launching the attention kernel");
+        status = kva__launch_n(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
+                               "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
         unsigned mgrid = (unsigned)pd->num_workers;
         if (!graph && pd->num_merge < pd->num_workers) mgrid = (unsigned)pd->num_merge;
@@ -722,6 +732,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_bounds_check = nb && nb[0] == '1' && nb[1] == '\0';
         const char* nf = getenv("KVATTN_BENCH_NO_FUSED_MERGE"); /* A/B of the fused split-KV merge */
         st->no_fused_merge = nf && nf[0] == '1' && nf[1] == '\0';
+        const char* nw = getenv("KVATTN_BENCH_NO_WGMMA"); /* A/B: the mma.sync prefill mainloop on sm_90 too */
+        st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
         const char* tp = getenv("KVATTN_BENCH_TRACE_PTR"); /* benchmark: kernel timestamps into this buffer */
         st->trace_ptr = tp && *tp ? strtoull(tp, NULL, 0) : 0ull;
         if (st->no_bounds_check)

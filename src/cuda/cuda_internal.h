@@ -28,6 +28,8 @@ typedef struct kva__kkey {
     int32_t rope;       /* 0 / 1 */
     int32_t nochk;      /* benchmark-only builds: bit 0 no page-index bounds check (KVATTN_BENCH_NO_BOUNDS_CHECK),
                            bit 1 timestamp trace (KVATTN_BENCH_TRACE_PTR, tensor-core kernel) */
+    int32_t mainloop;   /* tensor-core attention family: 0 mma.sync (kva_pf_*), 1 Hopper warpgroup MMA (kva_pfw_*,
+                           sm_90a, 256 threads; kva__cuda_prefill_upgrade picks it) */
     int32_t var_hooks;  /* user variant (CUDA-core family only): KVA_VARIANT_* bits | 0x100 if use_softmax; 0 = none */
     uint64_t var_hash;  /* the variant's hash (kva_variant.hash); 0 = built-in */
     const char* var_src; /* the variant's NVRTC source (not part of the key's identity: var_hash is) */
@@ -143,6 +145,7 @@ typedef struct kva__cuda_state {
     int max_smem_optin;
     int ctas_per_sm;
     int no_bounds_check;    /* KVATTN_BENCH_NO_BOUNDS_CHECK=1: kernels built without the page-index check */
+    int no_wgmma;           /* KVATTN_BENCH_NO_WGMMA=1: the mma.sync prefill mainloop on sm_90 too (benchmark A/B) */
     int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */
     char name[256];

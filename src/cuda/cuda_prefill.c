@@ -113,7 +113,7 @@ int kva__cuda_prefill_prefer_for_decode(const kva_attention_desc* d) {
 }
 
 void kva__cuda_prefill_name(const kva__kkey* k, char* buf, size_t size) {
-    snprintf(buf, size, "kva_pf_d%d_q%s_kv%s_o%s_t%d_rope%d%s", (int)k->dqk, kva__pf_dt(k->qt), kva__pf_dt(k->kt),
+    snprintf(buf, size, "%s_d%d_q%s_kv%s_o%s_t%d_rope%d%s", k->mainloop ? "kva_pfw" : "kva_pf", (int)k->dqk, kva__pf_dt(k->qt), kva__pf_dt(k->kt),
              kva__pf_dt(k->ot), (int)k->rows, (int)k->rope, (k->nochk & 1) ? "_nochk" : "");
 }
 
@@ -130,6 +130,7 @@ int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max) {
     snprintf(defs[6], 128, "-DKVA_TQ=%d", (int)k->rows);
     snprintf(defs[7], 128, "-DKVA_ROPE=%d", (int)k->rope);
     int n = 8;
+    if (k->mainloop && max > n) snprintf(defs[n++], 128, "-DKVA_MAINLOOP=%d", (int)k->mainloop);
     if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1"); /* benchmark builds only */
     return n;
 }
@@ -137,7 +138,24 @@ int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max) {
 const char* kva__cuda_prefill_source(void) { return "#include \"kva_prefill.cuh\"\n"; }
 
 size_t kva__cuda_prefill_smem(const kva__kkey* k) {
+    if (k->mainloop == 1) return (size_t)KVK_PFW_SMEM(k->dqk);
     return kva__pf_smem_of(k->dqk, k->rows, kva__pf_es((kva_dtype)k->kt));
+}
+
+int kva__cuda_prefill_threads(const kva__kkey* k) { return k->mainloop == 1 ? KVK_PFW_THREADS : KVK_PF_THREADS; }
+
+int kva__cuda_prefill_wg_ok(const kva__kkey* k, int cc, int max_smem_optin) {
+    if (k->family != KVA__KF_PREFILL || cc != 90 || k->rows != KVK_PFW_TQ || k->rope || k->var_hash) return 0;
+    if (k->dqk != k->dvo || (k->dqk != 64 && k->dqk != 128)) return 0;
+    if (k->qt != k->kt || !kva__pf_is16((kva_dtype)k->kt)) return 0;
+    if (max_smem_optin > 0 && (size_t)KVK_PFW_SMEM(k->dqk) > (size_t)max_smem_optin) return 0;
+    return 1;
+}
+
+void kva__cuda_prefill_upgrade(kva__kkey* k, size_t* smem, int cc, int max_smem_optin) {
+    if (!kva__cuda_prefill_wg_ok(k, cc, max_smem_optin)) return;
+    k->mainloop = 1;
+    if (smem) *smem = kva__cuda_prefill_smem(k);
 }
 
 static void kva__pf_key(kva__kkey* k, int d, int qt, int kt, int ot, int tq, int rope) {
@@ -169,6 +187,16 @@ int kva__cuda_prefill_enumerate(kva__kkey* keys, int max) {
                             ++n;
                         }
         }
+    /* the Hopper mainloop: tile 128, head dim 64 / 128, q = KV 16-bit, every o dtype, no RoPE */
+    for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 2; ++b)
+            for (int e = 0; e < 3; ++e) {
+                if (n < max) {
+                    kva__pf_key(&keys[n], dims[a], qts[b], qts[b], ots[e], 128, 0);
+                    keys[n].mainloop = 1;
+                }
+                ++n;
+            }
     return n;
 }
 
@@ -187,5 +215,14 @@ int kva__cuda_prefill_aot_keys(kva__kkey* keys, int max) {
             if (n < max) kva__pf_key(&keys[n], cfg[i][0], cfg[i][1], cfg[i][2], cfg[i][3], tqs[t], 0);
             ++n;
         }
+    /* the Hopper mainloop (tile 128): head dim 128 bf16 and f16, head dim 64 bf16 */
+    static const int wcfg[][2] = {{128, KVA_DTYPE_BF16}, {128, KVA_DTYPE_F16}, {64, KVA_DTYPE_BF16}};
+    for (size_t i = 0; i < sizeof wcfg / sizeof wcfg[0]; ++i) {
+        if (n < max) {
+            kva__pf_key(&keys[n], wcfg[i][0], wcfg[i][1], wcfg[i][1], wcfg[i][1], 128, 0);
+            keys[n].mainloop = 1;
+        }
+        ++n;
+    }
     return n;
 }

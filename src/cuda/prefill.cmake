@@ -9,7 +9,7 @@
 #   cuda_prefill.c in kvattn_obj; tests: kva_cuda_prefill_jit_test (CTest cuda_prefill_nvrtc, no GPU needed);
 #   apps: kva_bench_prefill (GPU: WORKLOADS.md P1-P5, V1, and --check).
 
-set(KVA_PREFILL_KERNEL_FILES kva_prefill_geom.h kva_prefill.cuh)
+set(KVA_PREFILL_KERNEL_FILES kva_prefill_geom.h kva_wgmma.cuh kva_prefill.cuh)
 
 # Prebuilt set: (d; q; kv; o) with dtype codes f16 = 1, bf16 = 2, e4m3 = 3; every tile (16, 64, 128; 128 not at
 # head dim 256); no RoPE (RoPE instances are compiled by NVRTC on first use).
@@ -35,6 +35,21 @@ foreach(cfg "128;2;2;2" "128;1;1;1" "128;2;3;2" "64;2;2;2" "256;2;2;2")
            "#undef KVA_KERNEL_NAME\n#undef KVA_DQK\n#undef KVA_DVO\n#undef KVA_QT\n#undef KVA_KT\n#undef KVA_OT\n"
            "#undef KVA_TQ\n#undef KVA_ROPE\n\n")
   endforeach()
+endforeach()
+
+# The Hopper mainloop (KVA_MAINLOOP 1, "kva_pfw_*", tile 128; sm_90a code, an empty body in the sm_80 fatbin
+# where the host never selects it): head dim 128 bf16 and f16, head dim 64 bf16. Same set as
+# kva__cuda_prefill_aot_keys.
+foreach(cfg "128;2" "128;1" "64;2")
+  list(GET cfg 0 d)
+  list(GET cfg 1 t)
+  set(name "kva_pfw_d${d}_q${pfdn_${t}}_kv${pfdn_${t}}_o${pfdn_${t}}_t128_rope0")
+  list(APPEND KVA_PREFILL_AOT_LIST ${name})
+  string(APPEND KVA_PREFILL_AOT_CU "#define KVA_KERNEL_NAME ${name}\n#define KVA_DQK ${d}\n#define KVA_DVO ${d}\n"
+         "#define KVA_QT ${t}\n#define KVA_KT ${t}\n#define KVA_OT ${t}\n#define KVA_TQ 128\n#define KVA_ROPE 0\n"
+         "#define KVA_MAINLOOP 1\n#include \"kva_prefill.cuh\"\n"
+         "#undef KVA_KERNEL_NAME\n#undef KVA_DQK\n#undef KVA_DVO\n#undef KVA_QT\n#undef KVA_KT\n#undef KVA_OT\n"
+         "#undef KVA_TQ\n#undef KVA_ROPE\n#undef KVA_MAINLOOP\n\n")
 endforeach()
 
 target_sources(kvattn_obj PRIVATE ${KVA_CUDA_DIR}/cuda_prefill.c)

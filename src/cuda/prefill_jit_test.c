@@ -43,7 +43,8 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 /* ---------------------------------------------------------------------------------------------- */
 /* kernel sources                                                                                  */
 
-static const char* src_names[] = {"kva_kparams.h", "kva_common.cuh", "kva_prefill_geom.h", "kva_prefill.cuh"};
+static const char* src_names[] = {"kva_kparams.h", "kva_common.cuh", "kva_prefill_geom.h", "kva_wgmma.cuh",
+                                   "kva_prefill.cuh"};
 #define NSRC ((int)(sizeof src_names / sizeof src_names[0]))
 static char* src_texts[NSRC];
 
@@ -144,6 +145,7 @@ static void* worker(void* arg) {
 }
 
 static int in_covering_set(const kva__kkey* k) {
+    if (k->mainloop) return 1; /* every Hopper-mainloop key (12, sm_90a only) */
     const int bf = k->qt == KVA_DTYPE_BF16 && k->kt == KVA_DTYPE_BF16 && k->ot == KVA_DTYPE_BF16;
     if (bf) return 1; /* every (dim, tile, rope) */
     /* the register-tightest shapes: every dtype triple */
@@ -189,6 +191,7 @@ static void test_nvrtc(const char* only_arch, const char* only) {
         if (only && !strstr(name, only)) continue;
         for (int a = 0; a < 2; ++a) {
             if (only_arch && strcmp(only_arch, archs[a]) != 0) continue;
+            if (keys[i].mainloop && a == 0) continue; /* sm_90a code only */
             jobs[njobs].key = keys[i];
             jobs[njobs].arch = archs[a];
             njobs++;
@@ -249,6 +252,31 @@ static void test_host(void) {
                   strstr(dn[0], nn) != NULL,
               "benchmark key without bounds checks: %s", nn);
     }
+    /* the Hopper mainloop: taken on sm_90 for 128-row tiles of 16-bit q = KV without RoPE or variant */
+    {
+        kva__kkey kw = k;
+        size_t sw = 0;
+        CHECK(kva__cuda_prefill_wg_ok(&kw, 90, lim90) && !kva__cuda_prefill_wg_ok(&kw, 80, lim80) &&
+                  !kva__cuda_prefill_wg_ok(&kw, 89, lim86) && !kva__cuda_prefill_wg_ok(&kw, 90, 100 * 1024),
+              "Hopper mainloop on sm_90 only, and only where its shared memory fits");
+        kva__cuda_prefill_upgrade(&kw, &sw, 90, lim90);
+        char wn[128], wd[10][128];
+        kva__cuda_prefill_name(&kw, wn, sizeof wn);
+        CHECK(kw.mainloop == 1 && sw == kva__cuda_prefill_smem(&kw) && sw > 110 * 1024 && sw <= (size_t)lim90 &&
+                  kva__cuda_prefill_threads(&kw) == 256 && kva__cuda_prefill_threads(&k) == 128 &&
+                  strcmp(wn, "kva_pfw_d128_qbf16_kvbf16_obf16_t128_rope0") == 0 &&
+                  kva__cuda_prefill_defines(&kw, wd, 10) == 9 && strcmp(wd[8], "-DKVA_MAINLOOP=1") == 0,
+              "upgrade: mainloop %d smem %zu name %s", kw.mainloop, sw, wn);
+        kva__kkey k64 = kw, kr = k, kd = k, kq = k;
+        k64.rows = 64;
+        k64.mainloop = 0;
+        kr.rope = 1;
+        kd.dqk = kd.dvo = 256;
+        kq.kt = KVA_DTYPE_E4M3;
+        CHECK(!kva__cuda_prefill_wg_ok(&k64, 90, lim90) && !kva__cuda_prefill_wg_ok(&kr, 90, lim90) &&
+                  !kva__cuda_prefill_wg_ok(&kd, 90, lim90) && !kva__cuda_prefill_wg_ok(&kq, 90, lim90),
+              "no Hopper mainloop for 64-row tiles, RoPE, head dim 256 or fp8 KV");
+    }
     /* tile_q -> kernel tile */
     for (int t = 1; t <= 128; ++t) {
         CHECK(kva__cuda_prefill_select(&d, KVA_OP_BATCH_PREFILL_PAGED, t, 0, &k, NULL) == KVA_OK &&
@@ -292,7 +320,7 @@ static void test_host(void) {
     }
     /* the enumeration holds every key select can produce, and every key fits sm_80 except D256 x TQ16 */
     int n = kva__cuda_prefill_enumerate(NULL, 0);
-    CHECK(n == 384, "384 keys, got %d", n);
+    CHECK(n == 396, "396 keys, got %d", n);
     kva__kkey* keys = (kva__kkey*)calloc((size_t)n, sizeof *keys);
     kva__cuda_prefill_enumerate(keys, n);
     int missing = 0, too_big = 0;
@@ -322,7 +350,7 @@ static void test_host(void) {
     for (int i = 0; i < n; ++i) {
         size_t s = kva__cuda_prefill_smem(&keys[i]);
         if (s > (size_t)lim90) too_big++;
-        if (!(keys[i].dqk == 256 && keys[i].rows == 16)) {
+        if (!keys[i].mainloop && !(keys[i].dqk == 256 && keys[i].rows == 16)) {
             if (s > (size_t)lim80) too_big++;
             if (2 * (s + 1024) > 228 * 1024) too_big++; /* two CTAs per SM on sm_90 */
         }
@@ -337,7 +365,7 @@ static void test_host(void) {
         for (int j = 0; j < n && !found; ++j) found = memcmp(&keys[j], &aot[i], sizeof aot[i]) == 0;
         if (!found) aot_missing++;
     }
-    CHECK(na == 14 && aot_missing == 0, "AOT set: %d keys, %d outside the enumeration", na, aot_missing);
+    CHECK(na == 17 && aot_missing == 0, "AOT set: %d keys, %d outside the enumeration", na, aot_missing);
     free(keys);
 }
 

@@ -11,8 +11,8 @@
  *   KVA_QT, KVA_KT, KVA_OT  dtypes of q, KV, o (q: KVK_F16 / KVK_BF16; KV also KVK_E4M3 / KVK_E5M2; o also KVK_F32)
  *   KVA_TQ           packed rows per CTA tile (16, 64, 128; 128 not at head dim 256)
  *   KVA_ROPE         fused rotate-half RoPE on q (once, at load) and on every K tile (0 / 1)
- *   KVA_MAINLOOP     0 (default): mma.sync mainloop (sm_80+). 1 is reserved for a Hopper (wgmma / TMA) mainloop
- *                    that would replace kvp_mainloop_mma below with the same contract.
+ *   KVA_MAINLOOP     0 (default): mma.sync mainloop (sm_80+), 128 threads. 1: the Hopper mainloop (sm_90a warpgroup
+ *                    MMA, 256 threads, TQ 128, q = KV 16-bit, no RoPE; kvp_mainloop_wg) with the same contract.
  * Everything else (page size and layout via strides, ragged, causal, window, custom mask, soft cap, ALiBi,
  * sigmoid, lse, split-KV partials) is a runtime argument of kvk_attn_params, as for kva_decode.cuh.
  * Geometry (tiles, stages, shared memory) is in kva_prefill_geom.h.
@@ -35,6 +35,7 @@
  */
 #include "kva_common.cuh"
 #include "kva_prefill_geom.h"
+#include "kva_wgmma.cuh"
 
 /* ============================================================================================== */
 /* Helpers shared by every instance (defined once per translation unit)                            */
@@ -192,6 +193,23 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
     }
 }
 
+/* ---- warpgroup MMA (sm_90a) helpers for the Hopper mainloop ---- */
+/* shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets */
+KVA_DEV unsigned long long kvp_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) |
+           ((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
+}
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+KVA_DEV void kvp_wg_fence() { asm volatile("{ wgmma.fence.sync.aligned; }" ::: "memory"); }
+KVA_DEV void kvp_wg_commit() { asm volatile("{ wgmma.commit_group.sync.aligned; }" ::: "memory"); }
+KVA_DEV void kvp_wg_wait0() { asm volatile("{ wgmma.wait_group.sync.aligned 0; }" ::: "memory"); }
+KVA_DEV void kvp_fence_proxy_async() { asm volatile("{ fence.proxy.async.shared::cta; }" ::: "memory"); }
+#endif
+/* pins a register at this point of the program (accumulators and A fragments of an asynchronous MMA must not be
+   read, written or reused by the compiler between the MMA's issue and its wait) */
+KVA_DEV void kvp_reg_fence(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
+
 #endif /* KVA_PREFILL_HELPERS */
 
 /* ============================================================================================== */
@@ -200,11 +218,16 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #ifndef KVA_KERNEL_NAME
 #error "KVA_KERNEL_NAME must be defined"
 #endif
-#ifndef KVA_MAINLOOP
-#define KVA_MAINLOOP 0
+#undef KVP_ML
+#if !defined(KVA_MAINLOOP) || KVA_MAINLOOP == 0
+#define KVP_ML 0
+#elif KVA_MAINLOOP == 1
+#define KVP_ML 1
+#else
+#error "KVA_MAINLOOP must be 0 (mma.sync) or 1 (Hopper warpgroup MMA)"
 #endif
-#if KVA_MAINLOOP != 0
-#error "KVA_MAINLOOP: only the mma.sync mainloop (0) exists; a wgmma/TMA mainloop (1) is future work"
+#if KVP_ML == 1 && (KVA_TQ != 128 || KVA_ROPE || KVA_QT != KVA_KT)
+#error "the Hopper mainloop takes 128-row tiles, q and KV of one 16-bit dtype, no fused RoPE"
 #endif
 #if KVA_DQK != KVA_DVO
 #error "the tensor-core kernel needs head_dim_qk == head_dim_vo"
@@ -257,6 +280,9 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #undef KVP_LD
 #undef KVP_OES
 #undef KVP_PREP_UNROLL
+#undef KVP_NT
+#undef KVP_MINB
+#undef KVP_SOFF
 
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
 /* benchmark-only builds (KVATTN_BENCH_NO_BOUNDS_CHECK): no page-index bounds check, to measure its cost */
@@ -271,17 +297,31 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #define KVP_CT ((KVA_KT == KVK_F16 || KVA_KT == KVK_BF16) ? KVA_KT : KVA_QT)
 #define KVP_FP8 (KVP_ES == 1)
 #define KVP_QCONV (KVA_ROPE || KVA_QT != KVP_CT) /* Q goes through registers on its way to shared memory */
+#if KVP_ML == 0
+#define KVP_NT KVK_PF_THREADS           /* threads per CTA */
+#define KVP_MINB 2                      /* CTAs per SM (launch bounds) */
 #define KVP_MQ KVK_PF_MQ(KVA_TQ)
 #define KVP_WKV KVK_PF_WKV(KVA_TQ)
 #define KVP_WQ KVK_PF_WQ(KVA_TQ)
-#define KVP_RW (16 * KVP_MQ)          /* rows per warp */
 #define KVP_TKV KVK_PF_TKV(KVA_DQK, KVA_TQ)
+#else /* Hopper: 2 warpgroups x 64 rows, each warp 16 rows; one S block of the whole tile per warpgroup */
+#define KVP_NT KVK_PFW_THREADS
+#define KVP_MINB 1
+#define KVP_MQ 1
+#define KVP_WKV 1
+#define KVP_WQ 8
+#define KVP_TKV KVK_PFW_TKV(KVA_DQK)
+#endif
+#define KVP_RW (16 * KVP_MQ)          /* rows per warp */
 #define KVP_KW (KVP_TKV / KVP_WKV)    /* keys per warp per tile */
 /* Keys per online-softmax step (KVP_SK): the warp's whole slice of the tile, except at TQ 128 x D 128 where S (64
    registers for 64 keys) next to O (128) leaves ptxas no headroom (nvcc and NVRTC then spill a few words, on
    different instances): there each warp takes its 64 keys in two 32-key steps (the Q fragments are read from
-   shared memory once more per tile). KVA_PF_SK (32 or 64, a -D option) overrides it for A/B timing. */
-#if defined(KVA_PF_SK)
+   shared memory once more per tile). KVA_PF_SK (32 or 64, a -D option) overrides it for A/B timing. The Hopper
+   mainloop takes the whole tile in one step (its O has 64 rows per warpgroup: half the registers). */
+#if KVP_ML == 1
+#define KVP_SK KVP_KW
+#elif defined(KVA_PF_SK)
 #define KVP_SK (KVA_PF_SK < KVP_KW ? KVA_PF_SK : KVP_KW)
 #elif KVP_D == 128 && KVA_TQ == 128
 #define KVP_SK 32
@@ -292,30 +332,47 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 #define KVP_NK (KVP_SK / 8)           /* n8 blocks of S per warp and sub-step */
 #define KVP_ND (KVP_D / 8)            /* n8 blocks of O; also 16-byte chunks per 16-bit row */
 #define KVP_KS (KVP_D / 16)           /* k16 steps of QK */
+#if KVP_ML == 0
 #define KVP_S KVK_PF_STAGES(KVA_DQK, KVA_TQ, KVP_ES)
+#else
+#define KVP_S KVK_PFW_STAGES(KVA_DQK)
+#endif
 #define KVP_ROWB (KVP_D * 2)          /* bytes per 16-bit shared row */
 #define KVP_RAWB (KVP_D * KVP_ES)     /* bytes per KV row as stored */
 #define KVP_CPR (KVP_RAWB / 16)       /* 16-byte chunks per KV row */
-#define KVP_UK (KVP_TKV * KVP_CPR / KVK_PF_THREADS) /* copies per thread per tile (K and V each) */
-#define KVP_RSTEP (KVK_PF_THREADS / KVP_CPR)
+#define KVP_UK (KVP_TKV * KVP_CPR / KVP_NT) /* copies per thread per tile (K and V each) */
+#define KVP_RSTEP (KVP_NT / KVP_CPR)
 #define KVP_QIR (KVP_MQ * KVP_KS <= 8) /* Q fragments live in registers (<= 32 of them) */
 #if KVA_KT == KVK_E4M3
 #define KVP_KFIX KVA_E4M3_FIX
 #else
 #define KVP_KFIX 1.0f
 #endif
+#if KVP_ML == 0
 #define KVP_STAGE KVK_PF_STAGE_BYTES(KVA_DQK, KVA_TQ, KVP_ES)
 #define KVP_OFF_KV KVK_PF_Q_BYTES(KVA_DQK, KVA_TQ)
 #define KVP_OFF_CONV (KVP_OFF_KV + KVP_S * KVP_STAGE)
 #define KVP_OFF_OFFS KVK_PF_OFF_OFFS(KVA_DQK, KVA_TQ, KVP_ES)
 #define KVP_OFF_ROWS KVK_PF_OFF_ROWS(KVA_DQK, KVA_TQ, KVP_ES)
 #define KVP_OFF_FREQ KVK_PF_OFF_FREQ(KVA_DQK, KVA_TQ, KVP_ES)
+/* byte offset of 16-byte chunk c of row r in a 16-bit shared tile of nr rows (chunk c at c ^ (r & 7)) */
+#define KVP_SOFF(r, c, nr) ((r) * KVP_ROWB + (((c) ^ ((r) & 7)) << 4))
+#else
+#define KVP_STAGE KVK_PFW_STAGE_BYTES(KVA_DQK)
+#define KVP_OFF_KV KVK_PFW_Q_BYTES(KVA_DQK)
+#define KVP_OFF_CONV KVP_OFF_KV /* unused: no fp8 */
+#define KVP_OFF_OFFS KVK_PFW_OFF_OFFS(KVA_DQK)
+#define KVP_OFF_ROWS KVK_PFW_OFF_ROWS(KVA_DQK)
+#define KVP_OFF_FREQ KVK_PFW_OFF_FREQ(KVA_DQK)
+/* the warpgroup MMA's 128-byte swizzle: column block c / 8 of nr rows x 128 bytes, chunk c % 8 at (c % 8) ^ (r % 8) */
+#define KVP_SOFF(r, c, nr) (((c) >> 3) * ((nr) * 128) + (r) * 128 + ((((c) & 7) ^ ((r) & 7)) << 4))
+#endif
 #define KVP_LD KVK_PF_EPI_LD(KVA_DQK)
 #define KVP_OES (KVA_OT == KVK_F32 ? 4 : 2)
 /* units in flight in the fp8 / RoPE tile passes (the O accumulators stay live through them) */
 #define KVP_PREP_UNROLL ((KVP_MQ == 2 || KVP_D == 256) ? 1 : 2)
 
-#if KVP_UK * KVK_PF_THREADS != KVP_TKV * KVP_CPR || KVP_NK % 2 != 0 || KVP_SK % 16 != 0 || KVP_KW % KVP_SK != 0
+#if KVP_UK * KVP_NT != KVP_TKV * KVP_CPR || KVP_NK % 2 != 0 || KVP_SK % 16 != 0 || KVP_KW % KVP_SK != 0
 #error "inconsistent prefill geometry"
 #endif
 
@@ -333,7 +390,7 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item, const kvk_request rq, char* smem) {
     const int g = p.group_size;
     const int last = item.rows > 0 ? item.rows - 1 : 0;
-    for (int r = threadIdx.x; r < KVA_TQ; r += KVK_PF_THREADS) {
+    for (int r = threadIdx.x; r < KVA_TQ; r += KVP_NT) {
         const int pr = item.row_start + (r < item.rows ? r : last);
         const int i = pr / g;
         const int qh = item.kv_head * g + (pr - i * g);
@@ -354,8 +411,8 @@ KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item,
         c->tok0 = rq.kv_start;
         c->kv0 = item.kv_start;
         c->kv1 = item.kv_end;
-        c->ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVK_PF_TKV(KVA_DQK, KVA_TQ) - 1) /
-                                                      KVK_PF_TKV(KVA_DQK, KVA_TQ)
+        c->ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) /
+                                                      KVP_TKV
                                                 : 0;
         c->req = item.req;
         c->rows = item.rows;
@@ -375,7 +432,7 @@ KVA_DEV void KVP_FN(kvp_check_request)(const kvk_attn_params p, const kvk_reques
     const int n = (int)kva_fastdiv((unsigned)(rq.kv_len - 1), p.ps_mul, p.ps_shift) + 1;
     const kvk_i32* const pidx = p.indices + rq.kv_start;
     int bad = 0;
-    for (int e = threadIdx.x; e < n; e += KVK_PF_THREADS) {
+    for (int e = threadIdx.x; e < n; e += KVP_NT) {
         const int pg = pidx[e];
         if ((unsigned long long)(unsigned)pg >= (unsigned long long)p.num_pages) {
             atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
@@ -397,17 +454,17 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
 #if !KVP_QCONV
     const int c = threadIdx.x % KVP_ND; /* KVP_ND divides the thread count: fixed per thread */
 #pragma unroll 4
-    for (int r = threadIdx.x / KVP_ND; r < KVA_TQ; r += KVK_PF_THREADS / KVP_ND) {
+    for (int r = threadIdx.x / KVP_ND; r < KVA_TQ; r += KVP_NT / KVP_ND) {
         const unsigned short* src =
             qbase + (long long)s_qi[r] * p.q_stride_row + (long long)s_qh[r] * p.q_stride_head + c * 8;
-        kva_cp_async16(q_s + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4)), src, r < item.rows ? 16u : 0u);
+        kva_cp_async16(q_s + (unsigned)KVP_SOFF(r, c, KVA_TQ), src, r < item.rows ? 16u : 0u);
     }
 #elif KVA_ROPE
     const float* s_fhi = (const float*)(smem + KVP_OFF_FREQ);
     const float* s_flo = s_fhi + KVP_D / 2;
     const int* s_qpos = KVP_S_QPOS(smem);
     const int c = threadIdx.x % (KVP_ND / 2);
-    for (int r = threadIdx.x / (KVP_ND / 2); r < KVA_TQ; r += KVK_PF_THREADS / (KVP_ND / 2)) {
+    for (int r = threadIdx.x / (KVP_ND / 2); r < KVA_TQ; r += KVP_NT / (KVP_ND / 2)) {
         float x1[8], x2[8];
         if (r < item.rows) {
             const unsigned short* src =
@@ -426,12 +483,12 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
             for (int e = 0; e < 8; ++e) x1[e] = x2[e] = 0.0f;
         }
         const int c2 = c + KVP_ND / 2;
-        kvp_st_shared16(q_s + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4)), kvp_pack8(x1, KVP_CT));
-        kvp_st_shared16(q_s + (unsigned)(r * KVP_ROWB + ((c2 ^ (r & 7)) << 4)), kvp_pack8(x2, KVP_CT));
+        kvp_st_shared16(q_s + (unsigned)KVP_SOFF(r, c, KVA_TQ), kvp_pack8(x1, KVP_CT));
+        kvp_st_shared16(q_s + (unsigned)KVP_SOFF(r, c2, KVA_TQ), kvp_pack8(x2, KVP_CT));
     }
 #else
     const int c = threadIdx.x % KVP_ND;
-    for (int r = threadIdx.x / KVP_ND; r < KVA_TQ; r += KVK_PF_THREADS / KVP_ND) {
+    for (int r = threadIdx.x / KVP_ND; r < KVA_TQ; r += KVP_NT / KVP_ND) {
         float x[8];
         if (r < item.rows) {
             const unsigned short* src =
@@ -441,7 +498,7 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
 #pragma unroll
             for (int e = 0; e < 8; ++e) x[e] = 0.0f;
         }
-        kvp_st_shared16(q_s + (unsigned)(r * KVP_ROWB + ((c ^ (r & 7)) << 4)), kvp_pack8(x, KVP_CT));
+        kvp_st_shared16(q_s + (unsigned)KVP_SOFF(r, c, KVA_TQ), kvp_pack8(x, KVP_CT));
     }
 #endif
 }
@@ -465,7 +522,7 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
 #else
 #pragma unroll 2
 #endif
-        for (int r = tid / (KVP_ND / 2); r < KVP_TKV; r += KVK_PF_THREADS / (KVP_ND / 2)) {
+        for (int r = tid / (KVP_ND / 2); r < KVP_TKV; r += KVP_NT / (KVP_ND / 2)) {
             float x1[8], x2[8];
 #if KVP_FP8
             kvp_fp8x8_to_f32(kva_ld_shared8(raw_k + (unsigned)(r * KVP_RAWB + c * 8)), KVA_KT, x1);
@@ -498,7 +555,7 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
 #else
 #pragma unroll 2
 #endif
-        for (int r = tid / KVP_ND; r < KVP_TKV; r += KVK_PF_THREADS / KVP_ND) {
+        for (int r = tid / KVP_ND; r < KVP_TKV; r += KVP_NT / KVP_ND) {
             const int c = tid % KVP_ND;
             const uint2 w = kva_ld_shared8(src + (unsigned)(r * KVP_RAWB + c * 8));
             uint4 o;
@@ -518,44 +575,183 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
 #endif
 
 /* ---------------------------------------------------------------------------------------------- */
-/* The mma.sync mainloop. Contract (shared with any future mainloop, e.g. wgmma/TMA on sm_90a):
- *   entry:  row facts and context of the item written (not yet published), no cp.async in flight, shared
- *           memory free;
- *   exit:   after a barrier, the region holds for every KV warp slice w < WKV and tile row r < TQ the unnormalised
- *           O row (f32 [w][r][LD]), the running max m (log2 domain, -inf if nothing was seen) and the sum d
- *           (softmax) at [w][r]; no cp.async in flight. A thread that met an out-of-range page has folded
- *           ~((req << 32) | page) into the status word's first_key (atomicMax) and set the context's fault flag,
- *           which the caller reads after its next barrier. */
+/* One warp's S block -> P: logits transforms and mask (only on tiles that need them), then the online softmax
+   (rescaling O where a row's max moved) or sigmoid. s holds S for rows wr0 + mq * 16 + qr (+ 8) and keys
+   jw0 + n * 8 + qc (+ 1) (the m16n8 accumulator layout, which is also the warpgroup MMA's); on return it holds P
+   in f32. Shared by both mainloops. */
 
-KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_item item, char* smem) {
-    const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
-    const int wq = warp / KVP_WKV;   /* row block of this warp */
-    const int wkv = warp % KVP_WKV;  /* key slice of this warp */
-    const int wr0 = wq * KVP_RW;     /* first tile row of this warp */
-    const unsigned sbase = kva_smem_addr(smem);
-    const unsigned q_s = sbase;
-    const unsigned kv_s = sbase + KVP_OFF_KV;
-    long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [S][TKV] */
-    long long* const s_voff = s_koff + KVP_S * KVP_TKV;
-    const int* const s_pidx = (const int*)(s_voff + KVP_S * KVP_TKV); /* [S][TKV] prefetched page indices */
-    const unsigned s_pidx_a = kva_smem_addr(s_pidx);
+KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_NK][4], float (&o)[KVP_MQ][KVP_ND][4],
+                                float (&m)[KVP_MQ][2], float (&d)[KVP_MQ][2], const int jw0, const int kv1,
+                                const int wr0, const int wqmin, const int wqmax, const int qr, const int qc,
+                                const char* smem) {
+    const unsigned flags = p.flags;
+    const bool causal = (flags & KVK_FLAG_CAUSAL) != 0;
+    const bool window = (flags & KVK_FLAG_WINDOW) != 0;
+    const bool sigmoid = (flags & KVK_FLAG_SIGMOID) != 0;
+    const float neg_inf = KVA_NEG_INF;
+    const int jw1 = jw0 + KVP_SK - 1;
     const int* const s_qpos = KVP_S_QPOS(smem);
     const float* const s_slope = KVP_S_SLOPE(smem);
     const long long* const s_mbit = KVP_S_MBIT(smem);
+    /* ---- logits transforms and mask (only where needed) ----
+       In passes without per-element branches. Per row, the visible keys of this warp slice are k in [lo, hi]
+       with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
+    const float qsc = p.q_scale * KVP_KFIX;
+    const bool full = !(flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) && qsc > 0.0f && jw1 < kv1 &&
+                      (!causal || jw1 <= wqmin) && (!window || (long long)jw0 >= (long long)wqmax - p.window_left);
+    float sc = qsc; /* s * sc is the log2-domain logit */
+    if (!full) {
+        sc = 1.0f;
+        const int base = jw0 + qc;
+        if (flags & KVK_FLAG_ALIBI) {
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = wr0 + mq * 16 + qr + 8 * h;
+                    const float slope = s_slope[row];
+                    const float fb = (float)(base - s_qpos[row]);
+#pragma unroll
+                    for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e)
+                            s[mq][n][2 * h + e] = fmaf(slope, fb + (float)(n * 8 + e), s[mq][n][2 * h + e] * qsc);
+                }
+        } else {
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mq][n][e] *= qsc;
+        }
+        if (flags & KVK_FLAG_SOFTCAP) {
+            const float rcap = 1.0f / p.softcap;
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mq][n][e] = p.softcap * kvp_tanh(s[mq][n][e] * rcap);
+        }
+        if (flags & KVK_FLAG_TRANSFORM) { /* natural -> log2 domain */
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mq][n][e] *= KVA_LOG2E;
+        }
+#pragma unroll
+        for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = wr0 + mq * 16 + qr + 8 * h;
+                const int qpos = s_qpos[row];
+                int hi = kv1 - 1 - base;
+                if (causal && qpos - base < hi) hi = qpos - base;
+                int lo = -1;
+                if (window) {
+                    const long long l = (long long)qpos - p.window_left - base;
+                    lo = l < -1 ? -1 : (l > KVP_SK ? KVP_SK : (int)l);
+                }
+#pragma unroll
+                for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int k = n * 8 + e;
+                        if (!(k >= lo && k <= hi)) s[mq][n][2 * h + e] = neg_inf;
+                    }
+            }
+        if (flags & KVK_FLAG_CUSTOM) {
+            /* per row and 64-key chunk, the chunk's bits from its first key on, gathered byte by byte (never past
+               the row's last visible key, so never past the request's segment); then bit qc + n * 8 + e per element */
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const long long mb = s_mbit[wr0 + mq * 16 + qr + 8 * h];
+                    const long long last = (mb + kv1 - 1) >> 3;
+#pragma unroll
+                    for (int ch = 0; ch < (KVP_SK + 63) / 64; ++ch) {
+                        const int nkeys = KVP_SK - ch * 64 < 64 ? KVP_SK - ch * 64 : 64;
+                        const long long b0 = mb + jw0 + ch * 64;
+                        const long long byte0 = b0 >> 3;
+                        const int sh = (int)(b0 & 7);
+                        unsigned long long w = 0ull;
+                        unsigned top = 0u;
+#pragma unroll 1
+                        for (int q = 0; q <= nkeys / 8; ++q) {
+                            const unsigned v = byte0 + q <= last ? (unsigned)__ldg(p.custom_mask + byte0 + q) : 0u;
+                            if (q < 8) w |= (unsigned long long)v << (8 * q);
+                            else top = v;
+                        }
+                        w = sh ? (w >> sh) | ((unsigned long long)top << (64 - sh)) : w;
+                        w >>= qc;
+#pragma unroll
+                        for (int n = ch * 8; n < KVP_NK && n < ch * 8 + 8; ++n)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e)
+                                if (((w >> ((n - ch * 8) * 8 + e)) & 1ull) == 0ull) s[mq][n][2 * h + e] = neg_inf;
+                    }
+                }
+        }
+    }
 
-    const unsigned flags = p.flags;
-    const bool ragged = (flags & KVK_FLAG_RAGGED) != 0;
-    const bool sigmoid = (flags & KVK_FLAG_SIGMOID) != 0;
-    const kvp_ctx* const ctx = KVP_S_CTX(smem);
-    const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
+    /* ---- online softmax (or sigmoid) ---- */
+    if (!sigmoid) {
+#pragma unroll
+        for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
+#pragma unroll
+                for (int n = 1; n < KVP_NK; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+                mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 2));
+                mx *= sc; /* sc > 0 */
+                const float mn = fmaxf(m[mq][h], mx);
+                const float mu = mn == neg_inf ? 0.0f : mn;
+                const float al = kva_exp2(m[mq][h] - mu);
+                m[mq][h] = mn;
+                float ps = 0.0f;
+#pragma unroll
+                for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pv = kva_exp2(fmaf(s[mq][n][2 * h + e], sc, -mu));
+                        s[mq][n][2 * h + e] = pv;
+                        ps += pv;
+                    }
+                d[mq][h] = d[mq][h] * al + ps;
+                if (__any_sync(KVP_FULL, al != 1.0f)) { /* most tiles leave every row's max unchanged */
+#pragma unroll
+                    for (int n = 0; n < KVP_ND; ++n) {
+                        o[mq][n][2 * h] *= al;
+                        o[mq][n][2 * h + 1] *= al;
+                    }
+                }
+            }
+    } else {
+#pragma unroll
+        for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+            for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) /* masked: exp2(+inf) = inf -> 0 */
+                    s[mq][n][e] = kva_rcp(1.0f + kva_exp2(-fmaf(s[mq][n][e], sc, p.sigmoid_bias)));
+    }
+}
 
-    /* K/V byte offsets of tile T's rows into ring slot T % S (threads < TKV, one row each; one bounds check per page
-       index; an out-of-range page zero-fills the row and faults the item). The page-table entries come from
-       KVP_IDX_PREFETCH: a 4-byte cp.async per row into the index ring, issued 2 S - 1 tiles ahead inside the
-       commit group of an earlier K/V tile, so the lookup's latency never stalls the mainloop and no register
-       holds it. Each thread reads back only the entry it copied itself (after its own wait_group). */
+/* ---------------------------------------------------------------------------------------------- */
+/* K/V copy machinery shared by both mainloops (macros over the mainloop's locals: tid, ctx, p, ragged, ntiles,
+   s_koff, s_voff, s_pidx_a, kv_s).                                                                   */
+
+/* K/V byte offsets of tile T's rows into ring slot T % S (threads < TKV, one row each; one bounds check per page
+   index; an out-of-range page zero-fills the row and faults the item). The page-table entries come from
+   KVP_IDX_PREFETCH: a 4-byte cp.async per row into the index ring, issued 2 S - 1 tiles ahead inside the
+   commit group of an earlier K/V tile, so the lookup's latency never stalls the mainloop and no register
+   holds it. Each thread reads back only the entry it copied itself (after its own wait_group). */
 #define KVP_IDX_PREFETCH(T)                                                                            \
     do {                                                                                               \
         if (tid < KVP_TKV && !ragged) {                                                                \
@@ -594,7 +790,7 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
         }                                                                                              \
     } while (0)
 
-    /* cp.async of tile T into stage T % S (rows with offset -1 are zero-filled, nothing is read) */
+/* cp.async of tile T into stage T % S (rows with offset -1 are zero-filled, nothing is read) */
 #define KVP_ISSUE(T)                                                                                   \
     do {                                                                                               \
         if ((T) < ntiles) {                                                                            \
@@ -609,12 +805,44 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
                 const long long ko_ = s_koff[sl_ * KVP_TKV + row_];                                    \
                 const long long vo_ = s_voff[sl_ * KVP_TKV + row_];                                    \
                 const unsigned dst_ = KVP_FP8 ? (unsigned)(row_ * KVP_RAWB + col_ * 16)                \
-                                              : (unsigned)(row_ * KVP_ROWB + ((col_ ^ (row_ & 7)) << 4)); \
+                                              : (unsigned)KVP_SOFF(row_, col_, KVP_TKV);        \
                 kva_cp_async16(kd_ + dst_, kb + (ko_ < 0 ? 0ll : ko_) + col_ * 16, ko_ < 0 ? 0u : 16u); \
                 kva_cp_async16(vd_ + dst_, vb + (vo_ < 0 ? 0ll : vo_) + col_ * 16, vo_ < 0 ? 0u : 16u); \
             }                                                                                          \
         }                                                                                              \
     } while (0)
+
+#if KVP_ML == 0
+/* ---------------------------------------------------------------------------------------------- */
+/* The mma.sync mainloop. Contract (shared with any future mainloop, e.g. wgmma/TMA on sm_90a):
+ *   entry:  row facts and context of the item written (not yet published), no cp.async in flight, shared
+ *           memory free;
+ *   exit:   after a barrier, the region holds for every KV warp slice w < WKV and tile row r < TQ the unnormalised
+ *           O row (f32 [w][r][LD]), the running max m (log2 domain, -inf if nothing was seen) and the sum d
+ *           (softmax) at [w][r]; no cp.async in flight. A thread that met an out-of-range page has folded
+ *           ~((req << 32) | page) into the status word's first_key (atomicMax) and set the context's fault flag,
+ *           which the caller reads after its next barrier. */
+
+KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_item item, char* smem) {
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int wq = warp / KVP_WKV;   /* row block of this warp */
+    const int wkv = warp % KVP_WKV;  /* key slice of this warp */
+    const int wr0 = wq * KVP_RW;     /* first tile row of this warp */
+    const unsigned sbase = kva_smem_addr(smem);
+    const unsigned q_s = sbase;
+    const unsigned kv_s = sbase + KVP_OFF_KV;
+    long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [S][TKV] */
+    long long* const s_voff = s_koff + KVP_S * KVP_TKV;
+    const int* const s_pidx = (const int*)(s_voff + KVP_S * KVP_TKV); /* [S][TKV] prefetched page indices */
+    const unsigned s_pidx_a = kva_smem_addr(s_pidx);
+    const int* const s_qpos = KVP_S_QPOS(smem);
+
+    const unsigned flags = p.flags;
+    const bool ragged = (flags & KVK_FLAG_RAGGED) != 0;
+    const kvp_ctx* const ctx = KVP_S_CTX(smem);
+    const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
 
     /* ---- prologue ---- */
     __syncthreads(); /* row facts and the item context visible */
@@ -763,150 +991,7 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
 #undef KVP_QA
             }
 
-            /* ---- logits transforms and mask (only where needed) ----
-               In passes without per-element branches. Per row, the visible keys of this warp slice are k in [lo, hi]
-               with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
-            const float qsc = p.q_scale * KVP_KFIX;
-            const bool full = !(flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) && qsc > 0.0f && jw1 < kv1 &&
-                              (!causal || jw1 <= wqmin) && (!window || (long long)jw0 >= (long long)wqmax - p.window_left);
-            float sc = qsc; /* s * sc is the log2-domain logit */
-            if (!full) {
-                sc = 1.0f;
-                const int base = jw0 + qc;
-                if (flags & KVK_FLAG_ALIBI) {
-#pragma unroll
-                    for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const int row = wr0 + mq * 16 + qr + 8 * h;
-                            const float slope = s_slope[row];
-                            const float fb = (float)(base - s_qpos[row]);
-#pragma unroll
-                            for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                                for (int e = 0; e < 2; ++e)
-                                    s[mq][n][2 * h + e] = fmaf(slope, fb + (float)(n * 8 + e), s[mq][n][2 * h + e] * qsc);
-                        }
-                } else {
-#pragma unroll
-                    for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                        for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) s[mq][n][e] *= qsc;
-                }
-                if (flags & KVK_FLAG_SOFTCAP) {
-                    const float rcap = 1.0f / p.softcap;
-#pragma unroll
-                    for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                        for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) s[mq][n][e] = p.softcap * kvp_tanh(s[mq][n][e] * rcap);
-                }
-                if (flags & KVK_FLAG_TRANSFORM) { /* natural -> log2 domain */
-#pragma unroll
-                    for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                        for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e) s[mq][n][e] *= KVA_LOG2E;
-                }
-#pragma unroll
-                for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const int row = wr0 + mq * 16 + qr + 8 * h;
-                        const int qpos = s_qpos[row];
-                        int hi = kv1 - 1 - base;
-                        if (causal && qpos - base < hi) hi = qpos - base;
-                        int lo = -1;
-                        if (window) {
-                            const long long l = (long long)qpos - p.window_left - base;
-                            lo = l < -1 ? -1 : (l > KVP_SK ? KVP_SK : (int)l);
-                        }
-#pragma unroll
-                        for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int k = n * 8 + e;
-                                if (!(k >= lo && k <= hi)) s[mq][n][2 * h + e] = neg_inf;
-                            }
-                    }
-                if (flags & KVK_FLAG_CUSTOM) {
-                    /* per row, the SK bits from key jw0 on, gathered byte by byte (never past the row's last visible
-                       key, so never past the request's segment); then bit qc + n * 8 + e per element */
-#pragma unroll
-                    for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const long long mb = s_mbit[wr0 + mq * 16 + qr + 8 * h];
-                            const long long b0 = mb + jw0;
-                            const long long byte0 = b0 >> 3;
-                            const long long last = (mb + kv1 - 1) >> 3;
-                            const int sh = (int)(b0 & 7);
-                            unsigned long long w = 0ull;
-                            unsigned top = 0u;
-#pragma unroll 1
-                            for (int q = 0; q <= KVP_SK / 8; ++q) {
-                                const unsigned v = byte0 + q <= last ? (unsigned)__ldg(p.custom_mask + byte0 + q) : 0u;
-                                if (q < 8) w |= (unsigned long long)v << (8 * q);
-                                else top = v;
-                            }
-                            w = sh ? (w >> sh) | ((unsigned long long)top << (64 - sh)) : w;
-                            w >>= qc;
-#pragma unroll
-                            for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                                for (int e = 0; e < 2; ++e)
-                                    if (((w >> (n * 8 + e)) & 1ull) == 0ull) s[mq][n][2 * h + e] = neg_inf;
-                        }
-                }
-            }
-
-            /* ---- online softmax (or sigmoid) ---- */
-            if (!sigmoid) {
-#pragma unroll
-                for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        float mx = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
-#pragma unroll
-                        for (int n = 1; n < KVP_NK; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
-                        mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 1));
-                        mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 2));
-                        mx *= sc; /* sc > 0 */
-                        const float mn = fmaxf(m[mq][h], mx);
-                        const float mu = mn == neg_inf ? 0.0f : mn;
-                        const float al = kva_exp2(m[mq][h] - mu);
-                        m[mq][h] = mn;
-                        float ps = 0.0f;
-#pragma unroll
-                        for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const float pv = kva_exp2(fmaf(s[mq][n][2 * h + e], sc, -mu));
-                                s[mq][n][2 * h + e] = pv;
-                                ps += pv;
-                            }
-                        d[mq][h] = d[mq][h] * al + ps;
-                        if (__any_sync(KVP_FULL, al != 1.0f)) { /* most tiles leave every row's max unchanged */
-#pragma unroll
-                            for (int n = 0; n < KVP_ND; ++n) {
-                                o[mq][n][2 * h] *= al;
-                                o[mq][n][2 * h + 1] *= al;
-                            }
-                        }
-                    }
-            } else {
-#pragma unroll
-                for (int mq = 0; mq < KVP_MQ; ++mq)
-#pragma unroll
-                    for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) /* masked: exp2(+inf) = inf -> 0 */
-                            s[mq][n][e] = kva_rcp(1.0f + kva_exp2(-fmaf(s[mq][n][e], sc, p.sigmoid_bias)));
-            }
+            KVP_FN(kvp_scores)(p, s, o, m, d, jw0, kv1, wr0, wqmin, wqmax, qr, qc, smem);
 
             /* ---- O += P V ---- */
             const unsigned v_w = v_s + (unsigned)((wkv * KVP_KW + sk * KVP_SK + v_row) * KVP_ROWB);
@@ -962,10 +1047,227 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
                 for (int n = 0; n < KVP_ND; ++n) *(float2*)(dst + n * 8) = make_float2(o[mq][n][2 * h], o[mq][n][2 * h + 1]);
             }
     }
+}
+
+#else /* KVP_ML == 1 */
+/* The Hopper mainloop (sm_90a), same contract as kvp_mainloop_mma. 256 threads: warpgroup wg = tid / 128 owns
+ * tile rows wg * 64 .. wg * 64 + 63 (its warps 16 rows each, as the m64 accumulator lays them out). Per KV tile
+ * (all 256 threads copy K/V through the same cp.async ring as the mma.sync mainloop, into the warpgroup MMA's
+ * 128-byte swizzled layout): S = Q K^T as D/16 warpgroup MMAs with Q and K read from shared memory, the shared
+ * mask / softmax pass (kvp_scores) on the accumulators in registers, then O += P V as TKV/16 warpgroup MMAs with
+ * P from registers (the accumulator layout is the A-fragment layout) and V from shared memory (transposed
+ * descriptor). A warpgroup whose rows cannot see the tile skips it (warpgroup-uniform). Compiled only for
+ * sm_90a; the host never selects it elsewhere. */
+
+KVA_DEV void KVP_FN(kvp_wg_s)(float* d, unsigned long long da, unsigned long long db, int acc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if KVP_TKV == 128 && KVA_KT == KVK_BF16
+    kvw_ss_n128_bf16(d, da, db, acc);
+#elif KVP_TKV == 128
+    kvw_ss_n128_f16(d, da, db, acc);
+#elif KVA_KT == KVK_BF16
+    kvw_ss_n64_bf16(d, da, db, acc);
+#else
+    kvw_ss_n64_f16(d, da, db, acc);
+#endif
+#else
+    (void)d, (void)da, (void)db, (void)acc;
+#endif
+}
+KVA_DEV void KVP_FN(kvp_wg_o)(float* d, const unsigned* a, unsigned long long db, int acc) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if KVP_D == 64 && KVA_KT == KVK_BF16
+    kvw_rs_n64_bf16(d, a, db, acc);
+#elif KVP_D == 64
+    kvw_rs_n64_f16(d, a, db, acc);
+#elif KVP_D == 128 && KVA_KT == KVK_BF16
+    kvw_rs_n128_bf16(d, a, db, acc);
+#elif KVP_D == 128
+    kvw_rs_n128_f16(d, a, db, acc);
+#elif KVA_KT == KVK_BF16
+    kvw_rs_n256_bf16(d, a, db, acc);
+#else
+    kvw_rs_n256_f16(d, a, db, acc);
+#endif
+#else
+    (void)d, (void)a, (void)db, (void)acc;
+#endif
+}
+
+KVA_DEV void KVP_FN(kvp_mainloop_wg)(const kvk_attn_params p, const kvk_work_item item, char* smem) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int wg = warp >> 2;        /* warpgroup */
+    const int wr0 = warp * 16;       /* first tile row of this warp (= wg * 64 + (warp % 4) * 16) */
+    const unsigned sbase = kva_smem_addr(smem);
+    const unsigned q_s = sbase;
+    const unsigned kv_s = sbase + KVP_OFF_KV;
+    long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [S][TKV] */
+    long long* const s_voff = s_koff + KVP_S * KVP_TKV;
+    const int* const s_pidx = (const int*)(s_voff + KVP_S * KVP_TKV); /* [S][TKV] prefetched page indices */
+    const unsigned s_pidx_a = kva_smem_addr(s_pidx);
+    const int* const s_qpos = KVP_S_QPOS(smem);
+
+    const unsigned flags = p.flags;
+    const bool ragged = (flags & KVK_FLAG_RAGGED) != 0;
+    const kvp_ctx* const ctx = KVP_S_CTX(smem);
+    const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
+
+    /* ---- prologue (as in the mma.sync mainloop) ---- */
+    __syncthreads(); /* row facts and the item context visible */
+    {
+        int pg[KVP_S];
+#pragma unroll
+        for (int T = 0; T < KVP_S; ++T) {
+            pg[T] = 0;
+            const int j_ = ctx->kv0 + T * KVP_TKV + tid;
+            if (tid < KVP_TKV && !ragged && T < ntiles && j_ < ctx->kv1)
+                pg[T] = kva_ldg_i32(ctx->pidx + (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift));
+        }
+#pragma unroll
+        for (int T = 0; T < KVP_S; ++T) KVP_OFFS_STORE(T, pg[T]);
+    }
+    if ((tid & 127) == 0) { /* this warpgroup's rows: any valid one, and the q_pos range of the valid ones */
+        kvp_ctx* const c = KVP_S_CTX(smem);
+        const int r0 = wg * 64;
+        const int act = r0 < item.rows;
+        const int wlast = (r0 + 64 < item.rows ? r0 + 64 : item.rows) - 1;
+        c->wact[wg] = act;
+        c->wq[wg][0] = s_qpos[act ? r0 : 0];
+        c->wq[wg][1] = s_qpos[act ? wlast : 0];
+    }
+    __syncthreads(); /* offsets and warpgroup bounds visible */
+    KVP_FN(kvp_load_q)(p, item, smem);
+#pragma unroll
+    for (int T = KVP_S; T < 2 * KVP_S - 1; ++T) KVP_IDX_PREFETCH(T);
+    kva_cp_async_commit();
+#pragma unroll
+    for (int T = 0; T < KVP_S - 1; ++T) {
+        KVP_ISSUE(T);
+        kva_cp_async_commit();
+    }
+
+    const int qr = lane >> 2;        /* accumulator row (and row + 8) */
+    const int qc = (lane & 3) * 2;   /* accumulator column pair */
+    const bool causal = (flags & KVK_FLAG_CAUSAL) != 0;
+    const bool window = (flags & KVK_FLAG_WINDOW) != 0;
+    const unsigned q_wg = q_s + (unsigned)(wg * 64 * 128); /* this warpgroup's rows in each column block of Q */
+
+    float o[1][KVP_ND][4];
+    float m[1][2], d[1][2];
+#pragma unroll
+    for (int n = 0; n < KVP_ND; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
+    m[0][0] = m[0][1] = KVA_NEG_INF;
+    d[0][0] = d[0][1] = 0.0f;
+
+    /* ---- mainloop ---- */
+    for (int t = 0; t < ntiles; ++t) {
+        KVA_CP_ASYNC_WAIT(KVP_S - 2);
+        kvp_fence_proxy_async(); /* this thread's cp.async writes (Q, tile t) -> visible to the MMA's async proxy */
+        __syncthreads();         /* tile t landed; both warpgroups are done with tile t - 1's stage and offsets */
+        KVP_ISSUE(t + KVP_S - 1);
+        KVP_IDX_PREFETCH(t + 2 * KVP_S - 1);
+        kva_cp_async_commit();
+
+        const int st = t % KVP_S;
+        const int j0 = ctx->kv0 + t * KVP_TKV;
+        const unsigned k_s = kv_s + (unsigned)(st * KVP_STAGE);
+        const unsigned v_s = k_s + (unsigned)(KVP_STAGE / 2);
+        const int kv1 = ctx->kv1;
+        const int wqmin = ctx->wq[wg][0];
+        const int wqmax = ctx->wq[wg][1];
+        bool skip = !ctx->wact[wg] || j0 >= kv1;
+        if (causal && j0 > wqmax) skip = true;
+        if (window && (long long)(j0 + KVP_TKV - 1) < (long long)wqmin - p.window_left) skip = true;
+        if (!skip) { /* warpgroup-uniform */
+            float s[1][KVP_NK][4];
+#pragma unroll
+            for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[0][n][e] = 0.0f;
+            kvp_wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < KVP_KS; ++ks) {
+                const unsigned long long da =
+                    kvp_wg_desc(q_wg + (unsigned)((ks >> 2) * (KVA_TQ * 128) + (ks & 3) * 32), 16u, 1024u);
+                const unsigned long long db =
+                    kvp_wg_desc(k_s + (unsigned)((ks >> 2) * (KVP_TKV * 128) + (ks & 3) * 32), 16u, 1024u);
+                KVP_FN(kvp_wg_s)(&s[0][0][0], da, db, ks > 0);
+            }
+            kvp_wg_commit();
+            kvp_wg_wait0();
+#pragma unroll
+            for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) kvp_reg_fence(s[0][n][e]);
+
+            KVP_FN(kvp_scores)(p, s, o, m, d, j0, kv1, wr0, wqmin, wqmax, qr, qc, smem);
+
+            unsigned pa[KVP_TKV / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < KVP_TKV / 16; ++kk) {
+                pa[kk][0] = kvp_pack2(s[0][2 * kk][0], s[0][2 * kk][1], KVP_CT);
+                pa[kk][1] = kvp_pack2(s[0][2 * kk][2], s[0][2 * kk][3], KVP_CT);
+                pa[kk][2] = kvp_pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1], KVP_CT);
+                pa[kk][3] = kvp_pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3], KVP_CT);
+            }
+#pragma unroll
+            for (int n = 0; n < KVP_ND; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) kvp_reg_fence(o[0][n][e]);
+            kvp_wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < KVP_TKV / 16; ++kk)
+                KVP_FN(kvp_wg_o)(&o[0][0][0], pa[kk], kvp_wg_desc(v_s + (unsigned)(kk * 16 * 128), (unsigned)(KVP_TKV * 128), 1024u), 1);
+            kvp_wg_commit();
+            kvp_wg_wait0();
+#pragma unroll
+            for (int n = 0; n < KVP_ND; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) kvp_reg_fence(o[0][n][e]);
+#pragma unroll
+            for (int kk = 0; kk < KVP_TKV / 16; ++kk)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) kvp_reg_fence_u(pa[kk][e]);
+        }
+        /* offsets of tile t + S into slot t % S (as in the mma.sync mainloop) */
+        KVP_OFFS_STORE(t + KVP_S, s_pidx[(t % KVP_S) * KVP_TKV + tid]);
+    }
+
+    /* ---- hand the state to the epilogue ---- */
+    KVA_CP_ASYNC_WAIT(0);
+    __syncthreads(); /* nobody reads Q or a stage any more: the region becomes the staging area */
+    {
+        float* const s_o = (float*)smem;
+        float* const s_m = s_o + KVA_TQ * KVP_LD;
+        float* const s_d = s_m + KVA_TQ;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = wr0 + qr + 8 * h;
+            float dd = d[0][h];
+            dd += __shfl_xor_sync(KVP_FULL, dd, 1);
+            dd += __shfl_xor_sync(KVP_FULL, dd, 2);
+            if ((lane & 3) == 0) {
+                s_m[row] = m[0][h];
+                s_d[row] = dd;
+            }
+            float* const dst = s_o + row * KVP_LD + qc;
+#pragma unroll
+            for (int n = 0; n < KVP_ND; ++n) *(float2*)(dst + n * 8) = make_float2(o[0][n][2 * h], o[0][n][2 * h + 1]);
+        }
+    }
+#else
+    (void)p, (void)item, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
+#endif
+}
+#endif /* KVP_ML */
 #undef KVP_IDX_PREFETCH
 #undef KVP_OFFS_STORE
 #undef KVP_ISSUE
-}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Epilogue: merge the warp slices of each row, normalise, store (o + lse, or the partial slot).  */
@@ -986,7 +1288,7 @@ KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int
     float* const po = (float*)(p.ws + p.off_partial_o);
     float* const pl = (float*)(p.ws + p.off_partial_lse);
     const int c = threadIdx.x % KVP_ND;
-    for (int r = threadIdx.x / KVP_ND; r < rows; r += KVK_PF_THREADS / KVP_ND) {
+    for (int r = threadIdx.x / KVP_ND; r < rows; r += KVP_NT / KVP_ND) {
         float mx = neg_inf;
 #pragma unroll
         for (int w = 0; w < KVP_WKV; ++w) mx = fmaxf(mx, s_m[w * KVA_TQ + r]);
@@ -1042,13 +1344,19 @@ KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int
 /* ---------------------------------------------------------------------------------------------- */
 /* The kernel: a persistent CTA over its worker's items                                            */
 
-extern "C" __global__ void __launch_bounds__(KVK_PF_THREADS, 2) KVA_KERNEL_NAME(const kvk_attn_params p) {
-    extern __shared__ __align__(128) char kvp_smem[];
+extern "C" __global__ void __launch_bounds__(KVP_NT, KVP_MINB) KVA_KERNEL_NAME(const kvk_attn_params p) {
+    extern __shared__ __align__(128) char kvp_smem_raw[];
+#if KVP_ML == 1
+    /* the warpgroup MMA's 128-byte swizzle repeats every 1024 bytes: align the base (KVK_PFW_SMEM has the slack) */
+    char* const kvp_smem = kvp_smem_raw + ((1024u - (kva_smem_addr(kvp_smem_raw) & 1023u)) & 1023u);
+#else
+    char* const kvp_smem = kvp_smem_raw;
+#endif
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
 
 #if KVA_ROPE
     /* inverse frequencies rope_theta^(-2f/D) / rope_scale as float pairs (published by the first item's barrier) */
-    for (int f = threadIdx.x; f < KVP_D / 2; f += KVK_PF_THREADS) {
+    for (int f = threadIdx.x; f < KVP_D / 2; f += KVP_NT) {
         const double w = (double)p.rope_rcp_scale * exp2((double)p.rope_log2_theta * (-2.0 * (double)f / (double)KVP_D));
         float* s_f = (float*)(kvp_smem + KVP_OFF_FREQ);
         s_f[f] = (float)w;
@@ -1068,7 +1376,11 @@ extern "C" __global__ void __launch_bounds__(KVK_PF_THREADS, 2) KVA_KERNEL_NAME(
             KVP_FN(kvp_check_request)(p, rq, kvp_smem);
         }
 #endif
+#if KVP_ML == 0
         KVP_FN(kvp_mainloop_mma)(p, item, kvp_smem);
+#else
+        KVP_FN(kvp_mainloop_wg)(p, item, kvp_smem);
+#endif
         __syncthreads(); /* publishes the staging area and the fault flag */
         const int faulted = KVP_S_CTX(kvp_smem)->fault;
         if (faulted && threadIdx.x == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);

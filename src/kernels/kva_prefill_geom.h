@@ -64,4 +64,27 @@
 #define KVK_PF_KERNEL_TQ(d, tile_q) \
     ((tile_q) <= 16 ? 16 : ((tile_q) <= 64 ? 64 : ((tile_q) <= KVK_PF_MAX_TQ(d) ? 128 : 0)))
 
+/* ---- Hopper mainloop (KVA_MAINLOOP = 1, sm_90a: wgmma) ----
+ * A CTA is 256 threads = 2 warpgroups; each warpgroup owns 64 of the 128 tile rows and runs S = Q K^T (Q and K
+ * from shared memory) and O += P V (P from registers, V from shared memory) as warpgroup MMAs; all 256 threads
+ * copy K/V tiles (cp.async). One CTA per SM (the plan's 2 x SMs workers run in two waves).
+ * Shared memory (bytes, in this order; the kernel aligns its base to 1024 bytes, hence the extra 1024):
+ *   region:  Q [128][D] | STAGES x (K [TKV][D], V [TKV][D]), 16-bit, each in the 128-byte swizzled layout of the
+ *            warpgroup MMA: column block b (64 elements) at b * rows * 128, row r at r * 128 within it, 16-byte
+ *            chunk c at (c ^ (r & 7)) * 16. After the mainloop: the epilogue's staging (as above, one slice).
+ *   offsets, rows, freq: as for the mma.sync mainloop. */
+#define KVK_PFW_THREADS 256
+#define KVK_PFW_TQ 128
+#define KVK_PFW_TKV(d) ((d) == 256 ? 64 : 128)
+#define KVK_PFW_STAGES(d) ((d) == 64 ? 3 : 2)
+#define KVK_PFW_Q_BYTES(d) (KVK_PFW_TQ * (d) * 2)
+#define KVK_PFW_STAGE_BYTES(d) (2 * KVK_PFW_TKV(d) * (d) * 2)
+#define KVK_PFW_MAIN_BYTES(d) (KVK_PFW_Q_BYTES(d) + KVK_PFW_STAGES(d) * KVK_PFW_STAGE_BYTES(d))
+#define KVK_PFW_EPI_BYTES(d) (KVK_PFW_TQ * KVK_PF_EPI_LD(d) * 4 + 2 * KVK_PFW_TQ * 4)
+#define KVK_PFW_REGION(d) (KVK_PFW_MAIN_BYTES(d) > KVK_PFW_EPI_BYTES(d) ? KVK_PFW_MAIN_BYTES(d) : KVK_PFW_EPI_BYTES(d))
+#define KVK_PFW_OFF_OFFS(d) (((KVK_PFW_REGION(d) + 127) / 128) * 128)
+#define KVK_PFW_OFF_ROWS(d) (KVK_PFW_OFF_OFFS(d) + KVK_PFW_STAGES(d) * KVK_PFW_TKV(d) * 20)
+#define KVK_PFW_OFF_FREQ(d) (KVK_PFW_OFF_ROWS(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ))
+#define KVK_PFW_SMEM(d) (KVK_PFW_OFF_FREQ(d) + KVK_PF_FREQ_BYTES(d) + 1024)
+
 #endif /* KVA_PREFILL_GEOM_H */
