@@ -203,6 +203,7 @@ KVA_DEV unsigned long long kvp_wg_desc(unsigned addr, unsigned lbo, unsigned sbo
 KVA_DEV void kvp_wg_fence() { asm volatile("{ wgmma.fence.sync.aligned; }" ::: "memory"); }
 KVA_DEV void kvp_wg_commit() { asm volatile("{ wgmma.commit_group.sync.aligned; }" ::: "memory"); }
 KVA_DEV void kvp_wg_wait0() { asm volatile("{ wgmma.wait_group.sync.aligned 0; }" ::: "memory"); }
+KVA_DEV void kvp_wg_wait1() { asm volatile("{ wgmma.wait_group.sync.aligned 1; }" ::: "memory"); }
 KVA_DEV void kvp_fence_proxy_async() { asm volatile("{ fence.proxy.async.shared::cta; }" ::: "memory"); }
 #endif
 /* pins a register at this point of the program (accumulators and A fragments of an asynchronous MMA must not be
@@ -283,6 +284,9 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #undef KVP_NT
 #undef KVP_MINB
 #undef KVP_SOFF
+#undef KVP_RING
+#undef KVP_KDST
+#undef KVP_VDST
 
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
 /* benchmark-only builds (KVATTN_BENCH_NO_BOUNDS_CHECK): no page-index bounds check, to measure its cost */
@@ -357,6 +361,9 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_OFF_FREQ KVK_PF_OFF_FREQ(KVA_DQK, KVA_TQ, KVP_ES)
 /* byte offset of 16-byte chunk c of row r in a 16-bit shared tile of nr rows (chunk c at c ^ (r & 7)) */
 #define KVP_SOFF(r, c, nr) ((r) * KVP_ROWB + (((c) ^ ((r) & 7)) << 4))
+#define KVP_RING KVP_S                                        /* offset / page-entry ring slots */
+#define KVP_KDST(T) (((T) % KVP_S) * KVP_STAGE)               /* K tile T in the region after Q */
+#define KVP_VDST(T) (((T) % KVP_S) * KVP_STAGE + KVP_STAGE / 2)
 #else
 #define KVP_STAGE KVK_PFW_STAGE_BYTES(KVA_DQK)
 #define KVP_OFF_KV KVK_PFW_Q_BYTES(KVA_DQK)
@@ -366,6 +373,10 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_OFF_FREQ KVK_PFW_OFF_FREQ(KVA_DQK)
 /* the warpgroup MMA's 128-byte swizzle: column block c / 8 of nr rows x 128 bytes, chunk c % 8 at (c % 8) ^ (r % 8) */
 #define KVP_SOFF(r, c, nr) (((c) >> 3) * ((nr) * 128) + (r) * 128 + ((((c) & 7) ^ ((r) & 7)) << 4))
+/* K and V in separate two-slot rings (K runs one tile ahead of V), offsets and page entries in a ring of 4 */
+#define KVP_RING KVK_PFW_RING
+#define KVP_KDST(T) (((T) & 1) * (KVP_STAGE / 2))
+#define KVP_VDST(T) ((2 + ((T) & 1)) * (KVP_STAGE / 2))
 #endif
 #define KVP_LD KVK_PF_EPI_LD(KVA_DQK)
 #define KVP_OES (KVA_OT == KVK_F32 ? 4 : 2)
@@ -578,12 +589,13 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
 /* One warp's S block -> P: logits transforms and mask (only on tiles that need them), then the online softmax
    (rescaling O where a row's max moved) or sigmoid. s holds S for rows wr0 + mq * 16 + qr (+ 8) and keys
    jw0 + n * 8 + qc (+ 1) (the m16n8 accumulator layout, which is also the warpgroup MMA's); on return it holds P
-   in f32. Shared by both mainloops. */
+   in f32. Shared by both mainloops. With alpha, O is left alone and each row's rescale factor is stored there
+   instead (sigmoid: untouched). */
 
 KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_NK][4], float (&o)[KVP_MQ][KVP_ND][4],
                                 float (&m)[KVP_MQ][2], float (&d)[KVP_MQ][2], const int jw0, const int kv1,
                                 const int wr0, const int wqmin, const int wqmax, const int qr, const int qc,
-                                const char* smem) {
+                                const char* smem, float (*alpha)[2]) {
     const unsigned flags = p.flags;
     const bool causal = (flags & KVK_FLAG_CAUSAL) != 0;
     const bool window = (flags & KVK_FLAG_WINDOW) != 0;
@@ -724,7 +736,9 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                         ps += pv;
                     }
                 d[mq][h] = d[mq][h] * al + ps;
-                if (__any_sync(KVP_FULL, al != 1.0f)) { /* most tiles leave every row's max unchanged */
+                if (alpha) { /* the caller rescales O (its MMA may still be accumulating into it) */
+                    alpha[mq][h] = al;
+                } else if (__any_sync(KVP_FULL, al != 1.0f)) { /* most tiles leave every row's max unchanged */
 #pragma unroll
                     for (int n = 0; n < KVP_ND; ++n) {
                         o[mq][n][2 * h] *= al;
@@ -758,7 +772,7 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
             const int j_ = ctx->kv0 + (T) * KVP_TKV + tid;                                             \
             const bool ok_ = (T) < ntiles && j_ < ctx->kv1;                                            \
             const int e_ = ok_ ? (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift) : 0;             \
-            kvp_cp_async4(s_pidx_a + (unsigned)((((T) % KVP_S) * KVP_TKV + tid) * 4), ctx->pidx + e_,  \
+            kvp_cp_async4(s_pidx_a + (unsigned)((((T) % KVP_RING) * KVP_TKV + tid) * 4), ctx->pidx + e_, \
                           ok_ ? 4u : 0u);                                                              \
         }                                                                                              \
     } while (0)
@@ -785,32 +799,38 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                     atomicOr(&((kvp_ctx*)ctx)->fault, 1); /* atomic: no racecheck hazard */           \
                 }                                                                                      \
             }                                                                                          \
-            s_koff[((T) % KVP_S) * KVP_TKV + tid] = ko_;                                               \
-            s_voff[((T) % KVP_S) * KVP_TKV + tid] = vo_;                                               \
+            s_koff[((T) % KVP_RING) * KVP_TKV + tid] = ko_;                                            \
+            s_voff[((T) % KVP_RING) * KVP_TKV + tid] = vo_;                                            \
         }                                                                                              \
     } while (0)
 
-/* cp.async of tile T into stage T % S (rows with offset -1 are zero-filled, nothing is read) */
-#define KVP_ISSUE(T)                                                                                   \
+/* cp.async of tile T's K (DOK) and / or V (DOV) rows into their slots (rows with offset -1 are zero-filled, nothing
+   is read) */
+#define KVP_ISSUE_KV(T, DOK, DOV)                                                                      \
     do {                                                                                               \
         if ((T) < ntiles) {                                                                            \
-            const int sl_ = (T) % KVP_S;                                                               \
+            const int sl_ = (T) % KVP_RING;                                                            \
             const char* const kb = ctx->kb;                                                            \
             const char* const vb = ctx->vb;                                                            \
-            const unsigned kd_ = kv_s + (unsigned)(sl_ * KVP_STAGE);                                   \
-            const unsigned vd_ = kd_ + (unsigned)(KVP_STAGE / 2);                                      \
+            const unsigned kd_ = kv_s + (unsigned)KVP_KDST(T);                                         \
+            const unsigned vd_ = kv_s + (unsigned)KVP_VDST(T);                                         \
             const int col_ = tid % KVP_CPR;                                                            \
             _Pragma("unroll") for (int u_ = 0; u_ < KVP_UK; ++u_) {                                   \
                 const int row_ = tid / KVP_CPR + u_ * KVP_RSTEP;                                       \
-                const long long ko_ = s_koff[sl_ * KVP_TKV + row_];                                    \
-                const long long vo_ = s_voff[sl_ * KVP_TKV + row_];                                    \
                 const unsigned dst_ = KVP_FP8 ? (unsigned)(row_ * KVP_RAWB + col_ * 16)                \
-                                              : (unsigned)KVP_SOFF(row_, col_, KVP_TKV);        \
-                kva_cp_async16(kd_ + dst_, kb + (ko_ < 0 ? 0ll : ko_) + col_ * 16, ko_ < 0 ? 0u : 16u); \
-                kva_cp_async16(vd_ + dst_, vb + (vo_ < 0 ? 0ll : vo_) + col_ * 16, vo_ < 0 ? 0u : 16u); \
+                                              : (unsigned)KVP_SOFF(row_, col_, KVP_TKV);               \
+                if (DOK) {                                                                             \
+                    const long long ko_ = s_koff[sl_ * KVP_TKV + row_];                                \
+                    kva_cp_async16(kd_ + dst_, kb + (ko_ < 0 ? 0ll : ko_) + col_ * 16, ko_ < 0 ? 0u : 16u); \
+                }                                                                                      \
+                if (DOV) {                                                                             \
+                    const long long vo_ = s_voff[sl_ * KVP_TKV + row_];                                \
+                    kva_cp_async16(vd_ + dst_, vb + (vo_ < 0 ? 0ll : vo_) + col_ * 16, vo_ < 0 ? 0u : 16u); \
+                }                                                                                      \
             }                                                                                          \
         }                                                                                              \
     } while (0)
+#define KVP_ISSUE(T) KVP_ISSUE_KV(T, 1, 1)
 
 #if KVP_ML == 0
 /* ---------------------------------------------------------------------------------------------- */
@@ -991,7 +1011,7 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
 #undef KVP_QA
             }
 
-            KVP_FN(kvp_scores)(p, s, o, m, d, jw0, kv1, wr0, wqmin, wqmax, qr, qc, smem);
+            KVP_FN(kvp_scores)(p, s, o, m, d, jw0, kv1, wr0, wqmin, wqmax, qr, qc, smem, nullptr);
 
             /* ---- O += P V ---- */
             const unsigned v_w = v_s + (unsigned)((wkv * KVP_KW + sk * KVP_SK + v_row) * KVP_ROWB);
@@ -1104,9 +1124,9 @@ KVA_DEV void KVP_FN(kvp_mainloop_wg)(const kvk_attn_params p, const kvk_work_ite
     const unsigned sbase = kva_smem_addr(smem);
     const unsigned q_s = sbase;
     const unsigned kv_s = sbase + KVP_OFF_KV;
-    long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [S][TKV] */
-    long long* const s_voff = s_koff + KVP_S * KVP_TKV;
-    const int* const s_pidx = (const int*)(s_voff + KVP_S * KVP_TKV); /* [S][TKV] prefetched page indices */
+    long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [RING][TKV] */
+    long long* const s_voff = s_koff + KVP_RING * KVP_TKV;
+    const int* const s_pidx = (const int*)(s_voff + KVP_RING * KVP_TKV); /* [RING][TKV] prefetched page indices */
     const unsigned s_pidx_a = kva_smem_addr(s_pidx);
     const int* const s_qpos = KVP_S_QPOS(smem);
 
@@ -1115,19 +1135,24 @@ KVA_DEV void KVP_FN(kvp_mainloop_wg)(const kvk_attn_params p, const kvk_work_ite
     const kvp_ctx* const ctx = KVP_S_CTX(smem);
     const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
 
-    /* ---- prologue (as in the mma.sync mainloop) ---- */
+    /* Schedule (K runs one tile ahead of V; one barrier per tile):
+     *   prologue: offsets of tiles 0..2, page entries of tile 3 prefetched; Q, K0, V0, K1 loaded; S0 -> P0.
+     *   tile t:   wait (K_{t+1}, V_t landed) + barrier (everyone is done with K_t and V_{t-1}); issue K_{t+2},
+     *             V_{t+1} and the page entries of tile t+4; MMA S_{t+1} = Q K_{t+1}^T, MMA O += P_t V_t; wait for S;
+     *             mask + softmax of S_{t+1} -> P_{t+1} (the rescale of O deferred) while O += P_t V_t runs; wait;
+     *             rescale O; offsets of tile t+3. */
     __syncthreads(); /* row facts and the item context visible */
     {
-        int pg[KVP_S];
+        int pg[3];
 #pragma unroll
-        for (int T = 0; T < KVP_S; ++T) {
+        for (int T = 0; T < 3; ++T) {
             pg[T] = 0;
             const int j_ = ctx->kv0 + T * KVP_TKV + tid;
             if (tid < KVP_TKV && !ragged && T < ntiles && j_ < ctx->kv1)
                 pg[T] = kva_ldg_i32(ctx->pidx + (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift));
         }
 #pragma unroll
-        for (int T = 0; T < KVP_S; ++T) KVP_OFFS_STORE(T, pg[T]);
+        for (int T = 0; T < 3; ++T) KVP_OFFS_STORE(T, pg[T]);
     }
     if ((tid & 127) == 0) { /* this warpgroup's rows: any valid one, and the q_pos range of the valid ones */
         kvp_ctx* const c = KVP_S_CTX(smem);
@@ -1140,103 +1165,136 @@ KVA_DEV void KVP_FN(kvp_mainloop_wg)(const kvk_attn_params p, const kvk_work_ite
     }
     __syncthreads(); /* offsets and warpgroup bounds visible */
     KVP_FN(kvp_load_q)(p, item, smem);
-#pragma unroll
-    for (int T = KVP_S; T < 2 * KVP_S - 1; ++T) KVP_IDX_PREFETCH(T);
+    KVP_IDX_PREFETCH(3);
+    KVP_ISSUE_KV(0, 1, 1);
+    KVP_ISSUE_KV(1, 1, 0);
     kva_cp_async_commit();
-#pragma unroll
-    for (int T = 0; T < KVP_S - 1; ++T) {
-        KVP_ISSUE(T);
-        kva_cp_async_commit();
-    }
 
     const int qr = lane >> 2;        /* accumulator row (and row + 8) */
     const int qc = (lane & 3) * 2;   /* accumulator column pair */
-    const bool causal = (flags & KVK_FLAG_CAUSAL) != 0;
-    const bool window = (flags & KVK_FLAG_WINDOW) != 0;
     const unsigned q_wg = q_s + (unsigned)(wg * 64 * 128); /* this warpgroup's rows in each column block of Q */
 
     float o[1][KVP_ND][4];
-    float m[1][2], d[1][2];
+    float m[1][2], d[1][2], al[1][2];
 #pragma unroll
     for (int n = 0; n < KVP_ND; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
     m[0][0] = m[0][1] = KVA_NEG_INF;
     d[0][0] = d[0][1] = 0.0f;
+    unsigned pa[KVP_TKV / 16][4]; /* P of the tile whose O += P V is next */
 
-    /* ---- mainloop ---- */
-    for (int t = 0; t < ntiles; ++t) {
-        KVA_CP_ASYNC_WAIT(KVP_S - 2);
-        kvp_fence_proxy_async(); /* this thread's cp.async writes (Q, tile t) -> visible to the MMA's async proxy */
-        __syncthreads();         /* tile t landed; both warpgroups are done with tile t - 1's stage and offsets */
-        KVP_ISSUE(t + KVP_S - 1);
-        KVP_IDX_PREFETCH(t + 2 * KVP_S - 1);
+    /* No warpgroup skips a tile here: the planner already clipped the item's range to what its rows see (causal,
+       window), keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
+       makes ptxas serialise them (C7518). */
+    /* S = Q K_T^T into s (issued and committed, not waited) */
+#define KVP_WG_ISSUE_S(T, s)                                                                            \
+    do {                                                                                                \
+        _Pragma("unroll") for (int n_ = 0; n_ < KVP_NK; ++n_)                                          \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) s[0][n_][e_] = 0.0f;                       \
+        kvp_wg_fence();                                                                                 \
+        const unsigned k_s_ = kv_s + (unsigned)KVP_KDST(T);                                            \
+        _Pragma("unroll") for (int ks_ = 0; ks_ < KVP_KS; ++ks_) {                                     \
+            const unsigned long long da_ =                                                              \
+                kvp_wg_desc(q_wg + (unsigned)((ks_ >> 2) * (KVA_TQ * 128) + (ks_ & 3) * 32), 16u, 1024u); \
+            const unsigned long long db_ =                                                              \
+                kvp_wg_desc(k_s_ + (unsigned)((ks_ >> 2) * (KVP_TKV * 128) + (ks_ & 3) * 32), 16u, 1024u); \
+            KVP_FN(kvp_wg_s)(&s[0][0][0], da_, db_, ks_ > 0);                                          \
+        }                                                                                               \
+        kvp_wg_commit();                                                                                \
+    } while (0)
+    /* O += P V_T (issued and committed, not waited) */
+#define KVP_WG_ISSUE_PV(T)                                                                              \
+    do {                                                                                                \
+        _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(o[0][n_][e_]);              \
+        kvp_wg_fence();                                                                                 \
+        const unsigned v_s_ = kv_s + (unsigned)KVP_VDST(T);                                            \
+        _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_)                                 \
+            KVP_FN(kvp_wg_o)(&o[0][0][0], pa[kk_],                                                      \
+                             kvp_wg_desc(v_s_ + (unsigned)(kk_ * 16 * 128), (unsigned)(KVP_TKV * 128), 1024u), 1); \
+        kvp_wg_commit();                                                                                \
+    } while (0)
+    /* after the last wait: pa and O may be touched again */
+#define KVP_WG_FENCE_PO()                                                                               \
+    do {                                                                                                \
+        _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_)                                 \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence_u(pa[kk_][e_]);             \
+        _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(o[0][n_][e_]);              \
+    } while (0)
+    /* mask + softmax of tile T's S (waited); O's rescale factors into al (1 for sigmoid) */
+#define KVP_WG_SCORES(T, s)                                                                             \
+    do {                                                                                                \
+        _Pragma("unroll") for (int n_ = 0; n_ < KVP_NK; ++n_)                                          \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(s[0][n_][e_]);              \
+        al[0][0] = al[0][1] = 1.0f;                                                                     \
+        KVP_FN(kvp_scores)(p, s, o, m, d, ctx->kv0 + (T) * KVP_TKV, ctx->kv1, wr0, ctx->wq[wg][0],     \
+                           ctx->wq[wg][1], qr, qc, smem, al);                                           \
+    } while (0)
+#define KVP_WG_PACK(s)                                                                                  \
+    do {                                                                                                \
+        _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_) {                               \
+            pa[kk_][0] = kvp_pack2(s[0][2 * kk_][0], s[0][2 * kk_][1], KVP_CT);                         \
+            pa[kk_][1] = kvp_pack2(s[0][2 * kk_][2], s[0][2 * kk_][3], KVP_CT);                         \
+            pa[kk_][2] = kvp_pack2(s[0][2 * kk_ + 1][0], s[0][2 * kk_ + 1][1], KVP_CT);                 \
+            pa[kk_][3] = kvp_pack2(s[0][2 * kk_ + 1][2], s[0][2 * kk_ + 1][3], KVP_CT);                 \
+        }                                                                                               \
+    } while (0)
+#define KVP_WG_TILE_WAIT()                                                                              \
+    do {                                                                                                \
+        KVA_CP_ASYNC_WAIT(0);                                                                           \
+        kvp_fence_proxy_async(); /* this thread's cp.async writes -> visible to the MMA's async proxy */ \
+        __syncthreads();                                                                                \
+    } while (0)
+
+    KVP_WG_TILE_WAIT(); /* Q, K_0, V_0, K_1 */
+    if (ntiles > 0) {   /* S_0 -> P_0 (O is zero: no rescale) */
+        float s[1][KVP_NK][4];
+        KVP_WG_ISSUE_S(0, s);
+        kvp_wg_wait0();
+        KVP_WG_SCORES(0, s);
+        KVP_WG_PACK(s);
+    }
+    /* ---- mainloop: tile t's O += P V beside tile t + 1's S and softmax ---- */
+    for (int t = 0; t + 1 < ntiles; ++t) {
+        if (t > 0) KVP_WG_TILE_WAIT(); /* K_{t+1}, V_t landed; both warpgroups are done with K_t and V_{t-1} */
+        KVP_ISSUE_KV(t + 2, 1, 0);
+        KVP_ISSUE_KV(t + 1, 0, 1);
+        KVP_IDX_PREFETCH(t + 4);
         kva_cp_async_commit();
 
-        const int st = t % KVP_S;
-        const int j0 = ctx->kv0 + t * KVP_TKV;
-        const unsigned k_s = kv_s + (unsigned)(st * KVP_STAGE);
-        const unsigned v_s = k_s + (unsigned)(KVP_STAGE / 2);
-        const int kv1 = ctx->kv1;
-        const int wqmin = ctx->wq[wg][0];
-        const int wqmax = ctx->wq[wg][1];
-        bool skip = !ctx->wact[wg] || j0 >= kv1;
-        if (causal && j0 > wqmax) skip = true;
-        if (window && (long long)(j0 + KVP_TKV - 1) < (long long)wqmin - p.window_left) skip = true;
-        if (!skip) { /* warpgroup-uniform */
-            float s[1][KVP_NK][4];
+        float s[1][KVP_NK][4];
+        KVP_WG_ISSUE_S(t + 1, s);
+        KVP_WG_ISSUE_PV(t);
+        kvp_wg_wait1(); /* S_{t+1} done; O += P_t V_t may still run (kvp_scores does not touch O or pa) */
+        KVP_WG_SCORES(t + 1, s);
+        kvp_wg_wait0();
+        KVP_WG_FENCE_PO();
 #pragma unroll
-            for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) s[0][n][e] = 0.0f;
-            kvp_wg_fence();
-#pragma unroll
-            for (int ks = 0; ks < KVP_KS; ++ks) {
-                const unsigned long long da =
-                    kvp_wg_desc(q_wg + (unsigned)((ks >> 2) * (KVA_TQ * 128) + (ks & 3) * 32), 16u, 1024u);
-                const unsigned long long db =
-                    kvp_wg_desc(k_s + (unsigned)((ks >> 2) * (KVP_TKV * 128) + (ks & 3) * 32), 16u, 1024u);
-                KVP_FN(kvp_wg_s)(&s[0][0][0], da, db, ks > 0);
-            }
-            kvp_wg_commit();
-            kvp_wg_wait0();
-#pragma unroll
-            for (int n = 0; n < KVP_NK; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) kvp_reg_fence(s[0][n][e]);
-
-            KVP_FN(kvp_scores)(p, s, o, m, d, j0, kv1, wr0, wqmin, wqmax, qr, qc, smem);
-
-            unsigned pa[KVP_TKV / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < KVP_TKV / 16; ++kk) {
-                pa[kk][0] = kvp_pack2(s[0][2 * kk][0], s[0][2 * kk][1], KVP_CT);
-                pa[kk][1] = kvp_pack2(s[0][2 * kk][2], s[0][2 * kk][3], KVP_CT);
-                pa[kk][2] = kvp_pack2(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1], KVP_CT);
-                pa[kk][3] = kvp_pack2(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3], KVP_CT);
-            }
-#pragma unroll
-            for (int n = 0; n < KVP_ND; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) kvp_reg_fence(o[0][n][e]);
-            kvp_wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < KVP_TKV / 16; ++kk)
-                KVP_FN(kvp_wg_o)(&o[0][0][0], pa[kk], kvp_wg_desc(v_s + (unsigned)(kk * 16 * 128), (unsigned)(KVP_TKV * 128), 1024u), 1);
-            kvp_wg_commit();
-            kvp_wg_wait0();
-#pragma unroll
-            for (int n = 0; n < KVP_ND; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) kvp_reg_fence(o[0][n][e]);
-#pragma unroll
-            for (int kk = 0; kk < KVP_TKV / 16; ++kk)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) kvp_reg_fence_u(pa[kk][e]);
+        for (int n = 0; n < KVP_ND; ++n) {
+            o[0][n][0] *= al[0][0];
+            o[0][n][1] *= al[0][0];
+            o[0][n][2] *= al[0][1];
+            o[0][n][3] *= al[0][1];
         }
-        /* offsets of tile t + S into slot t % S (as in the mma.sync mainloop) */
-        KVP_OFFS_STORE(t + KVP_S, s_pidx[(t % KVP_S) * KVP_TKV + tid]);
+        KVP_WG_PACK(s);
+        /* offsets of tile t + 3 into ring slot (t + 3) % 4 (last read by the copies of tile t - 1); its page entries
+           were prefetched with the previous tile's group, complete since this tile's wait */
+        KVP_OFFS_STORE(t + 3, s_pidx[((t + 3) % KVP_RING) * KVP_TKV + tid]);
     }
+    if (ntiles > 0) { /* the last tile's O += P V */
+        if (ntiles > 1) KVP_WG_TILE_WAIT();
+        KVP_WG_ISSUE_PV(ntiles - 1);
+        kvp_wg_wait0();
+        KVP_WG_FENCE_PO();
+    }
+#undef KVP_WG_ISSUE_S
+#undef KVP_WG_ISSUE_PV
+#undef KVP_WG_FENCE_PO
+#undef KVP_WG_SCORES
+#undef KVP_WG_PACK
+#undef KVP_WG_TILE_WAIT
 
     /* ---- hand the state to the epilogue ---- */
     KVA_CP_ASYNC_WAIT(0);
@@ -1264,10 +1322,12 @@ KVA_DEV void KVP_FN(kvp_mainloop_wg)(const kvk_attn_params p, const kvk_work_ite
     (void)p, (void)item, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
 #endif
 }
+
 #endif /* KVP_ML */
 #undef KVP_IDX_PREFETCH
 #undef KVP_OFFS_STORE
 #undef KVP_ISSUE
+#undef KVP_ISSUE_KV
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Epilogue: merge the warp slices of each row, normalise, store (o + lse, or the partial slot).  */

@@ -76,14 +76,15 @@
 #define KVK_PFW_THREADS 256
 #define KVK_PFW_TQ 128
 #define KVK_PFW_TKV(d) ((d) == 256 ? 64 : 128)
-#define KVK_PFW_STAGES(d) ((d) == 64 ? 3 : 2)
+#define KVK_PFW_STAGES(d) 2 /* K and V rings of 2 slots each */
+#define KVK_PFW_RING 4      /* row-offset and page-entry ring */
 #define KVK_PFW_Q_BYTES(d) (KVK_PFW_TQ * (d) * 2)
 #define KVK_PFW_STAGE_BYTES(d) (2 * KVK_PFW_TKV(d) * (d) * 2)
 #define KVK_PFW_MAIN_BYTES(d) (KVK_PFW_Q_BYTES(d) + KVK_PFW_STAGES(d) * KVK_PFW_STAGE_BYTES(d))
 #define KVK_PFW_EPI_BYTES(d) (KVK_PFW_TQ * KVK_PF_EPI_LD(d) * 4 + 2 * KVK_PFW_TQ * 4)
 #define KVK_PFW_REGION(d) (KVK_PFW_MAIN_BYTES(d) > KVK_PFW_EPI_BYTES(d) ? KVK_PFW_MAIN_BYTES(d) : KVK_PFW_EPI_BYTES(d))
 #define KVK_PFW_OFF_OFFS(d) (((KVK_PFW_REGION(d) + 127) / 128) * 128)
-#define KVK_PFW_OFF_ROWS(d) (KVK_PFW_OFF_OFFS(d) + KVK_PFW_STAGES(d) * KVK_PFW_TKV(d) * 20)
+#define KVK_PFW_OFF_ROWS(d) (KVK_PFW_OFF_OFFS(d) + KVK_PFW_RING * KVK_PFW_TKV(d) * 20)
 #define KVK_PFW_OFF_FREQ(d) (KVK_PFW_OFF_ROWS(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ))
 #define KVK_PFW_SMEM(d) (KVK_PFW_OFF_FREQ(d) + KVK_PF_FREQ_BYTES(d) + 1024)
 
