@@ -63,7 +63,7 @@ int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max);
 const char* kva__cuda_prefill_source(void);
 /* Dynamic shared memory of a key's kernel (bytes) */
 size_t kva__cuda_prefill_smem(const kva__kkey* k);
-/* Threads per CTA of a key's kernel (128; 256 for the Hopper mainloop) */
+/* Threads per CTA of a key's kernel (128; 384 for the Hopper mainloop) */
 int kva__cuda_prefill_threads(const kva__kkey* k);
 /* The Hopper mainloop (KVA_MAINLOOP = 1, "kva_pfw_*": warpgroup MMA, sm_90a only) takes a tensor-core attention key
  * when the device is compute capability 9.0 (cc = 90), the tile is 128 rows, the head dim 64 or 128, q and KV share

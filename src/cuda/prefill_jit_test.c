@@ -263,7 +263,7 @@ static void test_host(void) {
         char wn[128], wd[10][128];
         kva__cuda_prefill_name(&kw, wn, sizeof wn);
         CHECK(kw.mainloop == 1 && sw == kva__cuda_prefill_smem(&kw) && sw > 110 * 1024 && sw <= (size_t)lim90 &&
-                  kva__cuda_prefill_threads(&kw) == 256 && kva__cuda_prefill_threads(&k) == 128 &&
+                  kva__cuda_prefill_threads(&kw) == 384 && kva__cuda_prefill_threads(&k) == 128 &&
                   strcmp(wn, "kva_pfw_d128_qbf16_kvbf16_obf16_t128_rope0") == 0 &&
                   kva__cuda_prefill_defines(&kw, wd, 10) == 9 && strcmp(wd[8], "-DKVA_MAINLOOP=1") == 0,
               "upgrade: mainloop %d smem %zu name %s", kw.mainloop, sw, wn);

@@ -164,7 +164,8 @@ typedef struct kvp_ctx {
     int rows;          /* item rows (epilogue) */
     int partial;       /* item partial slot (epilogue) */
     int fault;         /* set (atomicOr) by any thread that met an out-of-range page */
-    int pad_[3];
+    int pfault;        /* Hopper mainloop: the producer's fault mark, the faulted item's index + 1 (atomicMax) */
+    int pad_[2];
 } kvp_ctx;
 static_assert(sizeof(kvp_ctx) <= 128, "kvp_ctx must fit its 128 bytes");
 
@@ -205,6 +206,30 @@ KVA_DEV void kvp_wg_commit() { asm volatile("{ wgmma.commit_group.sync.aligned; 
 KVA_DEV void kvp_wg_wait0() { asm volatile("{ wgmma.wait_group.sync.aligned 0; }" ::: "memory"); }
 KVA_DEV void kvp_wg_wait1() { asm volatile("{ wgmma.wait_group.sync.aligned 1; }" ::: "memory"); }
 KVA_DEV void kvp_fence_proxy_async() { asm volatile("{ fence.proxy.async.shared::cta; }" ::: "memory"); }
+KVA_DEV void kvp_mbar_init(unsigned bar, unsigned count) {
+    asm volatile("{ mbarrier.init.shared::cta.b64 [%0], %1; }" ::"r"(bar), "r"(count) : "memory");
+}
+/* wait for the completion of the phase with this parity (a fresh barrier counts its "previous" phase, parity 1,
+   as complete) */
+KVA_DEV void kvp_mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+KVA_DEV void kvp_mbar_arrive(unsigned bar) {
+    asm volatile("{ mbarrier.arrive.shared::cta.b64 _, [%0]; }" ::"r"(bar) : "memory");
+}
+/* one arrival on bar once all of this thread's earlier cp.async copies have landed (init count includes it) */
+KVA_DEV void kvp_cp_async_mbar_arrive(unsigned bar) {
+    asm volatile("{ cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0]; }" ::"r"(bar) : "memory");
+}
+KVA_DEV void kvp_named_sync(unsigned id, unsigned count) {
+    asm volatile("{ bar.sync %0, %1; }" ::"r"(id), "r"(count) : "memory");
+}
 #endif
 /* pins a register at this point of the program (accumulators and A fragments of an asynchronous MMA must not be
    read, written or reused by the compiler between the MMA's issue and its wait) */
@@ -282,11 +307,14 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #undef KVP_OES
 #undef KVP_PREP_UNROLL
 #undef KVP_NT
+#undef KVP_CTA_NT
+#undef KVP_TID
 #undef KVP_MINB
 #undef KVP_SOFF
 #undef KVP_RING
 #undef KVP_KDST
 #undef KVP_VDST
+#undef KVP_OFF_BAR
 
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
 /* benchmark-only builds (KVATTN_BENCH_NO_BOUNDS_CHECK): no page-index bounds check, to measure its cost */
@@ -302,14 +330,18 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_FP8 (KVP_ES == 1)
 #define KVP_QCONV (KVA_ROPE || KVA_QT != KVP_CT) /* Q goes through registers on its way to shared memory */
 #if KVP_ML == 0
-#define KVP_NT KVK_PF_THREADS           /* threads per CTA */
+#define KVP_NT KVK_PF_THREADS           /* threads that run rows / Q / epilogue (all, here) */
+#define KVP_CTA_NT KVK_PF_THREADS       /* threads per CTA */
+#define KVP_TID ((int)threadIdx.x)      /* index among the KVP_NT */
 #define KVP_MINB 2                      /* CTAs per SM (launch bounds) */
 #define KVP_MQ KVK_PF_MQ(KVA_TQ)
 #define KVP_WKV KVK_PF_WKV(KVA_TQ)
 #define KVP_WQ KVK_PF_WQ(KVA_TQ)
 #define KVP_TKV KVK_PF_TKV(KVA_DQK, KVA_TQ)
 #else /* Hopper: 2 warpgroups x 64 rows, each warp 16 rows; one S block of the whole tile per warpgroup */
-#define KVP_NT KVK_PFW_THREADS
+#define KVP_NT KVK_PFW_CONSUMERS      /* the two computing warpgroups */
+#define KVP_CTA_NT KVK_PFW_THREADS
+#define KVP_TID ((int)threadIdx.x - 128)
 #define KVP_MINB 1
 #define KVP_MQ 1
 #define KVP_WKV 1
@@ -373,17 +405,19 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_OFF_FREQ KVK_PFW_OFF_FREQ(KVA_DQK)
 /* the warpgroup MMA's 128-byte swizzle: column block c / 8 of nr rows x 128 bytes, chunk c % 8 at (c % 8) ^ (r % 8) */
 #define KVP_SOFF(r, c, nr) (((c) >> 3) * ((nr) * 128) + (r) * 128 + ((((c) & 7) ^ ((r) & 7)) << 4))
-/* K and V in separate two-slot rings (K runs one tile ahead of V), offsets and page entries in a ring of 4 */
+/* K and V in separate two-slot rings indexed by the CTA's running K / V tile counts (the producer runs up to two
+   tiles ahead), the producer's row offsets in a ring of 2, then 8 mbarriers */
 #define KVP_RING KVK_PFW_RING
-#define KVP_KDST(T) (((T) & 1) * (KVP_STAGE / 2))
-#define KVP_VDST(T) ((2 + ((T) & 1)) * (KVP_STAGE / 2))
+#define KVP_KDST(C) (((C) & 1) * (KVP_STAGE / 2))
+#define KVP_VDST(C) ((2 + ((C) & 1)) * (KVP_STAGE / 2))
+#define KVP_OFF_BAR KVK_PFW_OFF_BAR(KVA_DQK)
 #endif
 #define KVP_LD KVK_PF_EPI_LD(KVA_DQK)
 #define KVP_OES (KVA_OT == KVK_F32 ? 4 : 2)
 /* units in flight in the fp8 / RoPE tile passes (the O accumulators stay live through them) */
 #define KVP_PREP_UNROLL ((KVP_MQ == 2 || KVP_D == 256) ? 1 : 2)
 
-#if KVP_UK * KVP_NT != KVP_TKV * KVP_CPR || KVP_NK % 2 != 0 || KVP_SK % 16 != 0 || KVP_KW % KVP_SK != 0
+#if (KVP_ML == 0 && KVP_UK * KVP_NT != KVP_TKV * KVP_CPR) || KVP_NK % 2 != 0 || KVP_SK % 16 != 0 || KVP_KW % KVP_SK != 0
 #error "inconsistent prefill geometry"
 #endif
 
@@ -401,7 +435,7 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item, const kvk_request rq, char* smem) {
     const int g = p.group_size;
     const int last = item.rows > 0 ? item.rows - 1 : 0;
-    for (int r = threadIdx.x; r < KVA_TQ; r += KVP_NT) {
+    for (int r = KVP_TID; r < KVA_TQ; r += KVP_NT) {
         const int pr = item.row_start + (r < item.rows ? r : last);
         const int i = pr / g;
         const int qh = item.kv_head * g + (pr - i * g);
@@ -413,7 +447,7 @@ KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item,
         KVP_S_SLOPE(smem)[r] = sl;
         KVP_S_MBIT(smem)[r] = rq.mask_offset * 8 + (long long)i * rq.kv_len;
     }
-    if (threadIdx.x == 0) {
+    if (KVP_TID == 0) {
         kvp_ctx* c = KVP_S_CTX(smem);
         const int es = KVK_PF_ES(KVA_KT);
         c->kb = (const char*)p.k + (long long)item.kv_head * p.k_stride_head * es;
@@ -443,7 +477,7 @@ KVA_DEV void KVP_FN(kvp_check_request)(const kvk_attn_params p, const kvk_reques
     const int n = (int)kva_fastdiv((unsigned)(rq.kv_len - 1), p.ps_mul, p.ps_shift) + 1;
     const kvk_i32* const pidx = p.indices + rq.kv_start;
     int bad = 0;
-    for (int e = threadIdx.x; e < n; e += KVP_NT) {
+    for (int e = KVP_TID; e < n; e += KVP_NT) {
         const int pg = pidx[e];
         if ((unsigned long long)(unsigned)pg >= (unsigned long long)p.num_pages) {
             atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
@@ -463,9 +497,9 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
     const int* s_qh = KVP_S_QH(smem);
     const unsigned short* qbase = (const unsigned short*)p.q;
 #if !KVP_QCONV
-    const int c = threadIdx.x % KVP_ND; /* KVP_ND divides the thread count: fixed per thread */
+    const int c = KVP_TID % KVP_ND; /* KVP_ND divides the thread count: fixed per thread */
 #pragma unroll 4
-    for (int r = threadIdx.x / KVP_ND; r < KVA_TQ; r += KVP_NT / KVP_ND) {
+    for (int r = KVP_TID / KVP_ND; r < KVA_TQ; r += KVP_NT / KVP_ND) {
         const unsigned short* src =
             qbase + (long long)s_qi[r] * p.q_stride_row + (long long)s_qh[r] * p.q_stride_head + c * 8;
         kva_cp_async16(q_s + (unsigned)KVP_SOFF(r, c, KVA_TQ), src, r < item.rows ? 16u : 0u);
@@ -474,8 +508,8 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
     const float* s_fhi = (const float*)(smem + KVP_OFF_FREQ);
     const float* s_flo = s_fhi + KVP_D / 2;
     const int* s_qpos = KVP_S_QPOS(smem);
-    const int c = threadIdx.x % (KVP_ND / 2);
-    for (int r = threadIdx.x / (KVP_ND / 2); r < KVA_TQ; r += KVP_NT / (KVP_ND / 2)) {
+    const int c = KVP_TID % (KVP_ND / 2);
+    for (int r = KVP_TID / (KVP_ND / 2); r < KVA_TQ; r += KVP_NT / (KVP_ND / 2)) {
         float x1[8], x2[8];
         if (r < item.rows) {
             const unsigned short* src =
@@ -498,8 +532,8 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
         kvp_st_shared16(q_s + (unsigned)KVP_SOFF(r, c2, KVA_TQ), kvp_pack8(x2, KVP_CT));
     }
 #else
-    const int c = threadIdx.x % KVP_ND;
-    for (int r = threadIdx.x / KVP_ND; r < KVA_TQ; r += KVP_NT / KVP_ND) {
+    const int c = KVP_TID % KVP_ND;
+    for (int r = KVP_TID / KVP_ND; r < KVA_TQ; r += KVP_NT / KVP_ND) {
         float x[8];
         if (r < item.rows) {
             const unsigned short* src =
@@ -1114,86 +1148,160 @@ KVA_DEV void KVP_FN(kvp_wg_o)(float* d, const unsigned* a, unsigned long long db
 #endif
 }
 
-KVA_DEV void KVP_FN(kvp_mainloop_wg)(const kvk_attn_params p, const kvk_work_item item, char* smem) {
+KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int faulted);
+
+/* mbarriers (KVP_OFF_BAR): full_k[2] (+0), full_v[2] (+16): 128 producer arrivals (cp.async completion);
+   empty_k[2] (+32), empty_v[2] (+48): 256 consumer arrivals (their MMAs finished reading the slot) */
+#define KVP_BAR_FULL_K(c) (bar + 8u * ((c) & 1u))
+#define KVP_BAR_FULL_V(c) (bar + 16u + 8u * ((c) & 1u))
+#define KVP_BAR_EMPTY_K(c) (bar + 32u + 8u * ((c) & 1u))
+#define KVP_BAR_EMPTY_V(c) (bar + 48u + 8u * ((c) & 1u))
+#define KVP_PHASE(c) (((c) >> 1) & 1u)
+
+/* The producer warpgroup (threads 0-127): for every item of the worker, after the item barrier (named barrier 3:
+ * the consumers are done with the previous item's staging), every K/V tile: the byte offsets of its rows (one row
+ * per thread, page-table entry loaded a tile ahead, bounds-checked: a bad page zero-fills the row, folds the key
+ * into the status word and marks the item in ctx->pfault), then K into its slot once the consumers released it,
+ * then V; each completes on its full barrier through cp.async.mbarrier.arrive. */
+KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    const int tid = threadIdx.x;
-    const int lane = tid & 31;
-    const int warp = tid >> 5;
-    const int wg = warp >> 2;        /* warpgroup */
-    const int wr0 = warp * 16;       /* first tile row of this warp (= wg * 64 + (warp % 4) * 16) */
+    const int ptid = threadIdx.x;
     const unsigned sbase = kva_smem_addr(smem);
-    const unsigned q_s = sbase;
     const unsigned kv_s = sbase + KVP_OFF_KV;
-    long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [RING][TKV] */
+    const unsigned bar = sbase + KVP_OFF_BAR;
+    long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [2][TKV] */
     long long* const s_voff = s_koff + KVP_RING * KVP_TKV;
-    const int* const s_pidx = (const int*)(s_voff + KVP_RING * KVP_TKV); /* [RING][TKV] prefetched page indices */
-    const unsigned s_pidx_a = kva_smem_addr(s_pidx);
-    const int* const s_qpos = KVP_S_QPOS(smem);
-
-    const unsigned flags = p.flags;
-    const bool ragged = (flags & KVK_FLAG_RAGGED) != 0;
-    const kvp_ctx* const ctx = KVP_S_CTX(smem);
-    const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
-
-    /* Schedule (K runs one tile ahead of V; one barrier per tile):
-     *   prologue: offsets of tiles 0..2, page entries of tile 3 prefetched; Q, K0, V0, K1 loaded; S0 -> P0.
-     *   tile t:   wait (K_{t+1}, V_t landed) + barrier (everyone is done with K_t and V_{t-1}); issue K_{t+2},
-     *             V_{t+1} and the page entries of tile t+4; MMA S_{t+1} = Q K_{t+1}^T, MMA O += P_t V_t; wait for S;
-     *             mask + softmax of S_{t+1} -> P_{t+1} (the rescale of O deferred) while O += P_t V_t runs; wait;
-     *             rescale O; offsets of tile t+3. */
-    __syncthreads(); /* row facts and the item context visible */
-    {
-        int pg[3];
+    kvp_ctx* const ctx = KVP_S_CTX(smem);
+    const bool ragged = (p.flags & KVK_FLAG_RAGGED) != 0;
+    unsigned kc = 0, vc = 0; /* K / V tiles copied by this CTA so far */
+    const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
+    for (int it = it_begin;
+         it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
+        kvp_named_sync(3, KVP_CTA_NT);
+        const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
+        const kvk_request rq = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * item.req);
+        const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
+        const char* const kb = (const char*)p.k + (long long)item.kv_head * p.k_stride_head * KVP_ES;
+        const char* const vb = (const char*)p.v + (long long)item.kv_head * p.v_stride_head * KVP_ES;
+        const kvk_i32* const pidx = p.indices + rq.kv_start;
+        int pg_next = 0;
+        if (!ragged && ntiles > 0 && item.kv_start + ptid < item.kv_end)
+            pg_next = kva_ldg_i32(pidx + (int)kva_fastdiv((unsigned)(item.kv_start + ptid), p.ps_mul, p.ps_shift));
+        for (int T = 0; T < ntiles; ++T) {
+            const int pg = pg_next;
+            const int j = item.kv_start + T * KVP_TKV + ptid;
+            if (!ragged && T + 1 < ntiles && j + KVP_TKV < item.kv_end)
+                pg_next = kva_ldg_i32(pidx + (int)kva_fastdiv((unsigned)(j + KVP_TKV), p.ps_mul, p.ps_shift));
+            long long ko = -1, vo = -1;
+            if (j < item.kv_end) {
+                if (ragged) {
+                    const long long tok = (long long)rq.kv_start + j;
+                    ko = tok * p.k_stride_token * KVP_ES;
+                    vo = tok * p.v_stride_token * KVP_ES;
+                } else if (KVP_NOCHK || (unsigned long long)(unsigned)pg < (unsigned long long)p.num_pages) {
+                    const int e = (int)kva_fastdiv((unsigned)j, p.ps_mul, p.ps_shift);
+                    const long long sl = (long long)(j - e * p.page_size);
+                    ko = ((long long)pg * p.k_stride_page + sl * p.k_stride_token) * KVP_ES;
+                    vo = ((long long)pg * p.v_stride_page + sl * p.v_stride_token) * KVP_ES;
+                } else {
+                    atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
+                              ~(((unsigned long long)(unsigned)item.req << 32) | (unsigned long long)(unsigned)pg));
+                    atomicMax(&ctx->pfault, it + 1);
+                }
+            }
+            s_koff[(T & 1) * KVP_TKV + ptid] = ko;
+            s_voff[(T & 1) * KVP_TKV + ptid] = vo;
+            kvp_named_sync(2, 128); /* this tile's offsets visible to the producer warpgroup */
+            const int col = ptid % KVP_CPR;
 #pragma unroll
-        for (int T = 0; T < 3; ++T) {
-            pg[T] = 0;
-            const int j_ = ctx->kv0 + T * KVP_TKV + tid;
-            if (tid < KVP_TKV && !ragged && T < ntiles && j_ < ctx->kv1)
-                pg[T] = kva_ldg_i32(ctx->pidx + (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift));
+            for (int mtx = 0; mtx < 2; ++mtx) {
+                const unsigned cnt = mtx == 0 ? kc : vc;
+                kvp_mbar_wait(mtx == 0 ? KVP_BAR_EMPTY_K(cnt) : KVP_BAR_EMPTY_V(cnt), KVP_PHASE(cnt) ^ 1u);
+                const unsigned dst = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt));
+                const long long* const offs = (mtx == 0 ? s_koff : s_voff) + (T & 1) * KVP_TKV;
+                const char* const base = mtx == 0 ? kb : vb;
+#pragma unroll 4
+                for (int u = 0; u < KVP_TKV * KVP_CPR / 128; ++u) {
+                    const int row = ptid / KVP_CPR + u * (128 / KVP_CPR);
+                    const long long off = offs[row];
+                    kva_cp_async16(dst + (unsigned)KVP_SOFF(row, col, KVP_TKV), base + (off < 0 ? 0ll : off) + col * 16,
+                                   off < 0 ? 0u : 16u);
+                }
+                kvp_cp_async_mbar_arrive(mtx == 0 ? KVP_BAR_FULL_K(cnt) : KVP_BAR_FULL_V(cnt));
+                if (mtx == 0) ++kc;
+                else ++vc;
+            }
         }
-#pragma unroll
-        for (int T = 0; T < 3; ++T) KVP_OFFS_STORE(T, pg[T]);
     }
-    if ((tid & 127) == 0) { /* this warpgroup's rows: any valid one, and the q_pos range of the valid ones */
-        kvp_ctx* const c = KVP_S_CTX(smem);
-        const int r0 = wg * 64;
-        const int act = r0 < item.rows;
-        const int wlast = (r0 + 64 < item.rows ? r0 + 64 : item.rows) - 1;
-        c->wact[wg] = act;
-        c->wq[wg][0] = s_qpos[act ? r0 : 0];
-        c->wq[wg][1] = s_qpos[act ? wlast : 0];
-    }
-    __syncthreads(); /* offsets and warpgroup bounds visible */
-    KVP_FN(kvp_load_q)(p, item, smem);
-    KVP_IDX_PREFETCH(3);
-    KVP_ISSUE_KV(0, 1, 1);
-    KVP_ISSUE_KV(1, 1, 0);
-    kva_cp_async_commit();
+    KVA_CP_ASYNC_WAIT(0);
+#else
+    (void)p, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
+#endif
+}
 
+/* The two consumer warpgroups (threads 128-383): per item, row facts, the request-wide page check, Q; then per
+ * tile t: S_{t+1} = Q K_{t+1}^T and O += P_t V_t issued together, the mask / softmax of S_{t+1} while the PV MMA
+ * runs, O rescaled; K and V slots released on their empty barriers as soon as their MMA finished. Then O, max and
+ * sum to the staging area and the shared epilogue (256 threads). */
+KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const int ctid = KVP_TID;
+    const int lane = ctid & 31;
+    const int warp = ctid >> 5;
+    const int wg = warp >> 2;        /* consumer warpgroup: rows wg * 64 .. + 63 */
+    const int wr0 = warp * 16;       /* first tile row of this warp */
     const int qr = lane >> 2;        /* accumulator row (and row + 8) */
     const int qc = (lane & 3) * 2;   /* accumulator column pair */
-    const unsigned q_wg = q_s + (unsigned)(wg * 64 * 128); /* this warpgroup's rows in each column block of Q */
+    const unsigned sbase = kva_smem_addr(smem);
+    const unsigned kv_s = sbase + KVP_OFF_KV;
+    const unsigned bar = sbase + KVP_OFF_BAR;
+    const unsigned q_wg = sbase + (unsigned)(wg * 64 * 128); /* this warpgroup's rows in each column block of Q */
+    const int* const s_qpos = KVP_S_QPOS(smem);
+    unsigned kc = 0, vc = 0; /* K / V tiles consumed by this CTA so far */
+    const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
+    for (int it = it_begin;
+         it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
+        kvp_named_sync(3, KVP_CTA_NT); /* the previous item's epilogue is done */
+        const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
+        const kvk_request rq = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * item.req);
+        KVP_FN(kvp_rows)(p, item, rq, smem);
+        kvp_named_sync(1, KVP_NT);
+#if !KVP_NOCHK
+        if (!(p.flags & KVK_FLAG_RAGGED)) KVP_FN(kvp_check_request)(p, rq, smem);
+#endif
+        KVP_FN(kvp_load_q)(p, item, smem);
+        kva_cp_async_commit();
+        KVA_CP_ASYNC_WAIT(0);
+        kvp_fence_proxy_async(); /* this thread's Q copies -> visible to the MMA's async proxy */
+        kvp_named_sync(1, KVP_NT); /* Q, row facts and the check's fault flag visible */
 
-    float o[1][KVP_ND][4];
-    float m[1][2], d[1][2], al[1][2];
-#pragma unroll
-    for (int n = 0; n < KVP_ND; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
-    m[0][0] = m[0][1] = KVA_NEG_INF;
-    d[0][0] = d[0][1] = 0.0f;
-    unsigned pa[KVP_TKV / 16][4]; /* P of the tile whose O += P V is next */
+        const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
+        const int kv0 = item.kv_start, kv1 = item.kv_end;
+        const int r0 = wg * 64;
+        const int wact = r0 < item.rows;
+        const int wlast = (r0 + 64 < item.rows ? r0 + 64 : item.rows) - 1;
+        const int wqmin = s_qpos[wact ? r0 : 0];
+        const int wqmax = s_qpos[wact ? wlast : 0];
 
-    /* No warpgroup skips a tile here: the planner already clipped the item's range to what its rows see (causal,
-       window), keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
-       makes ptxas serialise them (C7518). */
-    /* S = Q K_T^T into s (issued and committed, not waited) */
-#define KVP_WG_ISSUE_S(T, s)                                                                            \
+        float o[1][KVP_ND][4];
+        float m[1][2], d[1][2], al[1][2];
+#pragma unroll
+        for (int n = 0; n < KVP_ND; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
+        m[0][0] = m[0][1] = KVA_NEG_INF;
+        d[0][0] = d[0][1] = 0.0f;
+        unsigned pa[KVP_TKV / 16][4]; /* P of the tile whose O += P V is next */
+
+        /* No warpgroup skips a tile: the planner clipped the item's range to what its rows see (causal, window),
+           keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
+           makes ptxas serialise them (C7518). */
+#define KVP_WG_ISSUE_S(s)                                                                               \
     do {                                                                                                \
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_NK; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) s[0][n_][e_] = 0.0f;                       \
         kvp_wg_fence();                                                                                 \
-        const unsigned k_s_ = kv_s + (unsigned)KVP_KDST(T);                                            \
+        const unsigned k_s_ = kv_s + (unsigned)KVP_KDST(kc);                                           \
         _Pragma("unroll") for (int ks_ = 0; ks_ < KVP_KS; ++ks_) {                                     \
             const unsigned long long da_ =                                                              \
                 kvp_wg_desc(q_wg + (unsigned)((ks_ >> 2) * (KVA_TQ * 128) + (ks_ & 3) * 32), 16u, 1024u); \
@@ -1203,19 +1311,17 @@ KVA_DEV void KVP_FN(kvp_mainloop_wg)(const kvk_attn_params p, const kvk_work_ite
         }                                                                                               \
         kvp_wg_commit();                                                                                \
     } while (0)
-    /* O += P V_T (issued and committed, not waited) */
-#define KVP_WG_ISSUE_PV(T)                                                                              \
+#define KVP_WG_ISSUE_PV()                                                                               \
     do {                                                                                                \
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(o[0][n_][e_]);              \
         kvp_wg_fence();                                                                                 \
-        const unsigned v_s_ = kv_s + (unsigned)KVP_VDST(T);                                            \
+        const unsigned v_s_ = kv_s + (unsigned)KVP_VDST(vc);                                           \
         _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_)                                 \
             KVP_FN(kvp_wg_o)(&o[0][0][0], pa[kk_],                                                      \
                              kvp_wg_desc(v_s_ + (unsigned)(kk_ * 16 * 128), (unsigned)(KVP_TKV * 128), 1024u), 1); \
         kvp_wg_commit();                                                                                \
     } while (0)
-    /* after the last wait: pa and O may be touched again */
 #define KVP_WG_FENCE_PO()                                                                               \
     do {                                                                                                \
         _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_)                                 \
@@ -1223,14 +1329,12 @@ KVA_DEV void KVP_FN(kvp_mainloop_wg)(const kvk_attn_params p, const kvk_work_ite
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(o[0][n_][e_]);              \
     } while (0)
-    /* mask + softmax of tile T's S (waited); O's rescale factors into al (1 for sigmoid) */
 #define KVP_WG_SCORES(T, s)                                                                             \
     do {                                                                                                \
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_NK; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(s[0][n_][e_]);              \
         al[0][0] = al[0][1] = 1.0f;                                                                     \
-        KVP_FN(kvp_scores)(p, s, o, m, d, ctx->kv0 + (T) * KVP_TKV, ctx->kv1, wr0, ctx->wq[wg][0],     \
-                           ctx->wq[wg][1], qr, qc, smem, al);                                           \
+        KVP_FN(kvp_scores)(p, s, o, m, d, kv0 + (T) * KVP_TKV, kv1, wr0, wqmin, wqmax, qr, qc, smem, al); \
     } while (0)
 #define KVP_WG_PACK(s)                                                                                  \
     do {                                                                                                \
@@ -1241,87 +1345,95 @@ KVA_DEV void KVP_FN(kvp_mainloop_wg)(const kvk_attn_params p, const kvk_work_ite
             pa[kk_][3] = kvp_pack2(s[0][2 * kk_ + 1][2], s[0][2 * kk_ + 1][3], KVP_CT);                 \
         }                                                                                               \
     } while (0)
-#define KVP_WG_TILE_WAIT()                                                                              \
-    do {                                                                                                \
-        KVA_CP_ASYNC_WAIT(0);                                                                           \
-        kvp_fence_proxy_async(); /* this thread's cp.async writes -> visible to the MMA's async proxy */ \
-        __syncthreads();                                                                                \
-    } while (0)
 
-    KVP_WG_TILE_WAIT(); /* Q, K_0, V_0, K_1 */
-    if (ntiles > 0) {   /* S_0 -> P_0 (O is zero: no rescale) */
-        float s[1][KVP_NK][4];
-        KVP_WG_ISSUE_S(0, s);
-        kvp_wg_wait0();
-        KVP_WG_SCORES(0, s);
-        KVP_WG_PACK(s);
-    }
-    /* ---- mainloop: tile t's O += P V beside tile t + 1's S and softmax ---- */
-    for (int t = 0; t + 1 < ntiles; ++t) {
-        if (t > 0) KVP_WG_TILE_WAIT(); /* K_{t+1}, V_t landed; both warpgroups are done with K_t and V_{t-1} */
-        KVP_ISSUE_KV(t + 2, 1, 0);
-        KVP_ISSUE_KV(t + 1, 0, 1);
-        KVP_IDX_PREFETCH(t + 4);
-        kva_cp_async_commit();
-
-        float s[1][KVP_NK][4];
-        KVP_WG_ISSUE_S(t + 1, s);
-        KVP_WG_ISSUE_PV(t);
-        kvp_wg_wait1(); /* S_{t+1} done; O += P_t V_t may still run (kvp_scores does not touch O or pa) */
-        KVP_WG_SCORES(t + 1, s);
-        kvp_wg_wait0();
-        KVP_WG_FENCE_PO();
-#pragma unroll
-        for (int n = 0; n < KVP_ND; ++n) {
-            o[0][n][0] *= al[0][0];
-            o[0][n][1] *= al[0][0];
-            o[0][n][2] *= al[0][1];
-            o[0][n][3] *= al[0][1];
+        if (ntiles > 0) { /* S_0 -> P_0 (O is zero: no rescale) */
+            float s[1][KVP_NK][4];
+            kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
+            kvp_fence_proxy_async();
+            KVP_WG_ISSUE_S(s);
+            kvp_wg_wait0();
+            kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));
+            ++kc;
+            KVP_WG_SCORES(0, s);
+            KVP_WG_PACK(s);
         }
-        KVP_WG_PACK(s);
-        /* offsets of tile t + 3 into ring slot (t + 3) % 4 (last read by the copies of tile t - 1); its page entries
-           were prefetched with the previous tile's group, complete since this tile's wait */
-        KVP_OFFS_STORE(t + 3, s_pidx[((t + 3) % KVP_RING) * KVP_TKV + tid]);
-    }
-    if (ntiles > 0) { /* the last tile's O += P V */
-        if (ntiles > 1) KVP_WG_TILE_WAIT();
-        KVP_WG_ISSUE_PV(ntiles - 1);
-        kvp_wg_wait0();
-        KVP_WG_FENCE_PO();
-    }
+        for (int t = 0; t + 1 < ntiles; ++t) { /* tile t's O += P V beside tile t + 1's S and softmax */
+            float s[1][KVP_NK][4];
+            kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
+            kvp_fence_proxy_async();
+            KVP_WG_ISSUE_S(s);
+            kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
+            kvp_fence_proxy_async();
+            KVP_WG_ISSUE_PV();
+            kvp_wg_wait1(); /* S_{t+1} done; O += P_t V_t may still run (kvp_scores touches neither O nor pa) */
+            kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));
+            ++kc;
+            KVP_WG_SCORES(t + 1, s);
+            kvp_wg_wait0();
+            KVP_WG_FENCE_PO();
+            kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
+            ++vc;
+#pragma unroll
+            for (int n = 0; n < KVP_ND; ++n) {
+                o[0][n][0] *= al[0][0];
+                o[0][n][1] *= al[0][0];
+                o[0][n][2] *= al[0][1];
+                o[0][n][3] *= al[0][1];
+            }
+            KVP_WG_PACK(s);
+        }
+        if (ntiles > 0) { /* the last tile's O += P V */
+            kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
+            kvp_fence_proxy_async();
+            KVP_WG_ISSUE_PV();
+            kvp_wg_wait0();
+            KVP_WG_FENCE_PO();
+            kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
+            ++vc;
+        }
 #undef KVP_WG_ISSUE_S
 #undef KVP_WG_ISSUE_PV
 #undef KVP_WG_FENCE_PO
 #undef KVP_WG_SCORES
 #undef KVP_WG_PACK
-#undef KVP_WG_TILE_WAIT
 
-    /* ---- hand the state to the epilogue ---- */
-    KVA_CP_ASYNC_WAIT(0);
-    __syncthreads(); /* nobody reads Q or a stage any more: the region becomes the staging area */
-    {
-        float* const s_o = (float*)smem;
-        float* const s_m = s_o + KVA_TQ * KVP_LD;
-        float* const s_d = s_m + KVA_TQ;
+        /* ---- state -> staging (over Q and the K/V slots: every copy of this item has landed, and the producer
+           starts the next item only after the item barrier) ---- */
+        kvp_named_sync(1, KVP_NT); /* both warpgroups' MMAs are done reading Q, K and V */
+        {
+            float* const s_o = (float*)smem;
+            float* const s_m = s_o + KVA_TQ * KVP_LD;
+            float* const s_d = s_m + KVA_TQ;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = wr0 + qr + 8 * h;
-            float dd = d[0][h];
-            dd += __shfl_xor_sync(KVP_FULL, dd, 1);
-            dd += __shfl_xor_sync(KVP_FULL, dd, 2);
-            if ((lane & 3) == 0) {
-                s_m[row] = m[0][h];
-                s_d[row] = dd;
+            for (int h = 0; h < 2; ++h) {
+                const int row = wr0 + qr + 8 * h;
+                float dd = d[0][h];
+                dd += __shfl_xor_sync(KVP_FULL, dd, 1);
+                dd += __shfl_xor_sync(KVP_FULL, dd, 2);
+                if ((lane & 3) == 0) {
+                    s_m[row] = m[0][h];
+                    s_d[row] = dd;
+                }
+                float* const dst = s_o + row * KVP_LD + qc;
+#pragma unroll
+                for (int n = 0; n < KVP_ND; ++n) *(float2*)(dst + n * 8) = make_float2(o[0][n][2 * h], o[0][n][2 * h + 1]);
             }
-            float* const dst = s_o + row * KVP_LD + qc;
-#pragma unroll
-            for (int n = 0; n < KVP_ND; ++n) *(float2*)(dst + n * 8) = make_float2(o[0][n][2 * h], o[0][n][2 * h + 1]);
         }
+        kvp_named_sync(1, KVP_NT); /* staging and the fault flags visible (the producer's: through the full barriers) */
+        const kvp_ctx* const ctx = KVP_S_CTX(smem);
+        const int faulted = ctx->fault || (ntiles > 0 && ctx->pfault == it + 1);
+        if (faulted && ctid == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
+        KVP_FN(kvp_epilogue)(p, smem, faulted);
     }
 #else
-    (void)p, (void)item, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
+    (void)p, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
 #endif
 }
+#undef KVP_BAR_FULL_K
+#undef KVP_BAR_FULL_V
+#undef KVP_BAR_EMPTY_K
+#undef KVP_BAR_EMPTY_V
+#undef KVP_PHASE
 
 #endif /* KVP_ML */
 #undef KVP_IDX_PREFETCH
@@ -1347,8 +1459,8 @@ KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int
     const float vs = p.v_scale * KVP_KFIX;
     float* const po = (float*)(p.ws + p.off_partial_o);
     float* const pl = (float*)(p.ws + p.off_partial_lse);
-    const int c = threadIdx.x % KVP_ND;
-    for (int r = threadIdx.x / KVP_ND; r < rows; r += KVP_NT / KVP_ND) {
+    const int c = KVP_TID % KVP_ND;
+    for (int r = KVP_TID / KVP_ND; r < rows; r += KVP_NT / KVP_ND) {
         float mx = neg_inf;
 #pragma unroll
         for (int w = 0; w < KVP_WKV; ++w) mx = fmaxf(mx, s_m[w * KVA_TQ + r]);
@@ -1404,14 +1516,10 @@ KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int
 /* ---------------------------------------------------------------------------------------------- */
 /* The kernel: a persistent CTA over its worker's items                                            */
 
-extern "C" __global__ void __launch_bounds__(KVP_NT, KVP_MINB) KVA_KERNEL_NAME(const kvk_attn_params p) {
+#if KVP_ML == 0
+extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, KVP_MINB) KVA_KERNEL_NAME(const kvk_attn_params p) {
     extern __shared__ __align__(128) char kvp_smem_raw[];
-#if KVP_ML == 1
-    /* the warpgroup MMA's 128-byte swizzle repeats every 1024 bytes: align the base (KVK_PFW_SMEM has the slack) */
-    char* const kvp_smem = kvp_smem_raw + ((1024u - (kva_smem_addr(kvp_smem_raw) & 1023u)) & 1023u);
-#else
     char* const kvp_smem = kvp_smem_raw;
-#endif
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
 
 #if KVA_ROPE
@@ -1436,11 +1544,7 @@ extern "C" __global__ void __launch_bounds__(KVP_NT, KVP_MINB) KVA_KERNEL_NAME(c
             KVP_FN(kvp_check_request)(p, rq, kvp_smem);
         }
 #endif
-#if KVP_ML == 0
         KVP_FN(kvp_mainloop_mma)(p, item, kvp_smem);
-#else
-        KVP_FN(kvp_mainloop_wg)(p, item, kvp_smem);
-#endif
         __syncthreads(); /* publishes the staging area and the fault flag */
         const int faulted = KVP_S_CTX(kvp_smem)->fault;
         if (faulted && threadIdx.x == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
@@ -1448,3 +1552,30 @@ extern "C" __global__ void __launch_bounds__(KVP_NT, KVP_MINB) KVA_KERNEL_NAME(c
         __syncthreads(); /* the next item reuses the shared memory */
     }
 }
+#else
+/* Hopper: warpgroup 0 produces (copies), warpgroups 1 and 2 consume; registers move from the producer (40) to the
+   consumers (232) with setmaxnreg. */
+extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, 1) KVA_KERNEL_NAME(const kvk_attn_params p) {
+    extern __shared__ __align__(128) char kvp_smem_raw[];
+    /* the warpgroup MMA's 128-byte swizzle repeats every 1024 bytes: align the base (KVK_PFW_SMEM has the slack) */
+    char* const kvp_smem = kvp_smem_raw + ((1024u - (kva_smem_addr(kvp_smem_raw) & 1023u)) & 1023u);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (threadIdx.x == 0) {
+        const unsigned bar = kva_smem_addr(kvp_smem + KVP_OFF_BAR);
+        for (int i = 0; i < 4; ++i) kvp_mbar_init(bar + 8u * i, 128u);          /* full: producer threads */
+        for (int i = 4; i < 8; ++i) kvp_mbar_init(bar + 8u * i, KVP_NT);        /* empty: consumer threads */
+        KVP_S_CTX(kvp_smem)->pfault = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        asm volatile("{ setmaxnreg.dec.sync.aligned.u32 40; }" ::: "memory");
+        KVP_FN(kvp_wg_producer)(p, kvp_smem);
+    } else {
+        asm volatile("{ setmaxnreg.inc.sync.aligned.u32 232; }" ::: "memory");
+        KVP_FN(kvp_wg_consumer)(p, kvp_smem);
+    }
+#else
+    (void)p, (void)kvp_smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
+#endif
+}
+#endif

@@ -65,19 +65,20 @@
     ((tile_q) <= 16 ? 16 : ((tile_q) <= 64 ? 64 : ((tile_q) <= KVK_PF_MAX_TQ(d) ? 128 : 0)))
 
 /* ---- Hopper mainloop (KVA_MAINLOOP = 1, sm_90a: wgmma) ----
- * A CTA is 256 threads = 2 warpgroups; each warpgroup owns 64 of the 128 tile rows and runs S = Q K^T (Q and K
- * from shared memory) and O += P V (P from registers, V from shared memory) as warpgroup MMAs; all 256 threads
- * copy K/V tiles (cp.async). One CTA per SM (the plan's 2 x SMs workers run in two waves).
+ * A CTA is 384 threads = 3 warpgroups: warpgroup 0 copies K/V tiles (cp.async, completion on mbarriers), warpgroups
+ * 1 and 2 each own 64 of the 128 tile rows and run S = Q K^T (Q and K from shared memory) and O += P V (P from
+ * registers, V from shared memory) as warpgroup MMAs. One CTA per SM (the plan's 2 x SMs workers run in two waves).
  * Shared memory (bytes, in this order; the kernel aligns its base to 1024 bytes, hence the extra 1024):
  *   region:  Q [128][D] | STAGES x (K [TKV][D], V [TKV][D]), 16-bit, each in the 128-byte swizzled layout of the
  *            warpgroup MMA: column block b (64 elements) at b * rows * 128, row r at r * 128 within it, 16-byte
  *            chunk c at (c ^ (r & 7)) * 16. After the mainloop: the epilogue's staging (as above, one slice).
  *   offsets, rows, freq: as for the mma.sync mainloop. */
-#define KVK_PFW_THREADS 256
+#define KVK_PFW_THREADS 384   /* warpgroup 0 copies K/V (producer), warpgroups 1 and 2 compute (consumers) */
+#define KVK_PFW_CONSUMERS 256
 #define KVK_PFW_TQ 128
 #define KVK_PFW_TKV(d) ((d) == 256 ? 64 : 128)
 #define KVK_PFW_STAGES(d) 2 /* K and V rings of 2 slots each */
-#define KVK_PFW_RING 4      /* row-offset and page-entry ring */
+#define KVK_PFW_RING 2      /* row-offset ring (the producer's) */
 #define KVK_PFW_Q_BYTES(d) (KVK_PFW_TQ * (d) * 2)
 #define KVK_PFW_STAGE_BYTES(d) (2 * KVK_PFW_TKV(d) * (d) * 2)
 #define KVK_PFW_MAIN_BYTES(d) (KVK_PFW_Q_BYTES(d) + KVK_PFW_STAGES(d) * KVK_PFW_STAGE_BYTES(d))
@@ -86,6 +87,7 @@
 #define KVK_PFW_OFF_OFFS(d) (((KVK_PFW_REGION(d) + 127) / 128) * 128)
 #define KVK_PFW_OFF_ROWS(d) (KVK_PFW_OFF_OFFS(d) + KVK_PFW_RING * KVK_PFW_TKV(d) * 20)
 #define KVK_PFW_OFF_FREQ(d) (KVK_PFW_OFF_ROWS(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ))
-#define KVK_PFW_SMEM(d) (KVK_PFW_OFF_FREQ(d) + KVK_PF_FREQ_BYTES(d) + 1024)
+#define KVK_PFW_OFF_BAR(d) (KVK_PFW_OFF_FREQ(d) + KVK_PF_FREQ_BYTES(d)) /* 8 mbarriers (64 bytes) */
+#define KVK_PFW_SMEM(d) (KVK_PFW_OFF_BAR(d) + 64 + 1024)
 
 #endif /* KVA_PREFILL_GEOM_H */
