@@ -164,8 +164,7 @@ typedef struct kvp_ctx {
     int rows;          /* item rows (epilogue) */
     int partial;       /* item partial slot (epilogue) */
     int fault;         /* set (atomicOr) by any thread that met an out-of-range page */
-    int pfault;        /* Hopper mainloop: the producer's fault mark, the faulted item's index + 1 (atomicMax) */
-    int pad_[2];
+    int pad_[3];
 } kvp_ctx;
 static_assert(sizeof(kvp_ctx) <= 128, "kvp_ctx must fit its 128 bytes");
 
@@ -226,6 +225,15 @@ KVA_DEV void kvp_mbar_arrive(unsigned bar) {
 /* one arrival on bar once all of this thread's earlier cp.async copies have landed (init count includes it) */
 KVA_DEV void kvp_cp_async_mbar_arrive(unsigned bar) {
     asm volatile("{ cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0]; }" ::"r"(bar) : "memory");
+}
+/* named barrier that also returns whether any participating thread passed pred != 0 */
+KVA_DEV int kvp_named_sync_or(unsigned id, unsigned count, int pred) {
+    int r;
+    asm volatile("{ .reg .pred a, b; setp.ne.b32 a, %1, 0; bar.red.or.pred b, %2, %3, a; selp.s32 %0, 1, 0, b; }"
+                 : "=r"(r)
+                 : "r"(pred), "r"(id), "r"(count)
+                 : "memory");
+    return r;
 }
 KVA_DEV void kvp_named_sync(unsigned id, unsigned count) {
     asm volatile("{ bar.sync %0, %1; }" ::"r"(id), "r"(count) : "memory");
@@ -1148,20 +1156,20 @@ KVA_DEV void KVP_FN(kvp_wg_o)(float* d, const unsigned* a, unsigned long long db
 #endif
 }
 
-KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int faulted);
-
-/* mbarriers (KVP_OFF_BAR): full_k[2] (+0), full_v[2] (+16): 128 producer arrivals (cp.async completion);
-   empty_k[2] (+32), empty_v[2] (+48): 256 consumer arrivals (their MMAs finished reading the slot) */
+/* mbarriers (KVP_OFF_BAR): full_k[2] (+0): 128 producer arrivals (cp.async completion) + 1 (producer thread 0, after
+   it wrote the slot's fault word); full_v[2] (+16): 128; empty_k[2] (+32), empty_v[2] (+48): 256 consumer arrivals
+   (their MMAs finished reading the slot); then the fault word of each K slot (+64): 1 when a row of the tile in the
+   slot had an out-of-range page */
 #define KVP_BAR_FULL_K(c) (bar + 8u * ((c) & 1u))
 #define KVP_BAR_FULL_V(c) (bar + 16u + 8u * ((c) & 1u))
 #define KVP_BAR_EMPTY_K(c) (bar + 32u + 8u * ((c) & 1u))
 #define KVP_BAR_EMPTY_V(c) (bar + 48u + 8u * ((c) & 1u))
 #define KVP_PHASE(c) (((c) >> 1) & 1u)
 
-/* The producer warpgroup (threads 0-127): for every item of the worker, after the item barrier (named barrier 3:
- * the consumers are done with the previous item's staging), every K/V tile: the byte offsets of its rows (one row
+/* The producer warpgroup (threads 0-127): for every item of the worker (running ahead into the next item while the
+ * consumers finish one: only the empty barriers hold it back), every K/V tile: the byte offsets of its rows (one row
  * per thread, page-table entry loaded a tile ahead, bounds-checked: a bad page zero-fills the row, folds the key
- * into the status word and marks the item in ctx->pfault), then K into its slot once the consumers released it,
+ * into the status word and sets the K slot's fault word), then K into its slot once the consumers released it,
  * then V; each completes on its full barrier through cp.async.mbarrier.arrive. */
 KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1171,13 +1179,12 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
     const unsigned bar = sbase + KVP_OFF_BAR;
     long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [2][TKV] */
     long long* const s_voff = s_koff + KVP_RING * KVP_TKV;
-    kvp_ctx* const ctx = KVP_S_CTX(smem);
+    volatile int* const s_kfault = (volatile int*)(smem + KVP_OFF_BAR + 64);
     const bool ragged = (p.flags & KVK_FLAG_RAGGED) != 0;
     unsigned kc = 0, vc = 0; /* K / V tiles copied by this CTA so far */
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
     for (int it = it_begin;
          it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
-        kvp_named_sync(3, KVP_CTA_NT);
         const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
         const kvk_request rq = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * item.req);
         const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
@@ -1193,6 +1200,7 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
             if (!ragged && T + 1 < ntiles && j + KVP_TKV < item.kv_end)
                 pg_next = kva_ldg_i32(pidx + (int)kva_fastdiv((unsigned)(j + KVP_TKV), p.ps_mul, p.ps_shift));
             long long ko = -1, vo = -1;
+            int bad = 0;
             if (j < item.kv_end) {
                 if (ragged) {
                     const long long tok = (long long)rq.kv_start + j;
@@ -1206,12 +1214,12 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
                 } else {
                     atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
                               ~(((unsigned long long)(unsigned)item.req << 32) | (unsigned long long)(unsigned)pg));
-                    atomicMax(&ctx->pfault, it + 1);
+                    bad = 1;
                 }
             }
             s_koff[(T & 1) * KVP_TKV + ptid] = ko;
             s_voff[(T & 1) * KVP_TKV + ptid] = vo;
-            kvp_named_sync(2, 128); /* this tile's offsets visible to the producer warpgroup */
+            const int tbad = kvp_named_sync_or(2, 128, bad); /* this tile's offsets visible to the producer warpgroup */
             const int col = ptid % KVP_CPR;
 #pragma unroll
             for (int mtx = 0; mtx < 2; ++mtx) {
@@ -1228,6 +1236,10 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
                                    off < 0 ? 0u : 16u);
                 }
                 kvp_cp_async_mbar_arrive(mtx == 0 ? KVP_BAR_FULL_K(cnt) : KVP_BAR_FULL_V(cnt));
+                if (mtx == 0 && ptid == 0) { /* the slot's fault word, released by one more arrival */
+                    s_kfault[cnt & 1u] = tbad;
+                    kvp_mbar_arrive(KVP_BAR_FULL_K(cnt));
+                }
                 if (mtx == 0) ++kc;
                 else ++vc;
             }
@@ -1241,8 +1253,8 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
 
 /* The two consumer warpgroups (threads 128-383): per item, row facts, the request-wide page check, Q; then per
  * tile t: S_{t+1} = Q K_{t+1}^T and O += P_t V_t issued together, the mask / softmax of S_{t+1} while the PV MMA
- * runs, O rescaled; K and V slots released on their empty barriers as soon as their MMA finished. Then O, max and
- * sum to the staging area and the shared epilogue (256 threads). */
+ * runs, O rescaled; K and V slots released on their empty barriers as soon as their MMA finished. Then the
+ * epilogue straight from the accumulators (normalise, v_scale, o + lse or the partial slot; faulted: 0 / -inf). */
 KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const int ctid = KVP_TID;
@@ -1257,11 +1269,12 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     const unsigned bar = sbase + KVP_OFF_BAR;
     const unsigned q_wg = sbase + (unsigned)(wg * 64 * 128); /* this warpgroup's rows in each column block of Q */
     const int* const s_qpos = KVP_S_QPOS(smem);
+    const volatile int* const s_kfault = (const volatile int*)(smem + KVP_OFF_BAR + 64);
     unsigned kc = 0, vc = 0; /* K / V tiles consumed by this CTA so far */
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
     for (int it = it_begin;
          it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
-        kvp_named_sync(3, KVP_CTA_NT); /* the previous item's epilogue is done */
+        kvp_named_sync(1, KVP_NT); /* both warpgroups are done with the previous item (Q, row facts) */
         const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
         const kvk_request rq = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * item.req);
         KVP_FN(kvp_rows)(p, item, rq, smem);
@@ -1292,6 +1305,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         m[0][0] = m[0][1] = KVA_NEG_INF;
         d[0][0] = d[0][1] = 0.0f;
         unsigned pa[KVP_TKV / 16][4]; /* P of the tile whose O += P V is next */
+        int ifault = 0;               /* a K tile of this item had an out-of-range page (the producer's word) */
 
         /* No warpgroup skips a tile: the planner clipped the item's range to what its rows see (causal, window),
            keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
@@ -1349,6 +1363,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         if (ntiles > 0) { /* S_0 -> P_0 (O is zero: no rescale) */
             float s[1][KVP_NK][4];
             kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
+            ifault |= s_kfault[kc & 1u];
             kvp_fence_proxy_async();
             KVP_WG_ISSUE_S(s);
             kvp_wg_wait0();
@@ -1360,6 +1375,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         for (int t = 0; t + 1 < ntiles; ++t) { /* tile t's O += P V beside tile t + 1's S and softmax */
             float s[1][KVP_NK][4];
             kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
+            ifault |= s_kfault[kc & 1u];
             kvp_fence_proxy_async();
             KVP_WG_ISSUE_S(s);
             kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
@@ -1397,33 +1413,57 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
 #undef KVP_WG_SCORES
 #undef KVP_WG_PACK
 
-        /* ---- state -> staging (over Q and the K/V slots: every copy of this item has landed, and the producer
-           starts the next item only after the item barrier) ---- */
-        kvp_named_sync(1, KVP_NT); /* both warpgroups' MMAs are done reading Q, K and V */
+        /* ---- epilogue from registers (no staging: the producer may already fill the K/V slots for the next item)
+           ---- each thread owns rows wr0 + qr (+ 8) and columns n * 8 + qc (+ 1) of O */
         {
-            float* const s_o = (float*)smem;
-            float* const s_m = s_o + KVA_TQ * KVP_LD;
-            float* const s_d = s_m + KVA_TQ;
+            const kvp_ctx* const ctx = KVP_S_CTX(smem);
+            const int faulted = ctx->fault || ifault;
+            if (faulted && ctid == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
+            const bool sigmoid = (p.flags & KVK_FLAG_SIGMOID) != 0;
+            const int partial = item.partial;
+            const bool to_partial = partial >= 0;
+            const float vs = p.v_scale * KVP_KFIX;
+            const int* const s_qi = KVP_S_QI(smem);
+            const int* const s_qh = KVP_S_QH(smem);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = wr0 + qr + 8 * h;
                 float dd = d[0][h];
                 dd += __shfl_xor_sync(KVP_FULL, dd, 1);
                 dd += __shfl_xor_sync(KVP_FULL, dd, 2);
-                if ((lane & 3) == 0) {
-                    s_m[row] = m[0][h];
-                    s_d[row] = dd;
+                if (row >= item.rows) continue;
+                const float mx = m[0][h];
+                float scale = vs, lse = 0.0f;
+                if (!sigmoid) {
+                    scale = dd > 0.0f ? vs / dd : 0.0f;
+                    lse = dd > 0.0f ? mx + kva_log2(dd) : KVA_NEG_INF;
                 }
-                float* const dst = s_o + row * KVP_LD + qc;
+                if (faulted) {
+                    scale = 0.0f;
+                    lse = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : KVA_NEG_INF;
+                }
+                if (to_partial) {
+                    float* const dst = (float*)(p.ws + p.off_partial_o) + ((long long)partial * p.tile_q + row) * KVP_D + qc;
 #pragma unroll
-                for (int n = 0; n < KVP_ND; ++n) *(float2*)(dst + n * 8) = make_float2(o[0][n][2 * h], o[0][n][2 * h + 1]);
+                    for (int n = 0; n < KVP_ND; ++n)
+                        *(float2*)(dst + n * 8) = make_float2(o[0][n][2 * h] * scale, o[0][n][2 * h + 1] * scale);
+                    if ((lane & 3) == 0) ((float*)(p.ws + p.off_partial_lse))[(long long)partial * p.tile_q + row] = lse;
+                } else {
+                    const long long qi = s_qi[row], qh = s_qh[row];
+                    const long long off = qi * p.o_stride_row + qh * p.o_stride_head + qc;
+#pragma unroll
+                    for (int n = 0; n < KVP_ND; ++n) {
+#if KVA_OT == KVK_F32
+                        *(float2*)((float*)p.o + off + n * 8) = make_float2(o[0][n][2 * h] * scale, o[0][n][2 * h + 1] * scale);
+#else
+                        *(unsigned*)((unsigned short*)p.o + off + n * 8) =
+                            kvp_pack2(o[0][n][2 * h] * scale, o[0][n][2 * h + 1] * scale, KVA_OT);
+#endif
+                    }
+                    if ((lane & 3) == 0 && p.lse) p.lse[qi * p.lse_stride_row + qh * p.lse_stride_head] = lse;
+                }
             }
         }
-        kvp_named_sync(1, KVP_NT); /* staging and the fault flags visible (the producer's: through the full barriers) */
-        const kvp_ctx* const ctx = KVP_S_CTX(smem);
-        const int faulted = ctx->fault || (ntiles > 0 && ctx->pfault == it + 1);
-        if (faulted && ctid == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
-        KVP_FN(kvp_epilogue)(p, smem, faulted);
     }
 #else
     (void)p, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
@@ -1562,9 +1602,9 @@ extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, 1) KVA_KERNEL_NAME(cons
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (threadIdx.x == 0) {
         const unsigned bar = kva_smem_addr(kvp_smem + KVP_OFF_BAR);
-        for (int i = 0; i < 4; ++i) kvp_mbar_init(bar + 8u * i, 128u);          /* full: producer threads */
+        for (int i = 0; i < 2; ++i) kvp_mbar_init(bar + 8u * i, 129u);          /* full K: producer threads + 1 */
+        for (int i = 2; i < 4; ++i) kvp_mbar_init(bar + 8u * i, 128u);          /* full V: producer threads */
         for (int i = 4; i < 8; ++i) kvp_mbar_init(bar + 8u * i, KVP_NT);        /* empty: consumer threads */
-        KVP_S_CTX(kvp_smem)->pfault = 0;
     }
     __syncthreads();
     if (threadIdx.x < 128) {

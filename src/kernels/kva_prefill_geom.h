@@ -87,7 +87,8 @@
 #define KVK_PFW_OFF_OFFS(d) (((KVK_PFW_REGION(d) + 127) / 128) * 128)
 #define KVK_PFW_OFF_ROWS(d) (KVK_PFW_OFF_OFFS(d) + KVK_PFW_RING * KVK_PFW_TKV(d) * 20)
 #define KVK_PFW_OFF_FREQ(d) (KVK_PFW_OFF_ROWS(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ))
-#define KVK_PFW_OFF_BAR(d) (KVK_PFW_OFF_FREQ(d) + KVK_PF_FREQ_BYTES(d)) /* 8 mbarriers (64 bytes) */
-#define KVK_PFW_SMEM(d) (KVK_PFW_OFF_BAR(d) + 64 + 1024)
+/* 8 mbarriers (64 bytes), then a fault word per K slot (8 bytes) */
+#define KVK_PFW_OFF_BAR(d) (KVK_PFW_OFF_FREQ(d) + KVK_PF_FREQ_BYTES(d))
+#define KVK_PFW_SMEM(d) (KVK_PFW_OFF_BAR(d) + 80 + 1024)
 
 #endif /* KVA_PREFILL_GEOM_H */
