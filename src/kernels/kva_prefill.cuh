@@ -235,6 +235,9 @@ KVA_DEV int kvp_named_sync_or(unsigned id, unsigned count, int pred) {
                  : "memory");
     return r;
 }
+KVA_DEV void kvp_named_arrive(unsigned id, unsigned count) {
+    asm volatile("{ bar.arrive %0, %1; }" ::"r"(id), "r"(count) : "memory");
+}
 KVA_DEV void kvp_named_sync(unsigned id, unsigned count) {
     asm volatile("{ bar.sync %0, %1; }" ::"r"(id), "r"(count) : "memory");
 }
@@ -1271,6 +1274,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     const int* const s_qpos = KVP_S_QPOS(smem);
     const volatile int* const s_kfault = (const volatile int*)(smem + KVP_OFF_BAR + 64);
     unsigned kc = 0, vc = 0; /* K / V tiles consumed by this CTA so far */
+    if (wg == 1) kvp_named_arrive(4u, KVP_NT); /* warpgroup 0 issues first */
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
     for (int it = it_begin;
          it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
@@ -1350,6 +1354,10 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         al[0][0] = al[0][1] = 1.0f;                                                                     \
         KVP_FN(kvp_scores)(p, s, o, m, d, kv0 + (T) * KVP_TKV, kv1, wr0, wqmin, wqmax, qr, qc, smem, al); \
     } while (0)
+/* Ping-pong: the two warpgroups take turns issuing their MMAs (named barriers 4 and 5), so one's softmax runs
+   while the other's MMAs keep the tensor cores busy */
+#define KVP_WG_TURN() kvp_named_sync(4u + (unsigned)wg, KVP_NT)
+#define KVP_WG_PASS() kvp_named_arrive(5u - (unsigned)wg, KVP_NT)
 #define KVP_WG_PACK(s)                                                                                  \
     do {                                                                                                \
         _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_) {                               \
@@ -1365,7 +1373,9 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
             ifault |= s_kfault[kc & 1u];
             kvp_fence_proxy_async();
+            KVP_WG_TURN();
             KVP_WG_ISSUE_S(s);
+            KVP_WG_PASS();
             kvp_wg_wait0();
             kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));
             ++kc;
@@ -1376,11 +1386,12 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             float s[1][KVP_NK][4];
             kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
             ifault |= s_kfault[kc & 1u];
-            kvp_fence_proxy_async();
-            KVP_WG_ISSUE_S(s);
             kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
             kvp_fence_proxy_async();
+            KVP_WG_TURN();
+            KVP_WG_ISSUE_S(s);
             KVP_WG_ISSUE_PV();
+            KVP_WG_PASS();
             kvp_wg_wait1(); /* S_{t+1} done; O += P_t V_t may still run (kvp_scores touches neither O nor pa) */
             kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));
             ++kc;
@@ -1401,7 +1412,9 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         if (ntiles > 0) { /* the last tile's O += P V */
             kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
             kvp_fence_proxy_async();
+            KVP_WG_TURN();
             KVP_WG_ISSUE_PV();
+            KVP_WG_PASS();
             kvp_wg_wait0();
             KVP_WG_FENCE_PO();
             kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
@@ -1412,6 +1425,8 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
 #undef KVP_WG_FENCE_PO
 #undef KVP_WG_SCORES
 #undef KVP_WG_PACK
+#undef KVP_WG_TURN
+#undef KVP_WG_PASS
 
         /* ---- epilogue from registers (no staging: the producer may already fill the K/V slots for the next item)
            ---- each thread owns rows wr0 + qr (+ 8) and columns n * 8 + qc (+ 1) of O */
@@ -1465,6 +1480,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             }
         }
     }
+    if (wg == 0) kvp_named_sync(4u, KVP_NT); /* warpgroup 1's last pass (or its first, when there was no tile) */
 #else
     (void)p, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
 #endif
