@@ -213,9 +213,11 @@ KVA_DEV void kvp_mbar_init(unsigned bar, unsigned count) {
 KVA_DEV void kvp_mbar_wait(unsigned bar, unsigned parity) {
     unsigned done;
     do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        /* with a suspend-time hint: the waiting warps sleep in the barrier instead of spinning through issue slots
+           the computing warps need */
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }"
                      : "=r"(done)
-                     : "r"(bar), "r"(parity)
+                     : "r"(bar), "r"(parity), "r"(1000000u)
                      : "memory");
     } while (!done);
 }
@@ -1185,6 +1187,13 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
     volatile int* const s_kfault = (volatile int*)(smem + KVP_OFF_BAR + 64);
     const bool ragged = (p.flags & KVK_FLAG_RAGGED) != 0;
     unsigned kc = 0, vc = 0; /* K / V tiles copied by this CTA so far */
+    /* copy geometry: thread ptid copies 16-byte chunk col of rows r0 + u * PRS (u < PUK); PRS is a multiple of 8, so
+       the swizzled chunk position is the same for all of them and the destination advances by PRS rows */
+#define KVP_PRS (128 / KVP_CPR)
+#define KVP_PUK (KVP_TKV / KVP_PRS)
+    const int r0 = ptid / KVP_CPR;
+    const int col = ptid % KVP_CPR;
+    const unsigned dst0 = (unsigned)KVP_SOFF(r0, col, KVP_TKV);
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
     for (int it = it_begin;
          it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
@@ -1223,20 +1232,17 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
             s_koff[(T & 1) * KVP_TKV + ptid] = ko;
             s_voff[(T & 1) * KVP_TKV + ptid] = vo;
             const int tbad = kvp_named_sync_or(2, 128, bad); /* this tile's offsets visible to the producer warpgroup */
-            const int col = ptid % KVP_CPR;
 #pragma unroll
             for (int mtx = 0; mtx < 2; ++mtx) {
                 const unsigned cnt = mtx == 0 ? kc : vc;
                 kvp_mbar_wait(mtx == 0 ? KVP_BAR_EMPTY_K(cnt) : KVP_BAR_EMPTY_V(cnt), KVP_PHASE(cnt) ^ 1u);
-                const unsigned dst = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt));
-                const long long* const offs = (mtx == 0 ? s_koff : s_voff) + (T & 1) * KVP_TKV;
-                const char* const base = mtx == 0 ? kb : vb;
-#pragma unroll 4
-                for (int u = 0; u < KVP_TKV * KVP_CPR / 128; ++u) {
-                    const int row = ptid / KVP_CPR + u * (128 / KVP_CPR);
-                    const long long off = offs[row];
-                    kva_cp_async16(dst + (unsigned)KVP_SOFF(row, col, KVP_TKV), base + (off < 0 ? 0ll : off) + col * 16,
-                                   off < 0 ? 0u : 16u);
+                const unsigned dst = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt)) + dst0;
+                const long long* const offs = (mtx == 0 ? s_koff : s_voff) + (T & 1) * KVP_TKV + r0;
+                const char* const base = (mtx == 0 ? kb : vb) + col * 16;
+#pragma unroll
+                for (int u = 0; u < KVP_PUK; ++u) {
+                    const long long off = offs[u * KVP_PRS];
+                    kva_cp_async16(dst + (unsigned)(u * KVP_PRS * 128), base + (off < 0 ? 0ll : off), off < 0 ? 0u : 16u);
                 }
                 kvp_cp_async_mbar_arrive(mtx == 0 ? KVP_BAR_FULL_K(cnt) : KVP_BAR_FULL_V(cnt));
                 if (mtx == 0 && ptid == 0) { /* the slot's fault word, released by one more arrival */
@@ -1249,6 +1255,8 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
         }
     }
     KVA_CP_ASYNC_WAIT(0);
+#undef KVP_PRS
+#undef KVP_PUK
 #else
     (void)p, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
 #endif
