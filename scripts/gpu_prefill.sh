@@ -18,5 +18,9 @@ echo "== racecheck (quick check)"
 timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 10 "$BUILD/kva_bench_prefill" --check --quick 2>&1 | tail -4
 echo "== prefill benchmark"
 timeout 150 "$BUILD/kva_bench_prefill" --csv "$OUT/kvattn_prefill.csv" 2>&1 | tail -30
+if [ "${PREFILL_AB:-1}" != 0 ]; then
+  echo "== prefill benchmark, mma.sync mainloop on sm_90 too (KVATTN_BENCH_NO_WGMMA=1, A/B)"
+  KVATTN_BENCH_NO_WGMMA=1 timeout 150 "$BUILD/kva_bench_prefill" --csv "$OUT/kvattn_prefill_mma.csv" 2>&1 | tail -30
+fi
 echo "== peers"
 timeout 200 python3 bench/peers_prefill.py --csv "$OUT/kvattn_prefill.csv" --out "$OUT/bench_prefill.md" 2>&1 | tail -40

@@ -1161,8 +1161,9 @@ KVA_DEV void KVP_FN(kvp_wg_o)(float* d, const unsigned* a, unsigned long long db
 #endif
 }
 
-/* mbarriers (KVP_OFF_BAR): full_k[2] (+0): 128 producer arrivals (cp.async completion) + 1 (producer thread 0, after
-   it wrote the slot's fault word); full_v[2] (+16): 128; empty_k[2] (+32), empty_v[2] (+48): 256 consumer arrivals
+/* mbarriers (KVP_OFF_BAR): full_k[2] (+0): 128 producer arrivals (cp.async.mbarrier.arrive: the thread's copies
+   landed) + 1 (producer thread 0, after it wrote the slot's fault word); full_v[2] (+16): 128; empty_k[2] (+32),
+   empty_v[2] (+48): 256 consumer arrivals
    (their MMAs finished reading the slot); then the fault word of each K slot (+64): 1 when a row of the tile in the
    slot had an out-of-range page */
 #define KVP_BAR_FULL_K(c) (bar + 8u * ((c) & 1u))
@@ -1175,7 +1176,8 @@ KVA_DEV void KVP_FN(kvp_wg_o)(float* d, const unsigned* a, unsigned long long db
  * consumers finish one: only the empty barriers hold it back), every K/V tile: the byte offsets of its rows (one row
  * per thread, page-table entry loaded a tile ahead, bounds-checked: a bad page zero-fills the row, folds the key
  * into the status word and sets the K slot's fault word), then K into its slot once the consumers released it,
- * then V; each completes on its full barrier through cp.async.mbarrier.arrive. */
+ * then V; each completes on its full barrier through cp.async.mbarrier.arrive. A consumer that waited on a full
+ * barrier fences (fence.proxy.async) before its MMAs read the slot: the copies are generic-proxy writes. */
 KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const int ptid = threadIdx.x;
@@ -1229,21 +1231,25 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
                     bad = 1;
                 }
             }
-            s_koff[(T & 1) * KVP_TKV + ptid] = ko;
-            s_voff[(T & 1) * KVP_TKV + ptid] = vo;
+            /* ring slot by the CTA's running tile count, not T: items restart T at 0, and the only barrier between
+               two tiles' offsets is the one below */
+            const unsigned os = kc & 1u;
+            s_koff[os * KVP_TKV + ptid] = ko;
+            s_voff[os * KVP_TKV + ptid] = vo;
             const int tbad = kvp_named_sync_or(2, 128, bad); /* this tile's offsets visible to the producer warpgroup */
 #pragma unroll
             for (int mtx = 0; mtx < 2; ++mtx) {
                 const unsigned cnt = mtx == 0 ? kc : vc;
                 kvp_mbar_wait(mtx == 0 ? KVP_BAR_EMPTY_K(cnt) : KVP_BAR_EMPTY_V(cnt), KVP_PHASE(cnt) ^ 1u);
                 const unsigned dst = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt)) + dst0;
-                const long long* const offs = (mtx == 0 ? s_koff : s_voff) + (T & 1) * KVP_TKV + r0;
+                const long long* const offs = (mtx == 0 ? s_koff : s_voff) + os * KVP_TKV + r0;
                 const char* const base = (mtx == 0 ? kb : vb) + col * 16;
 #pragma unroll
                 for (int u = 0; u < KVP_PUK; ++u) {
                     const long long off = offs[u * KVP_PRS];
                     kva_cp_async16(dst + (unsigned)(u * KVP_PRS * 128), base + (off < 0 ? 0ll : off), off < 0 ? 0u : 16u);
                 }
+                /* one arrival per thread once its copies have landed */
                 kvp_cp_async_mbar_arrive(mtx == 0 ? KVP_BAR_FULL_K(cnt) : KVP_BAR_FULL_V(cnt));
                 if (mtx == 0 && ptid == 0) { /* the slot's fault word, released by one more arrival */
                     s_kfault[cnt & 1u] = tbad;
@@ -1323,9 +1329,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
            keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
            makes ptxas serialise them (C7518). */
 #define KVP_WG_ISSUE_S(s)                                                                               \
-    do {                                                                                                \
-        _Pragma("unroll") for (int n_ = 0; n_ < KVP_NK; ++n_)                                          \
-            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) s[0][n_][e_] = 0.0f;                       \
+    do { /* (the first MMA overwrites s: no zeroing) */                                                  \
         kvp_wg_fence();                                                                                 \
         const unsigned k_s_ = kv_s + (unsigned)KVP_KDST(kc);                                           \
         _Pragma("unroll") for (int ks_ = 0; ks_ < KVP_KS; ++ks_) {                                     \
@@ -1394,6 +1398,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             float s[1][KVP_NK][4];
             kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
             ifault |= s_kfault[kc & 1u];
+            kvp_fence_proxy_async();
             kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
             kvp_fence_proxy_async();
             KVP_WG_TURN();
