@@ -656,8 +656,9 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
        In passes without per-element branches. Per row, the visible keys of this warp slice are k in [lo, hi]
        with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
     const float qsc = p.q_scale * KVP_KFIX;
-    const bool full = !(flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) && qsc > 0.0f && jw1 < kv1 &&
-                      (!causal || jw1 <= wqmin) && (!window || (long long)jw0 >= (long long)wqmax - p.window_left);
+    /* geo: every key of the slice is inside the range and visible to every row (causal, window), so no mask */
+    const bool geo = jw1 < kv1 && (!causal || jw1 <= wqmin) && (!window || (long long)jw0 >= (long long)wqmax - p.window_left);
+    const bool full = !(flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) && qsc > 0.0f && geo;
     float sc = qsc; /* s * sc is the log2-domain logit */
     if (!full) {
         sc = 1.0f;
@@ -701,6 +702,7 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
 #pragma unroll
                     for (int e = 0; e < 4; ++e) s[mq][n][e] *= KVA_LOG2E;
         }
+        if (!geo) /* (ALiBi and soft-cap tiles inside the visible region skip the mask) */
 #pragma unroll
         for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
