@@ -144,6 +144,24 @@ KVA_DEV const char* kvp_at(const char* base, long long off) {
     return r;
 }
 
+/* A finished row's output scale and lse (base 2) from its running max m (finite whenever dsum > 0) and sum: softmax
+   divides by the sum, sigmoid does not; a faulted item gets scale 0 and lse -inf (a partial slot: the fault bits the
+   merge kernel turns into o = 0, lse = -inf). */
+KVA_DEV void kvp_row_norm(float m, float dsum, float vs, bool sigmoid, int faulted, bool to_partial, float* scale,
+                          float* lse) {
+    float sc = vs, l = 0.0f;
+    if (!sigmoid) {
+        sc = dsum > 0.0f ? vs / dsum : 0.0f;
+        l = dsum > 0.0f ? m + kva_log2(dsum) : KVA_NEG_INF;
+    }
+    if (faulted) {
+        sc = 0.0f;
+        l = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : KVA_NEG_INF;
+    }
+    *scale = sc;
+    *lse = l;
+}
+
 /* tanh without a division (|error| ~ 2e-7): soft caps of 30-50 need better than tanh.approx */
 KVA_DEV float kvp_tanh(float x) {
     const float e = kva_exp2(-2.0f * KVA_LOG2E * fabsf(x)); /* in (0, 1] */
@@ -1119,14 +1137,9 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
 }
 
 #else /* KVP_ML == 1 */
-/* The Hopper mainloop (sm_90a), same contract as kvp_mainloop_mma. 256 threads: warpgroup wg = tid / 128 owns
- * tile rows wg * 64 .. wg * 64 + 63 (its warps 16 rows each, as the m64 accumulator lays them out). Per KV tile
- * (all 256 threads copy K/V through the same cp.async ring as the mma.sync mainloop, into the warpgroup MMA's
- * 128-byte swizzled layout): S = Q K^T as D/16 warpgroup MMAs with Q and K read from shared memory, the shared
- * mask / softmax pass (kvp_scores) on the accumulators in registers, then O += P V as TKV/16 warpgroup MMAs with
- * P from registers (the accumulator layout is the A-fragment layout) and V from shared memory (transposed
- * descriptor). A warpgroup whose rows cannot see the tile skips it (warpgroup-uniform). Compiled only for
- * sm_90a; the host never selects it elsewhere. */
+/* The Hopper mainloop (sm_90a; KVP_ML == 1): a producer warpgroup and two consumer warpgroups, each walking the
+ * worker's items on its own and meeting on mbarriers (kvp_wg_producer, kvp_wg_consumer below; docs/kernels/prefill.md).
+ * Compiled only for sm_90a; the host never selects it elsewhere. The warpgroup MMA of each shape and dtype: */
 
 KVA_DEV void KVP_FN(kvp_wg_s)(float* d, unsigned long long da, unsigned long long db, int acc) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1207,14 +1220,16 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
         const char* const kb = (const char*)p.k + (long long)item.kv_head * p.k_stride_head * KVP_ES;
         const char* const vb = (const char*)p.v + (long long)item.kv_head * p.v_stride_head * KVP_ES;
         const kvk_i32* const pidx = p.indices + rq.kv_start;
-        int pg_next = 0;
-        if (!ragged && ntiles > 0 && item.kv_start + ptid < item.kv_end)
-            pg_next = kva_ldg_i32(pidx + (int)kva_fastdiv((unsigned)(item.kv_start + ptid), p.ps_mul, p.ps_shift));
+        /* page-table entry of this thread's row of tile T (0 past the range or when ragged) */
+#define KVP_PAGE_OF(T)                                                                                  \
+    (!ragged && (T) < ntiles && item.kv_start + (T) * KVP_TKV + ptid < item.kv_end                       \
+         ? kva_ldg_i32(pidx + (int)kva_fastdiv((unsigned)(item.kv_start + (T) * KVP_TKV + ptid), p.ps_mul, p.ps_shift)) \
+         : 0)
+        int pg_next = KVP_PAGE_OF(0);
         for (int T = 0; T < ntiles; ++T) {
             const int pg = pg_next;
             const int j = item.kv_start + T * KVP_TKV + ptid;
-            if (!ragged && T + 1 < ntiles && j + KVP_TKV < item.kv_end)
-                pg_next = kva_ldg_i32(pidx + (int)kva_fastdiv((unsigned)(j + KVP_TKV), p.ps_mul, p.ps_shift));
+            pg_next = KVP_PAGE_OF(T + 1); /* loaded a tile ahead */
             long long ko = -1, vo = -1;
             int bad = 0;
             if (j < item.kv_end) {
@@ -1262,7 +1277,7 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
             }
         }
     }
-    KVA_CP_ASYNC_WAIT(0);
+#undef KVP_PAGE_OF
 #undef KVP_PRS
 #undef KVP_PUK
 #else
@@ -1462,16 +1477,8 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
                 dd += __shfl_xor_sync(KVP_FULL, dd, 1);
                 dd += __shfl_xor_sync(KVP_FULL, dd, 2);
                 if (row >= item.rows) continue;
-                const float mx = m[0][h];
-                float scale = vs, lse = 0.0f;
-                if (!sigmoid) {
-                    scale = dd > 0.0f ? vs / dd : 0.0f;
-                    lse = dd > 0.0f ? mx + kva_log2(dd) : KVA_NEG_INF;
-                }
-                if (faulted) {
-                    scale = 0.0f;
-                    lse = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : KVA_NEG_INF;
-                }
+                float scale, lse;
+                kvp_row_norm(m[0][h], dd, vs, sigmoid, faulted, to_partial, &scale, &lse);
                 if (to_partial) {
                     float* const dst = (float*)(p.ws + p.off_partial_o) + ((long long)partial * p.tile_q + row) * KVP_D + qc;
 #pragma unroll
@@ -1556,12 +1563,8 @@ KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int
             acc[6] = fmaf(wt, b.z, acc[6]);
             acc[7] = fmaf(wt, b.w, acc[7]);
         }
-        float scale = vs, lse = 0.0f;
-        if (!sigmoid) {
-            scale = dsum > 0.0f ? vs / dsum : 0.0f;
-            lse = dsum > 0.0f ? mu + kva_log2(dsum) : neg_inf;
-        }
-        if (faulted) lse = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : neg_inf;
+        float scale, lse;
+        kvp_row_norm(mu, dsum, vs, sigmoid, faulted, to_partial, &scale, &lse);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[e] = faulted ? 0.0f : acc[e] * scale;
         if (to_partial) {

@@ -71,7 +71,7 @@
  * Shared memory (bytes, in this order; the kernel aligns its base to 1024 bytes, hence the extra 1024):
  *   region:  Q [128][D] | STAGES x (K [TKV][D], V [TKV][D]), 16-bit, each in the 128-byte swizzled layout of the
  *            warpgroup MMA: column block b (64 elements) at b * rows * 128, row r at r * 128 within it, 16-byte
- *            chunk c at (c ^ (r & 7)) * 16. After the mainloop: the epilogue's staging (as above, one slice).
+ *            chunk c at (c ^ (r & 7)) * 16. (No staging: the consumers' epilogue writes from registers.)
  *   offsets, rows, freq: as for the mma.sync mainloop. */
 #define KVK_PFW_THREADS 384   /* warpgroup 0 copies K/V (producer), warpgroups 1 and 2 compute (consumers) */
 #define KVK_PFW_CONSUMERS 256
@@ -82,9 +82,7 @@
 #define KVK_PFW_Q_BYTES(d) (KVK_PFW_TQ * (d) * 2)
 #define KVK_PFW_STAGE_BYTES(d) (2 * KVK_PFW_TKV(d) * (d) * 2)
 #define KVK_PFW_MAIN_BYTES(d) (KVK_PFW_Q_BYTES(d) + KVK_PFW_STAGES(d) * KVK_PFW_STAGE_BYTES(d))
-#define KVK_PFW_EPI_BYTES(d) (KVK_PFW_TQ * KVK_PF_EPI_LD(d) * 4 + 2 * KVK_PFW_TQ * 4)
-#define KVK_PFW_REGION(d) (KVK_PFW_MAIN_BYTES(d) > KVK_PFW_EPI_BYTES(d) ? KVK_PFW_MAIN_BYTES(d) : KVK_PFW_EPI_BYTES(d))
-#define KVK_PFW_OFF_OFFS(d) (((KVK_PFW_REGION(d) + 127) / 128) * 128)
+#define KVK_PFW_OFF_OFFS(d) (((KVK_PFW_MAIN_BYTES(d) + 127) / 128) * 128)
 #define KVK_PFW_OFF_ROWS(d) (KVK_PFW_OFF_OFFS(d) + KVK_PFW_RING * KVK_PFW_TKV(d) * 20)
 #define KVK_PFW_OFF_FREQ(d) (KVK_PFW_OFF_ROWS(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ))
 /* 8 mbarriers (64 bytes), then a fault word per K slot (8 bytes) */
