@@ -66,6 +66,8 @@ struct kva_context {
     uint64_t id;              /* unique per context in the process; plans record it */
     int32_t min_kv_chunk;     /* shortest KV chunk the planner splits into (KVA__MIN_KV_CHUNK; benchmark A/B:
                                  $KVATTN_BENCH_MIN_KV_CHUNK at context creation) */
+    int plan_lpt_only;        /* benchmark A/B ($KVATTN_BENCH_PLAN_LPT=1 at context creation): prefill plans use the
+                                 LPT order instead of the locality order */
     /* Planner scratch buffers, reused across plans (a plan that finds them busy uses its own). */
     int plan_scratch_busy;    /* taken with __atomic_exchange_n */
     void* plan_scratch[8];

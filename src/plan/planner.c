@@ -32,7 +32,8 @@ typedef struct kva__tile {
 
 /* Scratch for one planning call: growable buffers, borrowed from the context when free (no allocation and no
  * page faults in the steady state), else owned by the call. */
-enum { KVA__S_LEN, KVA__S_TILES, KVA__S_ITEMS, KVA__S_COST, KVA__S_ORDER, KVA__S_OWNER, KVA__S_WORKERS, KVA__S_NUM };
+enum { KVA__S_LEN, KVA__S_TILES, KVA__S_ITEMS, KVA__S_COST, KVA__S_ORDER, KVA__S_OWNER, KVA__S_WORKERS, KVA__S_SEQ,
+       KVA__S_NUM };
 
 typedef struct kva__plan_scratch {
     void** buf;
@@ -422,6 +423,59 @@ static void kva__sort_desc(const uint32_t* cost, uint32_t* ids, uint32_t* tmp, i
     if (src != ids) memcpy(ids, src, sizeof(uint32_t) * (size_t)n);
 }
 
+/* Locality order for prefill plans: seq gets every item id (unit * H + head) with the items of one (request, KV
+ * head) back to back, longest first (ties: unit order), groups in (request, head) order; then the tail, the last
+ * items whose costs add up to KVA__TAIL_SPAN x W x the longest item, re-sorted longest first across its groups, so
+ * list scheduling ends as evenly as LPT. order: unit ids longest first (stable); scratch: 2 * U * H entries after
+ * seq's U * H. Returns false (seq untouched) when the plan is too small for the order to matter: then LPT. */
+#define KVA__TAIL_SPAN 1
+static bool kva__locality_order(const kva__plan_scratch* s, const uint32_t* unit_tile, const uint32_t* cost,
+                                const uint32_t* order, int64_t U, int64_t H, int32_t W, uint32_t* seq) {
+    const int64_t N = U * H;
+    if (U < 2 || N < 2 * (int64_t)W) return false;
+    const uint32_t maxc = cost[order[0]];
+    const int64_t thr = (int64_t)KVA__TAIL_SPAN * W * (int64_t)maxc;
+    uint32_t* a = seq + N;
+    uint32_t* b = seq + 2 * N;
+    /* units by request, longest first within each: a stable LSD radix sort of the longest-first order by request */
+    memcpy(a, order, sizeof(uint32_t) * (size_t)U);
+    int32_t maxreq = 0;
+    for (int64_t i = 0; i < U; ++i)
+        if (s->tiles[unit_tile[i]].req > maxreq) maxreq = s->tiles[unit_tile[i]].req;
+    for (int shift = 0; shift < 32 && ((uint32_t)maxreq >> shift) != 0; shift += 8) {
+        int64_t cnt[257];
+        memset(cnt, 0, sizeof cnt);
+        for (int64_t i = 0; i < U; ++i) cnt[(((uint32_t)s->tiles[unit_tile[a[i]]].req >> shift) & 255) + 1]++;
+        for (int j = 0; j < 256; ++j) cnt[j + 1] += cnt[j];
+        for (int64_t i = 0; i < U; ++i) b[cnt[((uint32_t)s->tiles[unit_tile[a[i]]].req >> shift) & 255]++] = a[i];
+        memcpy(a, b, sizeof(uint32_t) * (size_t)U);
+    }
+    int64_t k = 0;
+    for (int64_t i0 = 0; i0 < U;) {
+        const int32_t req = s->tiles[unit_tile[a[i0]]].req;
+        int64_t i1 = i0 + 1;
+        while (i1 < U && s->tiles[unit_tile[a[i1]]].req == req) ++i1;
+        for (int64_t h = 0; h < H; ++h)
+            for (int64_t i = i0; i < i1; ++i) seq[k++] = (uint32_t)((int64_t)a[i] * H + h);
+        i0 = i1;
+    }
+    int64_t ts = N, acc = 0;
+    while (ts > 0 && acc < thr) acc += cost[seq[--ts] / (uint32_t)H];
+    if (ts == 0) return false;
+    /* the tail longest first: stable LSD radix over 8-bit digits of the cost */
+    const int64_t n = N - ts;
+    uint32_t* src = seq + ts;
+    for (int shift = 0; shift < 32 && (maxc >> shift) != 0; shift += 8) {
+        int64_t cnt[257];
+        memset(cnt, 0, sizeof cnt);
+        for (int64_t i = 0; i < n; ++i) cnt[255 - ((cost[src[i] / (uint32_t)H] >> shift) & 255) + 1]++;
+        for (int j = 0; j < 256; ++j) cnt[j + 1] += cnt[j];
+        for (int64_t i = 0; i < n; ++i) b[cnt[255 - ((cost[src[i] / (uint32_t)H] >> shift) & 255)]++] = src[i];
+        memcpy(src, b, sizeof(uint32_t) * (size_t)n);
+    }
+    return true;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Entry points                                                                                    */
 
@@ -631,52 +685,57 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
                 slot += (int64_t)t->nchunks * H;
             }
         }
-        /* Longest first to the least-loaded worker (ties: lowest worker id). Worker loads live in a tournament
-           tree of keys load << 13 | worker (one integer compare orders (load, worker)); the root is the least-loaded
-           worker. An update walks from the leaf to the root taking the min with each sibling: the sibling loads do
-           not depend on the compares, so the walk costs a short chain of integer mins, not dependent loads. */
+        /* Assignment order (seq: item ids unit * H + head), then each item in turn to the least-loaded worker
+           (ties: lowest worker id), which is the worker that reaches it first.
+           - Decode, and any plan too small for the locality order below: LPT, units longest first.
+           - Prefill (kva__locality_order): the items of one (request, KV head) run back to back, longest first,
+             so the CTAs running at the same time share their K/V in L2 instead of every CTA streaming a
+             different head's K/V from DRAM; the tail is longest first across groups (LPT's balance). */
         kva__sort_desc(cost, order, order + u1, U);
+        uint32_t* seq = (uint32_t*)kva__scratch_get(&s, KVA__S_SEQ, sizeof(uint32_t) * 3 * n1);
+        if (!seq) {
+            st = kva__set_error(KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory (%lld work items)", (long long)N);
+            goto done;
+        }
+        if (!(op != KVA_OP_BATCH_DECODE && !ctx->plan_lpt_only &&
+              kva__locality_order(&s, unit_tile, cost, order, U, H, W, seq))) {
+            int64_t k = 0;
+            for (int64_t i = 0; i < U; ++i)
+                for (int64_t h = 0; h < H; ++h) seq[k++] = (uint32_t)((int64_t)order[i] * H + h);
+        }
         if (W > (1 << 13) || total_cost >= ((int64_t)1 << 50)) {
             st = kva__set_error(KVA_ERR_UNSUPPORTED, "plan: %d workers or total cost %lld exceed the planner's limits",
                                 (int)W, (long long)total_cost);
             goto done;
         }
+        /* Worker loads live in a tournament tree of keys load << 13 | worker (one integer compare orders (load,
+           worker)); the root is the least-loaded worker. An update walks from the leaf to the root taking the min
+           with each sibling: the sibling loads do not depend on the compares, so the walk costs a short chain of
+           integer mins, not dependent loads. The first min(W, N) items go to workers 0, 1, ... in order (all loads
+           are 0; ties to the lowest id): placed directly, then the tree is built once. */
         size_t P = 1;
         while (P < (size_t)W) P *= 2;
-        /* The first min(W, N) items go to workers 0, 1, ... in order (all loads are 0; ties to the lowest id):
-           place them directly and build the tree once. */
         int64_t k = 0;
         for (size_t i = 0; i < P; ++i) heap[P + i] = i < (size_t)W ? (uint64_t)i : UINT64_MAX;
-        int64_t i0 = 0;
-        int32_t h0 = 0;
-        while (k < N && k < W) {
-            const uint64_t add = (uint64_t)cost[order[i0]] << 13;
+        for (; k < N && k < W; ++k) {
             owner[k] = (int32_t)k;
             wcount[k + 1]++;
-            heap[P + (size_t)k] += add;
-            ++k;
-            if (++h0 == (int32_t)H) {
-                h0 = 0;
-                ++i0;
-            }
+            heap[P + (size_t)k] += (uint64_t)cost[seq[k] / (uint32_t)H] << 13;
         }
         for (size_t i = P - 1; i >= 1; --i) heap[i] = heap[2 * i] < heap[2 * i + 1] ? heap[2 * i] : heap[2 * i + 1];
-        for (int64_t i = i0; i < U; ++i) {
-            const uint64_t add = (uint64_t)cost[order[i]] << 13;
-            for (int32_t h = (i == i0 ? h0 : 0); h < (int32_t)H; ++h, ++k) {
-                uint64_t x = P > 1 ? heap[1] : heap[P];
-                int32_t w = (int32_t)(x & 8191u);
-                owner[k] = w;
-                wcount[w + 1]++;
-                x += add;
-                size_t pos = P + (size_t)w;
+        for (; k < N; ++k) {
+            uint64_t x = P > 1 ? heap[1] : heap[P];
+            const int32_t w = (int32_t)(x & 8191u);
+            owner[k] = w;
+            wcount[w + 1]++;
+            x += (uint64_t)cost[seq[k] / (uint32_t)H] << 13;
+            size_t pos = P + (size_t)w;
+            heap[pos] = x;
+            while (pos > 1) {
+                const uint64_t sib = heap[pos ^ 1];
+                x = sib < x ? sib : x;
+                pos >>= 1;
                 heap[pos] = x;
-                while (pos > 1) {
-                    uint64_t sib = heap[pos ^ 1];
-                    x = sib < x ? sib : x;
-                    pos >>= 1;
-                    heap[pos] = x;
-                }
             }
         }
         int64_t maxload = 0;
@@ -687,29 +746,27 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         int32_t* windptr = (int32_t*)(base + pd->off_worker_indptr);
         windptr[0] = 0;
         for (int32_t w = 0; w < W; ++w) windptr[w + 1] = windptr[w] + wcount[w + 1];
-        /* Write items in assignment order (each worker's list is longest first). */
+        /* Write items in assignment order (each worker's list runs in the order of seq). */
         kva__work_item* dst = (kva__work_item*)(base + pd->off_items);
         for (int32_t w = 0; w < W; ++w) wcount[w] = windptr[w];
-        k = 0;
-        for (int64_t i = 0; i < U; ++i) {
-            const uint32_t uid = order[i];
+        for (k = 0; k < N; ++k) {
+            const uint32_t uid = seq[k] / (uint32_t)H;
+            const int32_t h = (int32_t)(seq[k] % (uint32_t)H);
             const kva__tile* t = &s.tiles[unit_tile[uid]];
             const int32_t c = (int32_t)unit_chunk[uid];
             const bool split = t->nchunks > 1;
             int64_t ks = t->lo + (int64_t)c * t->chunk_len;
             int64_t ke = split ? ks + t->chunk_len : t->hi;
             if (ke > t->hi) ke = t->hi;
-            for (int32_t h = 0; h < (int32_t)H; ++h, ++k) {
-                kva__work_item* w = &dst[wcount[owner[k]]++];
-                w->req = t->req;
-                w->kv_head = h;
-                w->row_start = t->row_start;
-                w->rows = t->rows;
-                w->kv_start = (int32_t)ks;
-                w->kv_end = (int32_t)ke;
-                w->partial = split ? t->slot_base + h * t->nchunks + c : -1;
-                w->pad_ = 0;
-            }
+            kva__work_item* w = &dst[wcount[owner[k]]++];
+            w->req = t->req;
+            w->kv_head = h;
+            w->row_start = t->row_start;
+            w->rows = t->rows;
+            w->kv_start = (int32_t)ks;
+            w->kv_end = (int32_t)ke;
+            w->partial = split ? t->slot_base + h * t->nchunks + c : -1;
+            w->pad_ = 0;
         }
         kva__request* req = (kva__request*)(base + pd->off_requests);
         for (int32_t b = 0; b < B; ++b) {
