@@ -144,6 +144,10 @@ KVA_DEV unsigned kva_smem_addr(const void* p) { return (unsigned)__cvta_generic_
 KVA_DEV void kva_cp_async16(unsigned dst, const void* src, unsigned src_bytes) {
     asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+/* 16-byte async copy global -> shared, all 16 bytes read */
+KVA_DEV void kva_cp_async16_full(unsigned dst, const void* src) {
+    asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16; }" ::"r"(dst), "l"(src) : "memory");
+}
 KVA_DEV void kva_cp_async_commit(void) { asm volatile("{ cp.async.commit_group; }" ::: "memory"); }
 #define KVA_CP_ASYNC_WAIT(n) asm volatile("{ cp.async.wait_group %0; }" ::"n"(n) : "memory")
 

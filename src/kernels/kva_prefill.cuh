@@ -1192,7 +1192,11 @@ KVA_DEV void KVP_FN(kvp_wg_o)(float* d, const unsigned* a, unsigned long long db
  * per thread, page-table entry loaded a tile ahead, bounds-checked: a bad page zero-fills the row, folds the key
  * into the status word and sets the K slot's fault word), then K into its slot once the consumers released it,
  * then V; each completes on its full barrier through cp.async.mbarrier.arrive. A consumer that waited on a full
- * barrier fences (fence.proxy.async) before its MMAs read the slot: the copies are generic-proxy writes. */
+ * barrier fences (fence.proxy.async) before its MMAs read the slot: the copies are generic-proxy writes.
+ * Two copy paths, chosen per tile for the whole warpgroup by the barrier that publishes the offsets:
+ * - fast (every row in range, no bad page, every offset below 2^36 bytes): 32-bit offsets in 16-byte units, stored
+ *   so that a thread's rows are adjacent (vector loads), one multiply-add and one copy per 16-byte chunk;
+ * - general: 64-bit offsets, zero-fill for rows past the range or on a bad page. */
 KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const int ptid = threadIdx.x;
@@ -1201,6 +1205,7 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
     const unsigned bar = sbase + KVP_OFF_BAR;
     long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [2][TKV] */
     long long* const s_voff = s_koff + KVP_RING * KVP_TKV;
+    unsigned* const s_off16 = (unsigned*)(s_voff + KVP_RING * KVP_TKV); /* [2 slots][K, V][TKV], rows transposed */
     volatile int* const s_kfault = (volatile int*)(smem + KVP_OFF_BAR + 64);
     const bool ragged = (p.flags & KVK_FLAG_RAGGED) != 0;
     unsigned kc = 0, vc = 0; /* K / V tiles copied by this CTA so far */
@@ -1208,9 +1213,12 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
        the swizzled chunk position is the same for all of them and the destination advances by PRS rows */
 #define KVP_PRS (128 / KVP_CPR)
 #define KVP_PUK (KVP_TKV / KVP_PRS)
+    static_assert(KVP_PUK % 4 == 0 && KVP_PRS % 8 == 0, "producer copy geometry");
     const int r0 = ptid / KVP_CPR;
     const int col = ptid % KVP_CPR;
     const unsigned dst0 = (unsigned)KVP_SOFF(r0, col, KVP_TKV);
+    /* the fast table keeps row r at (r % PRS) * PUK + r / PRS: this thread's PUK rows are adjacent */
+    const int own16 = (ptid % KVP_PRS) * KVP_PUK + ptid / KVP_PRS;
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
     for (int it = it_begin;
          it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
@@ -1251,20 +1259,41 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
             /* ring slot by the CTA's running tile count, not T: items restart T at 0, and the only barrier between
                two tiles' offsets is the one below */
             const unsigned os = kc & 1u;
+            const bool fast = ko >= 0 && vo >= 0 && (unsigned long long)(ko | vo) < (1ull << 36);
             s_koff[os * KVP_TKV + ptid] = ko;
             s_voff[os * KVP_TKV + ptid] = vo;
-            const int tbad = kvp_named_sync_or(2, 128, bad); /* this tile's offsets visible to the producer warpgroup */
+            s_off16[(os * 2 + 0) * KVP_TKV + own16] = (unsigned)(ko >> 4);
+            s_off16[(os * 2 + 1) * KVP_TKV + own16] = (unsigned)(vo >> 4);
+            /* this tile's offsets visible to the producer warpgroup; whether any row needs the general path */
+            const int slow = kvp_named_sync_or(2, 128, !fast);
+            const int tbad = slow ? kvp_named_sync_or(2, 128, bad) : 0;
 #pragma unroll
             for (int mtx = 0; mtx < 2; ++mtx) {
                 const unsigned cnt = mtx == 0 ? kc : vc;
                 kvp_mbar_wait(mtx == 0 ? KVP_BAR_EMPTY_K(cnt) : KVP_BAR_EMPTY_V(cnt), KVP_PHASE(cnt) ^ 1u);
                 const unsigned dst = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt)) + dst0;
-                const long long* const offs = (mtx == 0 ? s_koff : s_voff) + os * KVP_TKV + r0;
                 const char* const base = (mtx == 0 ? kb : vb) + col * 16;
+                if (!slow) {
+                    unsigned long long b64 = (unsigned long long)base;
+                    asm volatile("" : "+l"(b64)); /* computed once per tile, not once per copy */
+                    const uint4* const o16 = (const uint4*)(s_off16 + (os * 2 + mtx) * KVP_TKV + r0 * KVP_PUK);
+                    uint4 w[KVP_PUK / 4]; /* all offsets first: the copies' memory clobbers would order the loads */
 #pragma unroll
-                for (int u = 0; u < KVP_PUK; ++u) {
-                    const long long off = offs[u * KVP_PRS];
-                    kva_cp_async16(dst + (unsigned)(u * KVP_PRS * 128), base + (off < 0 ? 0ll : off), off < 0 ? 0u : 16u);
+                    for (int q = 0; q < KVP_PUK / 4; ++q) w[q] = o16[q];
+#pragma unroll
+                    for (int q = 0; q < KVP_PUK / 4; ++q) {
+                        const unsigned ow[4] = {w[q].x, w[q].y, w[q].z, w[q].w};
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            kva_cp_async16_full(dst + (unsigned)((q * 4 + e) * KVP_PRS * 128), (const void*)(b64 + 16ull * ow[e]));
+                    }
+                } else {
+                    const long long* const offs = (mtx == 0 ? s_koff : s_voff) + os * KVP_TKV + r0;
+#pragma unroll
+                    for (int u = 0; u < KVP_PUK; ++u) {
+                        const long long off = offs[u * KVP_PRS];
+                        kva_cp_async16(dst + (unsigned)(u * KVP_PRS * 128), base + (off < 0 ? 0ll : off), off < 0 ? 0u : 16u);
+                    }
                 }
                 /* one arrival per thread once its copies have landed */
                 kvp_cp_async_mbar_arrive(mtx == 0 ? KVP_BAR_FULL_K(cnt) : KVP_BAR_FULL_V(cnt));

@@ -83,7 +83,8 @@
 #define KVK_PFW_STAGE_BYTES(d) (2 * KVK_PFW_TKV(d) * (d) * 2)
 #define KVK_PFW_MAIN_BYTES(d) (KVK_PFW_Q_BYTES(d) + KVK_PFW_STAGES(d) * KVK_PFW_STAGE_BYTES(d))
 #define KVK_PFW_OFF_OFFS(d) (((KVK_PFW_MAIN_BYTES(d) + 127) / 128) * 128)
-#define KVK_PFW_OFF_ROWS(d) (KVK_PFW_OFF_OFFS(d) + KVK_PFW_RING * KVK_PFW_TKV(d) * 20)
+/* per ring slot and row: K and V byte offsets (8 + 8) and their 16-byte-unit forms for the fast copy path (4 + 4) */
+#define KVK_PFW_OFF_ROWS(d) (KVK_PFW_OFF_OFFS(d) + KVK_PFW_RING * KVK_PFW_TKV(d) * 24)
 #define KVK_PFW_OFF_FREQ(d) (KVK_PFW_OFF_ROWS(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ))
 /* 8 mbarriers (64 bytes), then a fault word per K slot (8 bytes) */
 #define KVK_PFW_OFF_BAR(d) (KVK_PFW_OFF_FREQ(d) + KVK_PF_FREQ_BYTES(d))
