@@ -13,7 +13,13 @@ p=$(ls /usr/local/cuda/lib64/libnvrtc.so.1[23] 2>/dev/null | head -1); [ -n "$p"
 ONLY=${PROF_ONLY:-}
 if [ "${PROF_CHECK:-1}" != 0 ]; then
   echo "== prefill --check"
-  timeout 200 "$BUILD/kva_bench_prefill" --check 2>&1 | tail -4
+  timeout 200 "$BUILD/kva_bench_prefill" --check 2>&1 | grep -E "FAIL|passed|failed" | tail -8
+fi
+if [ -n "${PROF_EXP:-}" ]; then # timing experiments compiled into the prefill kernels (KVP_EXP; results not valid)
+  for x in 0 $PROF_EXP; do
+    echo "== prefill benchmark, KVATTN_BENCH_PF_EXP=$x, --only '${EXP_ONLY:-V1 causal}'"
+    KVATTN_BENCH_PF_EXP=$x timeout 200 "$BUILD/kva_bench_prefill" --only "${EXP_ONLY:-V1 causal}" 2>&1 | grep -E "^(P|V)[0-9]"
+  done
 fi
 if [ "${PROF_AB:-1}" != 0 ]; then
   for rep in 1 2; do
@@ -24,21 +30,20 @@ if [ "${PROF_AB:-1}" != 0 ]; then
   done
 fi
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-if [ "${PROF_NCU:-1}" != 0 ] && [ -n "$NCU" ]; then
-  for mode in loc lpt; do
-    env_lpt=""; [ $mode = lpt ] && env_lpt=1
-    echo "== ncu ($mode): V1 causal 8k, Hopper kernel"
-    KVATTN_BENCH_PLAN_LPT=$env_lpt timeout 240 "$NCU" --kernel-name regex:kva_pfw --launch-skip 26 --launch-count 1 \
+# PROF_NCU: "name:launch-skip ..." over the pfw launches of `kva_bench_prefill --only "V1 causal" --iters 5`
+# (8 launches per workload: causal 2k, soft cap 2k, ALiBi 2k, causal 8k, soft cap 8k, ALiBi 8k)
+if [ "${PROF_NCU:-causal8k:26}" != 0 ] && [ -n "$NCU" ]; then
+  for spec in ${PROF_NCU:-causal8k:26}; do
+    name=${spec%%:*}; skip=${spec##*:}
+    echo "== ncu $name (pfw launch $skip of --only 'V1 causal')"
+    timeout 240 "$NCU" --kernel-name regex:kva_pfw --launch-skip "$skip" --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SourceCounters \
-      --section ComputeWorkloadAnalysis --import-source no -o "$OUT/ncu_$mode" -f \
-      "$BUILD/kva_bench_prefill" --only "V1 causal" --iters 3 > "$OUT/ncu_${mode}_run.txt" 2>&1
-    tail -3 "$OUT/ncu_${mode}_run.txt"
-    "$NCU" --import "$OUT/ncu_$mode.ncu-rep" --print-units base --page details 2>&1 | \
-      grep -E "Kernel|Duration|Throughput|Hit Rate|Busy|Issued|Stall|Warp Cycles|Active Warps|Eligible|Executed Ipc|Pipe" | head -60
-    if [ $mode = loc ]; then
-      "$NCU" --import "$OUT/ncu_$mode.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_loc_source.csv" 2>"$OUT/ncu_src_err.txt" || true
-      head -c 600 "$OUT/ncu_src_err.txt"; wc -l "$OUT/ncu_loc_source.csv"
-    fi
+      --section ComputeWorkloadAnalysis --import-source no -o "$OUT/ncu_$name" -f \
+      "$BUILD/kva_bench_prefill" --only "V1 causal" --iters 5 > "$OUT/ncu_${name}_run.txt" 2>&1
+    "$NCU" --import "$OUT/ncu_$name.ncu-rep" --print-units base --page details 2>&1 | \
+      grep -E "Duration|Throughput|Hit Rate|Issue Slots|Warp Cycles Per Issued|Pipe" | head -20
+    "$NCU" --import "$OUT/ncu_$name.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_${name}_source.csv" 2>/dev/null || true
+    rm -f "$OUT/ncu_$name.ncu-rep" "$OUT/ncu_${name}_run.txt"
   done
 fi
 if [ -n "${DECODE_TRACE:-}" ]; then

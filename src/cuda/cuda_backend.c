@@ -195,6 +195,7 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     if (status == KVA_OK && c.key.family == KVA__KF_PREFILL && !st->no_wgmma)
         kva__cuda_prefill_upgrade(&c.key, &c.smem, st->cc, st->max_smem_optin);
     if (status == KVA_OK && st->no_bounds_check) c.key.nochk |= 1;
+    if (status == KVA_OK && st->pf_exp && c.key.family == KVA__KF_PREFILL) c.key.nochk |= st->pf_exp << 4;
     if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
     if (status == KVA_OK) status = kva__cuda_kernel(ctx, st, &c.key, &index);
     if (status == KVA_OK) {
@@ -734,6 +735,11 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_fused_merge = nf && nf[0] == '1' && nf[1] == '\0';
         const char* nw = getenv("KVATTN_BENCH_NO_WGMMA"); /* A/B: the mma.sync prefill mainloop on sm_90 too */
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
+        const char* px = getenv("KVATTN_BENCH_PF_EXP"); /* timing experiments in the prefill kernels (wrong results) */
+        st->pf_exp = px ? (int)(strtol(px, NULL, 0) & 0xff) : 0;
+        if (st->pf_exp)
+            kva__log(ctx, KVA_LOG_WARN, "kvattn: KVATTN_BENCH_PF_EXP=%d: prefill kernels built with timing experiments; "
+                                        "results are NOT valid", st->pf_exp);
         const char* tp = getenv("KVATTN_BENCH_TRACE_PTR"); /* benchmark: kernel timestamps into this buffer */
         st->trace_ptr = tp && *tp ? strtoull(tp, NULL, 0) : 0ull;
         if (st->no_bounds_check)

@@ -27,7 +27,8 @@ typedef struct kva__kkey {
     int32_t rows;       /* decode families: 1, 2, 4, 8; tensor-core attention family: the tile 16, 64, 128 */
     int32_t rope;       /* 0 / 1 */
     int32_t nochk;      /* benchmark-only builds: bit 0 no page-index bounds check (KVATTN_BENCH_NO_BOUNDS_CHECK),
-                           bit 1 timestamp trace (KVATTN_BENCH_TRACE_PTR, tensor-core kernel) */
+                           bit 1 timestamp trace (KVATTN_BENCH_TRACE_PTR, tensor-core kernel); bits 4+: prefill
+                           experiment (KVATTN_BENCH_PF_EXP, timing only: results may be wrong) */
     int32_t mainloop;   /* tensor-core attention family: 0 mma.sync (kva_pf_*), 1 Hopper warpgroup MMA (kva_pfw_*,
                            sm_90a, 256 threads; kva__cuda_prefill_upgrade picks it) */
     int32_t var_hooks;  /* user variant (CUDA-core family only): KVA_VARIANT_* bits | 0x100 if use_softmax; 0 = none */
@@ -146,6 +147,7 @@ typedef struct kva__cuda_state {
     int ctas_per_sm;
     int no_bounds_check;    /* KVATTN_BENCH_NO_BOUNDS_CHECK=1: kernels built without the page-index check */
     int no_wgmma;           /* KVATTN_BENCH_NO_WGMMA=1: the mma.sync prefill mainloop on sm_90 too (benchmark A/B) */
+    int pf_exp;             /* KVATTN_BENCH_PF_EXP=n: timing experiments n compiled into the prefill kernels (KVP_EXP) */
     int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */
     char name[256];

@@ -113,8 +113,10 @@ int kva__cuda_prefill_prefer_for_decode(const kva_attention_desc* d) {
 }
 
 void kva__cuda_prefill_name(const kva__kkey* k, char* buf, size_t size) {
-    snprintf(buf, size, "%s_d%d_q%s_kv%s_o%s_t%d_rope%d%s", k->mainloop ? "kva_pfw" : "kva_pf", (int)k->dqk, kva__pf_dt(k->qt), kva__pf_dt(k->kt),
-             kva__pf_dt(k->ot), (int)k->rows, (int)k->rope, (k->nochk & 1) ? "_nochk" : "");
+    char x[16] = "";
+    if (k->nochk >> 4) snprintf(x, sizeof x, "_x%d", (int)(k->nochk >> 4));
+    snprintf(buf, size, "%s_d%d_q%s_kv%s_o%s_t%d_rope%d%s%s", k->mainloop ? "kva_pfw" : "kva_pf", (int)k->dqk, kva__pf_dt(k->qt), kva__pf_dt(k->kt),
+             kva__pf_dt(k->ot), (int)k->rows, (int)k->rope, (k->nochk & 1) ? "_nochk" : "", x);
 }
 
 int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max) {
@@ -132,6 +134,7 @@ int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max) {
     int n = 8;
     if (k->mainloop && max > n) snprintf(defs[n++], 128, "-DKVA_MAINLOOP=%d", (int)k->mainloop);
     if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1"); /* benchmark builds only */
+    if ((k->nochk >> 4) && max > n) snprintf(defs[n++], 128, "-DKVP_EXP=%d", (int)(k->nochk >> 4)); /* timing only */
     return n;
 }
 

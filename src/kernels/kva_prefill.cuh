@@ -217,6 +217,11 @@ KVA_DEV unsigned long long kvp_wg_desc(unsigned addr, unsigned lbo, unsigned sbo
     return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) |
            ((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
 }
+/* the same descriptor from its low word (address and leading byte offset fields) and a 1024-byte stride */
+KVA_DEV unsigned kvp_wg_desc_lo(unsigned addr, unsigned lbo) { return ((addr & 0x3FFFFu) >> 4) | (((lbo & 0x3FFFFu) >> 4) << 16); }
+KVA_DEV unsigned long long kvp_wg_desc_sbo1k(unsigned lo) {
+    return (unsigned long long)lo | ((unsigned long long)((1024u >> 4) | (1u << 30)) << 32);
+}
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 KVA_DEV void kvp_wg_fence() { asm volatile("{ wgmma.fence.sync.aligned; }" ::: "memory"); }
 KVA_DEV void kvp_wg_commit() { asm volatile("{ wgmma.commit_group.sync.aligned; }" ::: "memory"); }
@@ -316,6 +321,7 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #undef KVP_TKV
 #undef KVP_KW
 #undef KVP_NK
+#undef KVP_CH
 #undef KVP_SK
 #undef KVP_NSK
 #undef KVP_ND
@@ -348,6 +354,11 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #undef KVP_OFF_BAR
 
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
+#ifndef KVP_EXP /* benchmark timing experiments (KVATTN_BENCH_PF_EXP; results are not valid): 1 no ping-pong between the
+                   consumer warpgroups, 2 exp2 replaced by a multiply-add, 4 no mask / softmax at all, 8 no O rescale,
+                   16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences */
+#define KVP_EXP 0
+#endif
 /* benchmark-only builds (KVATTN_BENCH_NO_BOUNDS_CHECK): no page-index bounds check, to measure its cost */
 #if defined(KVA_NO_BOUNDS_CHECK) && KVA_NO_BOUNDS_CHECK
 #define KVP_NOCHK 1
@@ -397,6 +408,7 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #endif
 #define KVP_NSK (KVP_KW / KVP_SK)
 #define KVP_NK (KVP_SK / 8)           /* n8 blocks of S per warp and sub-step */
+#define KVP_CH (KVP_NK >= 4 ? 4 : KVP_NK >= 2 ? 2 : 1) /* independent max / sum chains per row in kvp_scores (1, 2 or 4) */
 #define KVP_ND (KVP_D / 8)            /* n8 blocks of O; also 16-byte chunks per 16-bit row */
 #define KVP_KS (KVP_D / 16)           /* k16 steps of QK */
 #if KVP_ML == 0
@@ -783,9 +795,17 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
         for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float mx = fmaxf(s[mq][0][2 * h], s[mq][0][2 * h + 1]);
+                /* max and sum in KVP_CH independent chains (short dependency chains: the softmax is latency-bound) */
+                float mc[KVP_CH];
 #pragma unroll
-                for (int n = 1; n < KVP_NK; ++n) mx = fmaxf(mx, fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+                for (int c = 0; c < KVP_CH; ++c) mc[c] = fmaxf(s[mq][c][2 * h], s[mq][c][2 * h + 1]);
+#pragma unroll
+                for (int n = KVP_CH; n < KVP_NK; ++n) mc[n % KVP_CH] = fmaxf(mc[n % KVP_CH], fmaxf(s[mq][n][2 * h], s[mq][n][2 * h + 1]));
+#pragma unroll
+                for (int w = KVP_CH / 2; w >= 1; w /= 2)
+#pragma unroll
+                    for (int c = 0; c < w; ++c) mc[c] = fmaxf(mc[c], mc[c + w]);
+                float mx = mc[0];
                 mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 2));
                 mx *= sc; /* sc > 0 */
@@ -793,16 +813,23 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                 const float mu = mn == neg_inf ? 0.0f : mn;
                 const float al = kva_exp2(m[mq][h] - mu);
                 m[mq][h] = mn;
-                float ps = 0.0f;
+                float pc[KVP_CH];
+#pragma unroll
+                for (int c = 0; c < KVP_CH; ++c) pc[c] = 0.0f;
 #pragma unroll
                 for (int n = 0; n < KVP_NK; ++n)
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const float pv = kva_exp2(fmaf(s[mq][n][2 * h + e], sc, -mu));
+                        const float pv = (KVP_EXP & 2) ? fmaf(s[mq][n][2 * h + e], sc, -mu)
+                                                       : kva_exp2(fmaf(s[mq][n][2 * h + e], sc, -mu));
                         s[mq][n][2 * h + e] = pv;
-                        ps += pv;
+                        pc[n % KVP_CH] += pv;
                     }
-                d[mq][h] = d[mq][h] * al + ps;
+#pragma unroll
+                for (int w = KVP_CH / 2; w >= 1; w /= 2)
+#pragma unroll
+                    for (int c = 0; c < w; ++c) pc[c] += pc[c + w];
+                d[mq][h] = d[mq][h] * al + pc[0];
                 if (alpha) { /* the caller rescales O (its MMA may still be accumulating into it) */
                     alpha[mq][h] = al;
                 } else if (__any_sync(KVP_FULL, al != 1.0f)) { /* most tiles leave every row's max unchanged */
@@ -1273,7 +1300,8 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
                 kvp_mbar_wait(mtx == 0 ? KVP_BAR_EMPTY_K(cnt) : KVP_BAR_EMPTY_V(cnt), KVP_PHASE(cnt) ^ 1u);
                 const unsigned dst = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt)) + dst0;
                 const char* const base = (mtx == 0 ? kb : vb) + col * 16;
-                if (!slow) {
+                if (KVP_EXP & 16) {
+                } else if (!slow) {
                     unsigned long long b64 = (unsigned long long)base;
                     asm volatile("" : "+l"(b64)); /* computed once per tile, not once per copy */
                     const uint4* const o16 = (const uint4*)(s_off16 + (os * 2 + mtx) * KVP_TKV + r0 * KVP_PUK);
@@ -1334,7 +1362,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     const int* const s_qpos = KVP_S_QPOS(smem);
     const volatile int* const s_kfault = (const volatile int*)(smem + KVP_OFF_BAR + 64);
     unsigned kc = 0, vc = 0; /* K / V tiles consumed by this CTA so far */
-    if (wg == 1) kvp_named_arrive(4u, KVP_NT); /* warpgroup 0 issues first */
+    if (!(KVP_EXP & 1) && wg == 1) kvp_named_arrive(4u, KVP_NT); /* warpgroup 0 issues first */
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
     for (int it = it_begin;
          it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
@@ -1360,6 +1388,10 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         const int wqmin = s_qpos[wact ? r0 : 0];
         const int wqmax = s_qpos[wact ? wlast : 0];
 
+        /* descriptor low words: this warpgroup's Q rows, K slot 0 (K-major), V slot 0 (MN-major) */
+        const unsigned dq = kvp_wg_desc_lo(q_wg, 16u);
+        const unsigned dk = kvp_wg_desc_lo(kv_s + (unsigned)KVP_KDST(0), 16u);
+        const unsigned dv = kvp_wg_desc_lo(kv_s + (unsigned)KVP_VDST(0), (unsigned)(KVP_TKV * 128));
         float o[1][KVP_ND][4];
         float m[1][2], d[1][2], al[1][2];
 #pragma unroll
@@ -1374,15 +1406,17 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         /* No warpgroup skips a tile: the planner clipped the item's range to what its rows see (causal, window),
            keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
            makes ptxas serialise them (C7518). */
+/* descriptors: the address field (bits 0-13, address / 16) of a slot's base descriptor plus the k-step's offset / 16
+   (shared memory addresses stay below 256 KB, so the field never carries) */
 #define KVP_WG_ISSUE_S(s)                                                                               \
     do { /* (the first MMA overwrites s: no zeroing) */                                                  \
         kvp_wg_fence();                                                                                 \
-        const unsigned k_s_ = kv_s + (unsigned)KVP_KDST(kc);                                           \
+        const unsigned dk_ = dk + (kc & 1u) * (unsigned)((KVP_KDST(1) - KVP_KDST(0)) >> 4);            \
         _Pragma("unroll") for (int ks_ = 0; ks_ < KVP_KS; ++ks_) {                                     \
             const unsigned long long da_ =                                                              \
-                kvp_wg_desc(q_wg + (unsigned)((ks_ >> 2) * (KVA_TQ * 128) + (ks_ & 3) * 32), 16u, 1024u); \
+                kvp_wg_desc_sbo1k(dq + (unsigned)(((ks_ >> 2) * (KVA_TQ * 128) + (ks_ & 3) * 32) >> 4)); \
             const unsigned long long db_ =                                                              \
-                kvp_wg_desc(k_s_ + (unsigned)((ks_ >> 2) * (KVP_TKV * 128) + (ks_ & 3) * 32), 16u, 1024u); \
+                kvp_wg_desc_sbo1k(dk_ + (unsigned)(((ks_ >> 2) * (KVP_TKV * 128) + (ks_ & 3) * 32) >> 4)); \
             KVP_FN(kvp_wg_s)(&s[0][0][0], da_, db_, ks_ > 0);                                          \
         }                                                                                               \
         kvp_wg_commit();                                                                                \
@@ -1392,10 +1426,9 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(o[0][n_][e_]);              \
         kvp_wg_fence();                                                                                 \
-        const unsigned v_s_ = kv_s + (unsigned)KVP_VDST(vc);                                           \
+        const unsigned dv_ = dv + (vc & 1u) * (unsigned)((KVP_VDST(1) - KVP_VDST(0)) >> 4);            \
         _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_)                                 \
-            KVP_FN(kvp_wg_o)(&o[0][0][0], pa[kk_],                                                      \
-                             kvp_wg_desc(v_s_ + (unsigned)(kk_ * 16 * 128), (unsigned)(KVP_TKV * 128), 1024u), 1); \
+            KVP_FN(kvp_wg_o)(&o[0][0][0], pa[kk_], kvp_wg_desc_sbo1k(dv_ + (unsigned)((kk_ * 16 * 128) >> 4)), 1); \
         kvp_wg_commit();                                                                                \
     } while (0)
 #define KVP_WG_FENCE_PO()                                                                               \
@@ -1410,12 +1443,18 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_NK; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(s[0][n_][e_]);              \
         al[0][0] = al[0][1] = 1.0f;                                                                     \
-        KVP_FN(kvp_scores)(p, s, o, m, d, kv0 + (T) * KVP_TKV, kv1, wr0, wqmin, wqmax, qr, qc, smem, al); \
+        if (!(KVP_EXP & 4))                                                                             \
+            KVP_FN(kvp_scores)(p, s, o, m, d, kv0 + (T) * KVP_TKV, kv1, wr0, wqmin, wqmax, qr, qc, smem, al); \
     } while (0)
 /* Ping-pong: the two warpgroups take turns issuing their MMAs (named barriers 4 and 5), so one's softmax runs
    while the other's MMAs keep the tensor cores busy */
+#if KVP_EXP & 1
+#define KVP_WG_TURN() ((void)0)
+#define KVP_WG_PASS() ((void)0)
+#else
 #define KVP_WG_TURN() kvp_named_sync(4u + (unsigned)wg, KVP_NT)
 #define KVP_WG_PASS() kvp_named_arrive(5u - (unsigned)wg, KVP_NT)
+#endif
 #define KVP_WG_PACK(s)                                                                                  \
     do {                                                                                                \
         _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_) {                               \
@@ -1430,7 +1469,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             float s[1][KVP_NK][4];
             kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
             ifault |= s_kfault[kc & 1u];
-            kvp_fence_proxy_async();
+            if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
             KVP_WG_TURN();
             KVP_WG_ISSUE_S(s);
             KVP_WG_PASS();
@@ -1444,9 +1483,9 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             float s[1][KVP_NK][4];
             kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
             ifault |= s_kfault[kc & 1u];
-            kvp_fence_proxy_async();
+            if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
             kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
-            kvp_fence_proxy_async();
+            if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
             KVP_WG_TURN();
             KVP_WG_ISSUE_S(s);
             KVP_WG_ISSUE_PV();
@@ -1461,6 +1500,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             ++vc;
 #pragma unroll
             for (int n = 0; n < KVP_ND; ++n) {
+                if (KVP_EXP & 8) break;
                 o[0][n][0] *= al[0][0];
                 o[0][n][1] *= al[0][0];
                 o[0][n][2] *= al[0][1];
@@ -1470,7 +1510,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         }
         if (ntiles > 0) { /* the last tile's O += P V */
             kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
-            kvp_fence_proxy_async();
+            if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
             KVP_WG_TURN();
             KVP_WG_ISSUE_PV();
             KVP_WG_PASS();
@@ -1531,7 +1571,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             }
         }
     }
-    if (wg == 0) kvp_named_sync(4u, KVP_NT); /* warpgroup 1's last pass (or its first, when there was no tile) */
+    if (!(KVP_EXP & 1) && wg == 0) kvp_named_sync(4u, KVP_NT); /* warpgroup 1's last pass (or its first, when there was no tile) */
 #else
     (void)p, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
 #endif
