@@ -356,7 +356,8 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
 #ifndef KVP_EXP /* benchmark timing experiments (KVATTN_BENCH_PF_EXP; results are not valid): 1 no ping-pong between the
                    consumer warpgroups, 2 exp2 replaced by a multiply-add, 4 no mask / softmax at all, 8 no O rescale,
-                   16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences */
+                   16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences, 64 the
+                   Hopper consumers' earlier prologue order (item read after the barrier, page check before Q) */
 #define KVP_EXP 0
 #endif
 /* benchmark-only builds (KVATTN_BENCH_NO_BOUNDS_CHECK): no page-index bounds check, to measure its cost */
@@ -700,12 +701,12 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                 for (int h = 0; h < 2; ++h) {
                     const int row = wr0 + mq * 16 + qr + 8 * h;
                     const float slope = s_slope[row];
-                    const float fb = (float)(base - s_qpos[row]);
+                    const float c0 = slope * (float)(base - s_qpos[row]); /* bias of key offset 0 */
 #pragma unroll
                     for (int n = 0; n < KVP_NK; ++n)
 #pragma unroll
-                        for (int e = 0; e < 2; ++e)
-                            s[mq][n][2 * h + e] = fmaf(slope, fb + (float)(n * 8 + e), s[mq][n][2 * h + e] * qsc);
+                        for (int e = 0; e < 2; ++e) /* two multiply-adds per element */
+                            s[mq][n][2 * h + e] = fmaf(s[mq][n][2 * h + e], qsc, fmaf(slope, (float)(n * 8 + e), c0));
                 }
         } else {
 #pragma unroll
@@ -1366,16 +1367,22 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
     for (int it = it_begin;
          it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
-        kvp_named_sync(1, KVP_NT); /* both warpgroups are done with the previous item (Q, row facts) */
+        /* the item's facts are read before waiting for the other warpgroup (registers only) */
+        if (KVP_EXP & 64) kvp_named_sync(1, KVP_NT);
         const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
         const kvk_request rq = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * item.req);
+        if (!(KVP_EXP & 64)) kvp_named_sync(1, KVP_NT); /* both warpgroups are done with the previous item (Q, row facts) */
         KVP_FN(kvp_rows)(p, item, rq, smem);
         kvp_named_sync(1, KVP_NT);
 #if !KVP_NOCHK
-        if (!(p.flags & KVK_FLAG_RAGGED)) KVP_FN(kvp_check_request)(p, rq, smem);
+        if ((KVP_EXP & 64) && !(p.flags & KVK_FLAG_RAGGED)) KVP_FN(kvp_check_request)(p, rq, smem);
 #endif
         KVP_FN(kvp_load_q)(p, item, smem);
         kva_cp_async_commit();
+#if !KVP_NOCHK
+        /* the request-wide page check's loads overlap the Q copies (its fault flag is read in the epilogue) */
+        if (!(KVP_EXP & 64) && !(p.flags & KVK_FLAG_RAGGED)) KVP_FN(kvp_check_request)(p, rq, smem);
+#endif
         KVA_CP_ASYNC_WAIT(0);
         kvp_fence_proxy_async(); /* this thread's Q copies -> visible to the MMA's async proxy */
         kvp_named_sync(1, KVP_NT); /* Q, row facts and the check's fault flag visible */
