@@ -260,21 +260,25 @@ KVA_DEV void kva_store4(void* base, long long i, int dtype, float a, float b, fl
  * lse = -inf. Sigmoid: the sum of the partials. Partials are read through L2 (__ldcg: they may have been written
  * by other CTAs of the running kernel); the loads of a chunk of 32 partials are independent, so they overlap
  * (a handful of L2 round trips per row whatever the number of partials). Deterministic: a fixed order. */
+/* batch: partials whose values one lane loads per round trip to L2, 8 or 16 (a literal at each call site: the
+   unused registers of a batch of 8 are compiled away); kernels short of registers pass 8 */
+#define KVA_MERGE_BATCH_MAX 16
 KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const float* po, const float* pl, int tile_q,
                                  int dvo, int g, int sigmoid, void* o, int o_dtype, long long o_stride_row,
                                  long long o_stride_head, float* lse, long long lse_stride_row,
-                                 long long lse_stride_head, int warp, int nwarps, int lane) {
+                                 long long lse_stride_head, int warp, int nwarps, int lane, const int batch) {
     const float neg_inf = KVA_NEG_INF;
     const int n = tk->num_partials;
     for (int r = warp; r < tk->rows; r += nwarps) {
         const float* lr = pl + (long long)tk->partial_first * tile_q + r; /* lse of partial k: lr[k * tile_q] */
         const float* orow_p = po + ((long long)tk->partial_first * tile_q + r) * dvo;
         const long long ostep = (long long)tile_q * dvo;
-        /* the first 8 partials' values (head dims lane*4 .. +4) are loaded together with the lse values */
-        float4 v[8];
+        /* the first batch of partials' values (head dims lane*4 .. +4) is loaded together with the lse values */
+        float4 v[KVA_MERGE_BATCH_MAX];
         const int c0l = lane * 4;
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
+        for (int kk = 0; kk < KVA_MERGE_BATCH_MAX; ++kk) {
+            if (kk >= batch) break;
             v[kk] = make_float4(0.f, 0.f, 0.f, 0.f);
             if (kk < n && c0l < dvo) v[kk] = __ldcg((const float4*)(orow_p + kk * ostep + c0l));
         }
@@ -302,18 +306,19 @@ KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const f
             }
             wsum += kva_warp_sum(w);
         }
-        /* o: head dims lane*4 (+128 for dvo 256, a second sweep), partials in batches of 8 (a divisor of 32: a batch never straddles two weight chunks) */
+        /* o: head dims lane*4 (+128 for dvo 256, a second sweep), partials in batches (a divisor of 32: a batch never
+           straddles two weight chunks); the sum runs over the partials in order whatever the batch */
 #pragma unroll 1
         for (int jj = 0; jj < 2; ++jj) {
             const int c = c0l + 128 * jj;
             if (jj > 0 && 128 >= dvo) break;
             float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
             if (!fault) {
-                for (int k0 = 0; k0 < n; k0 += 8) {
+                for (int k0 = 0; k0 < n; k0 += batch) {
                     if (k0 > 0 || jj > 0) {
 #pragma unroll
-                        for (int kk = 0; kk < 8; ++kk)
-                            if (k0 + kk < n && c < dvo)
+                        for (int kk = 0; kk < KVA_MERGE_BATCH_MAX; ++kk)
+                            if (kk < batch && k0 + kk < n && c < dvo)
                                 v[kk] = __ldcg((const float4*)(orow_p + (long long)(k0 + kk) * ostep + c));
                     }
                     const int c0 = k0 & ~31;
@@ -324,7 +329,8 @@ KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const f
                         w = sigmoid ? 1.0f : kva_exp2(l - m_use);
                     }
 #pragma unroll
-                    for (int kk = 0; kk < 8; ++kk) {
+                    for (int kk = 0; kk < KVA_MERGE_BATCH_MAX; ++kk) {
+                        if (kk >= batch) break;
                         const float wk = __shfl_sync(KVA_FULL, w, (k0 + kk) & 31);
                         if (k0 + kk < n) {
                             acc.x = fmaf(wk, v[kk].x, acc.x);

@@ -133,6 +133,7 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #undef TC_KS
 #undef TC_MT
 #undef TC_R
+#undef TC_MERGE_BATCH
 #undef TC_PIPE
 #undef TC_COMB
 #undef TC_KFIX
@@ -152,6 +153,12 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #define TC_KS (TC_D / 16)            /* k-steps of QK, m-tiles of PV */
 #define TC_MT (TC_D / 16)
 #define TC_R KVA_ROWS
+/* fused merge: 16 partials per round trip where the registers allow it (head dim 128; fp8 KV with 8 rows is short) */
+#if KVA_DQK == 128 && (KVA_ROWS <= 4 || KVA_KT == KVK_F16 || KVA_KT == KVK_BF16)
+#define TC_MERGE_BATCH 16
+#else
+#define TC_MERGE_BATCH 8
+#endif
 #define TC_PIPE (TC_NW * TC_ST * TC_SB)
 #define TC_COMB (TC_NW * TC_D * TC_R * 4)
 #if KVA_KT == KVK_E4M3
@@ -918,7 +925,7 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
                 kva_merge_task_rows(&tk, rq.qo_start, (const float*)(p.ws + p.off_partial_o),
                                     (const float*)(p.ws + p.off_partial_lse), p.tile_q, TC_D, p.group_size, sigmoid,
                                     p.o, KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
-                                    p.lse_stride_head, warp, TC_NW, lane);
+                                    p.lse_stride_head, warp, TC_NW, lane, TC_MERGE_BATCH);
             }
         }
         __syncthreads(); /* s_comb, s_md, s_flag are reused by the next item */

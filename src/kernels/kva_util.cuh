@@ -22,7 +22,7 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_partials(
         const kvk_merge_task tk = tasks[t];
         kva_merge_task_rows(&tk, reqs[tk.req].qo_start, po, pl, p.tile_q, p.dvo, p.group_size, p.sigmoid, p.o,
                             p.o_dtype, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row, p.lse_stride_head,
-                            warp, nwarps, lane);
+                            warp, nwarps, lane, 16);
     }
 }
 
