@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu_prefill.sh - the tensor-core prefill family on the GPU machine in one call: correctness against the CPU
-# backend (--check), compute-sanitizer on a small shape, the P1-P5/V1 benchmark and the peers (SDPA, FlexAttention).
+# backend (--check), compute-sanitizer on a small shape, the P1-P5/V1 benchmark, A/B runs (mma.sync mainloop:
+# PREFILL_AB=0 skips; Hopper mainloop without TMA: PREFILL_TMA_AB=0 skips) and the peers (SDPA, FlexAttention).
 set -u
 BUILD=${BUILD:-build-dev}
 OUT=${OUT:-$PWD/gpu_out}
@@ -21,6 +22,10 @@ timeout 150 "$BUILD/kva_bench_prefill" --csv "$OUT/kvattn_prefill.csv" 2>&1 | ta
 if [ "${PREFILL_AB:-1}" != 0 ]; then
   echo "== prefill benchmark, mma.sync mainloop on sm_90 too (KVATTN_BENCH_NO_WGMMA=1, A/B)"
   KVATTN_BENCH_NO_WGMMA=1 timeout 150 "$BUILD/kva_bench_prefill" --csv "$OUT/kvattn_prefill_mma.csv" 2>&1 | tail -30
+fi
+if [ "${PREFILL_TMA_AB:-1}" != 0 ]; then
+  echo "== prefill benchmark, Hopper mainloop without TMA (KVATTN_BENCH_NO_TMA=1, A/B)"
+  KVATTN_BENCH_NO_TMA=1 timeout 150 "$BUILD/kva_bench_prefill" --csv "$OUT/kvattn_prefill_notma.csv" 2>&1 | tail -30
 fi
 echo "== peers"
 timeout 200 python3 bench/peers_prefill.py --csv "$OUT/kvattn_prefill.csv" --out "$OUT/bench_prefill.md" 2>&1 | tail -40

@@ -83,6 +83,7 @@ static void kva__cu_load_once(void) {
             return;
         }
     }
+    if (!kva__sym(lib, "cuTensorMapEncodeTiled", &c->TensorMapEncodeTiled)) c->TensorMapEncodeTiled = NULL;
     CUresult r = c->Init(0);
     if (r != CUDA_SUCCESS) {
         const char* nm = NULL;

@@ -49,6 +49,10 @@ typedef struct kva__cu_api {
     CUresult (*OccupancyMaxActiveBlocksPerMultiprocessor)(int*, CUfunction, int, size_t);
     CUresult (*GetErrorName)(CUresult, const char**);
     CUresult (*GetErrorString)(CUresult, const char**);
+    /* optional (NULL when the driver lacks it: the Hopper prefill kernel then copies without TMA) */
+    CUresult (*TensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                     const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 } kva__cu_api;
 
 typedef struct kva__nvrtc_api {

@@ -73,6 +73,14 @@ static kva_status kva__launch_n(kva__cuda_state* st, CUfunction f, unsigned grid
     return KVA_OK;
 }
 
+/* the Hopper prefill kernel: the attention parameters and the K/V tensor maps (kvk_tma) */
+static kva_status kva__launch_tma(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
+                                  CUstream s, void* params, void* tma, const char* what) {
+    void* args[2] = {params, tma};
+    KVA_CU_TRY(st->cu, st->cu->LaunchKernel(f, grid, 1, 1, threads, 1, 1, smem, s, args, NULL), what);
+    return KVA_OK;
+}
+
 static kva_status kva__launch(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned smem, CUstream s, void* params,
                               const char* what) {
     return kva__launch_n(st, f, grid, KVK_THREADS, smem, s, params, what);
@@ -235,6 +243,44 @@ static kva_status kva__check_rows_tensor(const char* name, const kva_tensor* t, 
     return KVA_OK;
 }
 
+/* K/V tensor maps for the Hopper prefill kernel's TMA path (kvk_tma, KVK_FLAG_TMA). Returns 1 when both encoded.
+ * Ragged K/V only: 3-d {head dim, KV heads, tokens}, box {64, 1, 128}, 16-bit elements, 128-byte swizzle (the
+ * kernel's shared layout); not in graph mode (the token extent is fixed in the captured map). Paged K/V keeps the
+ * cp.async copies: a per-page 4-d map (box {64, page_size, 1, 1}) was measured on the H200 at +6 % on MHA page-16
+ * batches but -20 % on GQA 32/8 page-16 batches (P3, P4), unexplained so far (docs/kernels/prefill.md). */
+static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* pd, const kva_run_args* a,
+                              const kvk_attn_params* p, kvk_tma* tm) {
+    const kva__cu_api* cu = st->cu;
+    const kva_attention_desc* d = &pd->desc;
+    if (!cu->TensorMapEncodeTiled || st->no_tma || pd->op != KVA_OP_BATCH_PREFILL_RAGGED || pd->graph_mode) return 0;
+    if (d->kv_dtype != KVA_DTYPE_BF16 && d->kv_dtype != KVA_DTYPE_F16) return 0;
+    const CUtensorMapDataType dt = d->kv_dtype == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const int64_t D = d->head_dim_qk, H = d->num_kv_heads;
+    int64_t tokens = pd->total_kv_tokens;
+    if ((D != 64 && D != 128) || H < 1 || tokens < 1) return 0;
+    if (a->k.shape[0] > tokens && a->v.shape[0] >= a->k.shape[0]) tokens = a->k.shape[0];
+    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)tokens};
+    const cuuint64_t kst[2] = {(cuuint64_t)p->k_stride_head * 2, (cuuint64_t)p->k_stride_token * 2};
+    const cuuint64_t vst[2] = {(cuuint64_t)p->v_stride_head * 2, (cuuint64_t)p->v_stride_token * 2};
+    const cuuint32_t box[3] = {64, 1, 128}, es[3] = {1, 1, 1};
+    for (int i = 0; i < 2; ++i) /* TMA: strides are non-zero multiples of 16 bytes below 2^40 */
+        if (kst[i] == 0 || vst[i] == 0 || kst[i] % 16 || vst[i] % 16 || kst[i] >= (1ull << 40) || vst[i] >= (1ull << 40))
+            return 0;
+    _Static_assert(sizeof(CUtensorMap) == sizeof tm->k, "CUtensorMap is 128 bytes");
+    CUtensorMap mk, mv;
+    if (cu->TensorMapEncodeTiled(&mk, dt, 3, (void*)p->k, dims, kst, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
+        cu->TensorMapEncodeTiled(&mv, dt, 3, (void*)p->v, dims, vst, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return 0;
+    memcpy(tm->k, &mk, sizeof tm->k);
+    memcpy(tm->v, &mv, sizeof tm->v);
+    return 1;
+}
+
 static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, const kva_workspace* ws,
                                 const kva_run_args* a) {
     kva__cuda_state* st = kva__st(ctx);
@@ -349,6 +395,10 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     const bool fused = pd->backend_data[KVA__BD_FUSED] != 0;
     if (fused) flags |= KVK_FLAG_FUSED_MERGE;
     p.flags = flags;
+    const bool pfw = ke->key.family == KVA__KF_PREFILL && ke->key.mainloop == 1;
+    kvk_tma tm;
+    memset(&tm, 0, sizeof tm);
+    if (pfw && !var && kva__cuda_tma_maps(st, pd, a, &p, &tm)) p.flags |= KVK_FLAG_TMA;
     const float log2e = 1.4426950408889634f;
     p.q_scale = d->sm_scale * a->k_scale * ((flags & KVK_FLAG_TRANSFORM) ? 1.0f : log2e);
     p.v_scale = a->v_scale;
@@ -411,7 +461,10 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     }
     const unsigned threads =
         ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key) : (unsigned)KVK_THREADS;
-    if (graph || pd->num_items > 0)
+    if ((graph || pd->num_items > 0) && pfw)
+        status = kva__launch_tma(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p, &tm,
+                                 "run: launching the attention kernel");
+    else if (graph || pd->num_items > 0)
         status = kva__launch_n(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
                                "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
@@ -735,6 +788,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_fused_merge = nf && nf[0] == '1' && nf[1] == '\0';
         const char* nw = getenv("KVATTN_BENCH_NO_WGMMA"); /* A/B: the mma.sync prefill mainloop on sm_90 too */
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
+        const char* nt = getenv("KVATTN_BENCH_NO_TMA"); /* A/B: the Hopper prefill kernel copies K/V without TMA */
+        st->no_tma = nt && nt[0] == '1' && nt[1] == '\0';
         const char* px = getenv("KVATTN_BENCH_PF_EXP"); /* timing experiments in the prefill kernels (wrong results) */
         st->pf_exp = px ? (int)(strtol(px, NULL, 0) & 0xff) : 0;
         if (st->pf_exp)

@@ -147,6 +147,7 @@ typedef struct kva__cuda_state {
     int ctas_per_sm;
     int no_bounds_check;    /* KVATTN_BENCH_NO_BOUNDS_CHECK=1: kernels built without the page-index check */
     int no_wgmma;           /* KVATTN_BENCH_NO_WGMMA=1: the mma.sync prefill mainloop on sm_90 too (benchmark A/B) */
+    int no_tma;             /* KVATTN_BENCH_NO_TMA=1: the Hopper prefill kernel copies K/V without TMA (benchmark A/B) */
     int pf_exp;             /* KVATTN_BENCH_PF_EXP=n: timing experiments n compiled into the prefill kernels (KVP_EXP) */
     int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */

@@ -153,8 +153,9 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #define TC_KS (TC_D / 16)            /* k-steps of QK, m-tiles of PV */
 #define TC_MT (TC_D / 16)
 #define TC_R KVA_ROWS
-/* fused merge: 16 partials per round trip where the registers allow it (head dim 128; fp8 KV with 8 rows is short) */
-#if KVA_DQK == 128 && (KVA_ROWS <= 4 || KVA_KT == KVK_F16 || KVA_KT == KVK_BF16)
+/* fused merge: 16 partials per round trip where the registers allow it (head dim 128 with 16-bit KV; every fp8 and
+   head-dim 64 / 256 instance spills with 16: checked by the all-keys NVRTC test) */
+#if KVA_DQK == 128 && (KVA_KT == KVK_F16 || KVA_KT == KVK_BF16)
 #define TC_MERGE_BATCH 16
 #else
 #define TC_MERGE_BATCH 8

@@ -60,6 +60,7 @@ typedef uint64_t kvk_u64;
 #define KVK_FLAG_RAGGED 64u     /* K/V rows addressed by token (no page table) */
 #define KVK_FLAG_TRANSFORM 128u /* logits need the natural-log domain (ALiBi or soft cap) */
 #define KVK_FLAG_FUSED_MERGE 256u /* tensor-core kernel: the last CTA of a merge task merges it (no merge kernel) */
+#define KVK_FLAG_TMA 512u       /* Hopper prefill: kvk_tma holds ragged K/V tensor maps (TMA copies of full tiles) */
 
 /* lse value written into a partial slot by a work item whose request hit an out-of-range page index
    (a NaN with a payload no arithmetic produces); the merge kernel then outputs o = 0, lse = -inf. */
@@ -147,6 +148,19 @@ typedef struct kvk_attn_params {
     float rope_rcp_scale;       /* 1 / rope_scale */
     float rope_log2_theta;      /* log2(rope_theta) */
 } kvk_attn_params;
+
+/* The Hopper prefill kernel's second parameter (__grid_constant__): CUtensorMap images of K and V (128 bytes each,
+   64-byte aligned), valid when KVK_FLAG_TMA is set (ragged K/V: 3-d {head dim, KV heads, tokens}, box {64, 1, 128},
+   16-bit elements, 128-byte swizzle). */
+#if defined(__cplusplus)
+#define KVK_ALIGN64 alignas(64)
+#else
+#define KVK_ALIGN64 _Alignas(64)
+#endif
+typedef struct kvk_tma {
+    KVK_ALIGN64 kvk_u64 k[16];
+    KVK_ALIGN64 kvk_u64 v[16];
+} kvk_tma;
 
 /* Merge of the plan's split-KV partials. */
 typedef struct kvk_merge_params {

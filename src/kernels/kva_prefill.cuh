@@ -248,6 +248,14 @@ KVA_DEV void kvp_mbar_arrive(unsigned bar) {
     asm volatile("{ mbarrier.arrive.shared::cta.b64 _, [%0]; }" ::"r"(bar) : "memory");
 }
 /* one arrival on bar once all of this thread's earlier cp.async copies have landed (init count includes it) */
+KVA_DEV void kvp_mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("{ mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1; }" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* TMA tile copies into shared memory, completing on an mbarrier (tensor map in kernel-parameter space) */
+KVA_DEV void kvp_tma_load3(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar) {
+    asm volatile("{ cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5]; }"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
+}
 KVA_DEV void kvp_cp_async_mbar_arrive(unsigned bar) {
     asm volatile("{ cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0]; }" ::"r"(bar) : "memory");
 }
@@ -1225,7 +1233,7 @@ KVA_DEV void KVP_FN(kvp_wg_o)(float* d, const unsigned* a, unsigned long long db
  * - fast (every row in range, no bad page, every offset below 2^36 bytes): 32-bit offsets in 16-byte units, stored
  *   so that a thread's rows are adjacent (vector loads), one multiply-add and one copy per 16-byte chunk;
  * - general: 64-bit offsets, zero-fill for rows past the range or on a bad page. */
-KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
+KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm, char* smem) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const int ptid = threadIdx.x;
     const unsigned sbase = kva_smem_addr(smem);
@@ -1234,6 +1242,7 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
     long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [2][TKV] */
     long long* const s_voff = s_koff + KVP_RING * KVP_TKV;
     unsigned* const s_off16 = (unsigned*)(s_voff + KVP_RING * KVP_TKV); /* [2 slots][K, V][TKV], rows transposed */
+    const bool tma = (p.flags & KVK_FLAG_TMA) != 0; /* ragged K/V through tensor maps (the host sets it) */
     volatile int* const s_kfault = (volatile int*)(smem + KVP_OFF_BAR + 64);
     const bool ragged = (p.flags & KVK_FLAG_RAGGED) != 0;
     unsigned kc = 0, vc = 0; /* K / V tiles copied by this CTA so far */
@@ -1295,13 +1304,33 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
             /* this tile's offsets visible to the producer warpgroup; whether any row needs the general path */
             const int slow = kvp_named_sync_or(2, 128, !fast);
             const int tbad = slow ? kvp_named_sync_or(2, 128, bad) : 0;
+            /* TMA for every fast tile of ragged K/V (the host sets KVK_FLAG_TMA for ragged 16-bit K/V only) */
+            const bool use_tma = tma && !slow;
 #pragma unroll
             for (int mtx = 0; mtx < 2; ++mtx) {
                 const unsigned cnt = mtx == 0 ? kc : vc;
                 kvp_mbar_wait(mtx == 0 ? KVP_BAR_EMPTY_K(cnt) : KVP_BAR_EMPTY_V(cnt), KVP_PHASE(cnt) ^ 1u);
                 const unsigned dst = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt)) + dst0;
                 const char* const base = (mtx == 0 ? kb : vb) + col * 16;
-                if (KVP_EXP & 16) {
+                const unsigned fullb = mtx == 0 ? KVP_BAR_FULL_K(cnt) : KVP_BAR_FULL_V(cnt);
+                if (use_tma) {
+                    /* one warp: lane 0 announces the tile's bytes, then lane c copies 64-column block c of the
+                       tile's 128 rows */
+                    if (ptid < 32) {
+                        constexpr int CB = KVP_D / 64; /* 64-column blocks */
+                        const void* const map = mtx == 0 ? (const void*)tm->k : (const void*)tm->v;
+                        const unsigned slot = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt));
+                        if (ptid == 0) kvp_mbar_arrive_expect_tx(fullb, (unsigned)(KVP_TKV * KVP_D * 2));
+                        __syncwarp();
+                        /* (no proxy fence here: it would also wait for this warp's cp.async copies of a general-path
+                           tile still in flight; the slot's earlier generic-proxy writes were ordered before the
+                           consumers' reads by their fence, and those reads before this write by the empty barrier) */
+                        if (ptid < CB)
+                            kvp_tma_load3(slot + (unsigned)(ptid * KVP_TKV * 128), map, ptid * 64, item.kv_head,
+                                          rq.kv_start + item.kv_start + T * KVP_TKV, fullb);
+                    }
+                    if (ptid != 0) kvp_mbar_arrive(fullb);
+                } else if (KVP_EXP & 16) {
                 } else if (!slow) {
                     unsigned long long b64 = (unsigned long long)base;
                     asm volatile("" : "+l"(b64)); /* computed once per tile, not once per copy */
@@ -1324,8 +1353,8 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, char* smem) {
                         kva_cp_async16(dst + (unsigned)(u * KVP_PRS * 128), base + (off < 0 ? 0ll : off), off < 0 ? 0u : 16u);
                     }
                 }
-                /* one arrival per thread once its copies have landed */
-                kvp_cp_async_mbar_arrive(mtx == 0 ? KVP_BAR_FULL_K(cnt) : KVP_BAR_FULL_V(cnt));
+                /* one arrival per thread once its copies have landed (TMA tiles: arrived above) */
+                if (!use_tma) kvp_cp_async_mbar_arrive(fullb);
                 if (mtx == 0 && ptid == 0) { /* the slot's fault word, released by one more arrival */
                     s_kfault[cnt & 1u] = tbad;
                     kvp_mbar_arrive(KVP_BAR_FULL_K(cnt));
@@ -1703,9 +1732,10 @@ extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, KVP_MINB) KVA_KERNEL_NA
     }
 }
 #else
-/* Hopper: warpgroup 0 produces (copies), warpgroups 1 and 2 consume; registers move from the producer (40) to the
-   consumers (232) with setmaxnreg. */
-extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, 1) KVA_KERNEL_NAME(const kvk_attn_params p) {
+/* Hopper: warpgroup 0 produces (copies), warpgroups 1 and 2 consume; registers move from the producer (56) to the
+   consumers (224) with setmaxnreg. */
+extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, 1) KVA_KERNEL_NAME(const kvk_attn_params p,
+                                                                             const __grid_constant__ kvk_tma tm) {
     extern __shared__ __align__(128) char kvp_smem_raw[];
     /* the warpgroup MMA's 128-byte swizzle repeats every 1024 bytes: align the base (KVK_PFW_SMEM has the slack) */
     char* const kvp_smem = kvp_smem_raw + ((1024u - (kva_smem_addr(kvp_smem_raw) & 1023u)) & 1023u);
@@ -1718,14 +1748,14 @@ extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, 1) KVA_KERNEL_NAME(cons
     }
     __syncthreads();
     if (threadIdx.x < 128) {
-        asm volatile("{ setmaxnreg.dec.sync.aligned.u32 40; }" ::: "memory");
-        KVP_FN(kvp_wg_producer)(p, kvp_smem);
+        asm volatile("{ setmaxnreg.dec.sync.aligned.u32 56; }" ::: "memory");
+        KVP_FN(kvp_wg_producer)(p, &tm, kvp_smem);
     } else {
-        asm volatile("{ setmaxnreg.inc.sync.aligned.u32 232; }" ::: "memory");
+        asm volatile("{ setmaxnreg.inc.sync.aligned.u32 224; }" ::: "memory");
         KVP_FN(kvp_wg_consumer)(p, kvp_smem);
     }
 #else
-    (void)p, (void)kvp_smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
+    (void)p, (void)tm, (void)kvp_smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
 #endif
 }
 #endif
