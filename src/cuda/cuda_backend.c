@@ -246,8 +246,8 @@ static kva_status kva__check_rows_tensor(const char* name, const kva_tensor* t, 
 /* K/V tensor maps for the Hopper prefill kernel's TMA path (kvk_tma, KVK_FLAG_TMA). Returns 1 when both encoded.
  * Ragged K/V only: 3-d {head dim, KV heads, tokens}, box {64, 1, 128}, 16-bit elements, 128-byte swizzle (the
  * kernel's shared layout); not in graph mode (the token extent is fixed in the captured map). Paged K/V keeps the
- * cp.async copies: a per-page 4-d map (box {64, page_size, 1, 1}) was measured on the H200 at +6 % on MHA page-16
- * batches but -20 % on GQA 32/8 page-16 batches (P3, P4), unexplained so far (docs/kernels/prefill.md). */
+ * cp.async copies: a per-page 4-d map (box {64, page_size, 1, 1}, 16 boxes per 128-row tile at page size 16) made
+ * the page-16 workloads slower on the H200 (P3 -20 %, P4 -17 to -19 %), cause not found yet (docs/kernels/prefill.md). */
 static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* pd, const kva_run_args* a,
                               const kvk_attn_params* p, kvk_tma* tm) {
     const kva__cu_api* cu = st->cu;
