@@ -66,16 +66,9 @@ static kva_status kva__not_capturing(kva__cuda_state* st, CUstream s, const char
     return KVA_OK;
 }
 
+/* params: the kernel's parameter block; tma: NULL, or the Hopper prefill kernel's second parameter (kvk_tma) */
 static kva_status kva__launch_n(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
-                                CUstream s, void* params, const char* what) {
-    void* args[1] = {params};
-    KVA_CU_TRY(st->cu, st->cu->LaunchKernel(f, grid, 1, 1, threads, 1, 1, smem, s, args, NULL), what);
-    return KVA_OK;
-}
-
-/* the Hopper prefill kernel: the attention parameters and the K/V tensor maps (kvk_tma) */
-static kva_status kva__launch_tma(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
-                                  CUstream s, void* params, void* tma, const char* what) {
+                                CUstream s, void* params, void* tma, const char* what) {
     void* args[2] = {params, tma};
     KVA_CU_TRY(st->cu, st->cu->LaunchKernel(f, grid, 1, 1, threads, 1, 1, smem, s, args, NULL), what);
     return KVA_OK;
@@ -83,7 +76,7 @@ static kva_status kva__launch_tma(kva__cuda_state* st, CUfunction f, unsigned gr
 
 static kva_status kva__launch(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned smem, CUstream s, void* params,
                               const char* what) {
-    return kva__launch_n(st, f, grid, KVK_THREADS, smem, s, params, what);
+    return kva__launch_n(st, f, grid, KVK_THREADS, smem, s, params, NULL, what);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -461,12 +454,9 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     }
     const unsigned threads =
         ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key) : (unsigned)KVK_THREADS;
-    if ((graph || pd->num_items > 0) && pfw)
-        status = kva__launch_tma(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p, &tm,
-                                 "run: launching the attention kernel");
-    else if (graph || pd->num_items > 0)
+    if (graph || pd->num_items > 0)
         status = kva__launch_n(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
-                               "run: launching the attention kernel");
+                               pfw ? (void*)&tm : NULL, "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
         unsigned mgrid = (unsigned)pd->num_workers;
         if (!graph && pd->num_merge < pd->num_workers) mgrid = (unsigned)pd->num_merge;

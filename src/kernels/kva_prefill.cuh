@@ -212,12 +212,8 @@ KVA_DEV void kvp_rope8(float* x1, float* x2, float pos, const float* fhi, const 
 }
 
 /* ---- warpgroup MMA (sm_90a) helpers for the Hopper mainloop ---- */
-/* shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte offsets */
-KVA_DEV unsigned long long kvp_wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-    return (unsigned long long)((addr & 0x3FFFFu) >> 4) | ((unsigned long long)((lbo & 0x3FFFFu) >> 4) << 16) |
-           ((unsigned long long)((sbo & 0x3FFFFu) >> 4) << 32) | (1ull << 62);
-}
-/* the same descriptor from its low word (address and leading byte offset fields) and a 1024-byte stride */
+/* shared-memory matrix descriptor, 128-byte swizzle, 1024-byte stride byte offset: the low word (start address and
+   leading byte offset fields, each / 16), then the whole descriptor from it */
 KVA_DEV unsigned kvp_wg_desc_lo(unsigned addr, unsigned lbo) { return ((addr & 0x3FFFFu) >> 4) | (((lbo & 0x3FFFFu) >> 4) << 16); }
 KVA_DEV unsigned long long kvp_wg_desc_sbo1k(unsigned lo) {
     return (unsigned long long)lo | ((unsigned long long)((1024u >> 4) | (1u << 30)) << 32);
@@ -364,8 +360,7 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
 #ifndef KVP_EXP /* benchmark timing experiments (KVATTN_BENCH_PF_EXP; results are not valid): 1 no ping-pong between the
                    consumer warpgroups, 2 exp2 replaced by a multiply-add, 4 no mask / softmax at all, 8 no O rescale,
-                   16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences, 64 the
-                   Hopper consumers' earlier prologue order (item read after the barrier, page check before Q) */
+                   16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences */
 #define KVP_EXP 0
 #endif
 /* benchmark-only builds (KVATTN_BENCH_NO_BOUNDS_CHECK): no page-index bounds check, to measure its cost */
@@ -1397,20 +1392,16 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     for (int it = it_begin;
          it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
         /* the item's facts are read before waiting for the other warpgroup (registers only) */
-        if (KVP_EXP & 64) kvp_named_sync(1, KVP_NT);
         const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
         const kvk_request rq = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * item.req);
-        if (!(KVP_EXP & 64)) kvp_named_sync(1, KVP_NT); /* both warpgroups are done with the previous item (Q, row facts) */
+        kvp_named_sync(1, KVP_NT); /* both warpgroups are done with the previous item (Q, row facts) */
         KVP_FN(kvp_rows)(p, item, rq, smem);
         kvp_named_sync(1, KVP_NT);
-#if !KVP_NOCHK
-        if ((KVP_EXP & 64) && !(p.flags & KVK_FLAG_RAGGED)) KVP_FN(kvp_check_request)(p, rq, smem);
-#endif
         KVP_FN(kvp_load_q)(p, item, smem);
         kva_cp_async_commit();
 #if !KVP_NOCHK
         /* the request-wide page check's loads overlap the Q copies (its fault flag is read in the epilogue) */
-        if (!(KVP_EXP & 64) && !(p.flags & KVK_FLAG_RAGGED)) KVP_FN(kvp_check_request)(p, rq, smem);
+        if (!(p.flags & KVK_FLAG_RAGGED)) KVP_FN(kvp_check_request)(p, rq, smem);
 #endif
         KVA_CP_ASYNC_WAIT(0);
         kvp_fence_proxy_async(); /* this thread's Q copies -> visible to the MMA's async proxy */

@@ -426,53 +426,37 @@ static void kva__sort_desc(const uint32_t* cost, uint32_t* ids, uint32_t* tmp, i
 /* Locality order for prefill plans: seq gets every item id (unit * H + head) with the items of one (request, KV
  * head) back to back, longest first (ties: unit order), groups in (request, head) order; then the tail, the last
  * items whose costs add up to KVA__TAIL_SPAN x W x the longest item, re-sorted longest first across its groups, so
- * list scheduling ends as evenly as LPT. order: unit ids longest first (stable); scratch: 2 * U * H entries after
- * seq's U * H. Returns false (seq untouched) when the plan is too small for the order to matter: then LPT. */
+ * list scheduling ends as evenly as LPT. Scratch: 3 * U * H entries after seq's U * H. Returns false (seq
+ * untouched) when the plan is too small for the order to matter: then LPT. */
 #define KVA__TAIL_SPAN 1
-static bool kva__locality_order(const kva__plan_scratch* s, const uint32_t* unit_tile, const uint32_t* cost,
-                                const uint32_t* order, int64_t U, int64_t H, int32_t W, uint32_t* seq) {
+static bool kva__locality_order(const kva__plan_scratch* s, const uint32_t* unit_tile, const uint32_t* cost, int64_t U,
+                                int64_t H, int32_t W, uint32_t* seq) {
     const int64_t N = U * H;
     if (U < 2 || N < 2 * (int64_t)W) return false;
-    const uint32_t maxc = cost[order[0]];
-    const int64_t thr = (int64_t)KVA__TAIL_SPAN * W * (int64_t)maxc;
-    uint32_t* a = seq + N;
-    uint32_t* b = seq + 2 * N;
-    /* units by request, longest first within each: a stable LSD radix sort of the longest-first order by request */
-    memcpy(a, order, sizeof(uint32_t) * (size_t)U);
-    int32_t maxreq = 0;
-    for (int64_t i = 0; i < U; ++i)
-        if (s->tiles[unit_tile[i]].req > maxreq) maxreq = s->tiles[unit_tile[i]].req;
-    for (int shift = 0; shift < 32 && ((uint32_t)maxreq >> shift) != 0; shift += 8) {
-        int64_t cnt[257];
-        memset(cnt, 0, sizeof cnt);
-        for (int64_t i = 0; i < U; ++i) cnt[(((uint32_t)s->tiles[unit_tile[a[i]]].req >> shift) & 255) + 1]++;
-        for (int j = 0; j < 256; ++j) cnt[j + 1] += cnt[j];
-        for (int64_t i = 0; i < U; ++i) b[cnt[((uint32_t)s->tiles[unit_tile[a[i]]].req >> shift) & 255]++] = a[i];
-        memcpy(a, b, sizeof(uint32_t) * (size_t)U);
-    }
+    uint32_t* const a = seq + N;
+    uint32_t* const b = seq + 2 * N;
+    uint32_t* const c = seq + 3 * N;
+    uint32_t maxc = 0;
     int64_t k = 0;
-    for (int64_t i0 = 0; i0 < U;) {
-        const int32_t req = s->tiles[unit_tile[a[i0]]].req;
-        int64_t i1 = i0 + 1;
-        while (i1 < U && s->tiles[unit_tile[a[i1]]].req == req) ++i1;
+    for (int64_t u0 = 0; u0 < U;) { /* a request's units are consecutive ids (tiles are made request by request) */
+        const int32_t req = s->tiles[unit_tile[u0]].req;
+        int64_t u1 = u0 + 1;
+        while (u1 < U && s->tiles[unit_tile[u1]].req == req) ++u1;
+        kva__sort_desc(cost + u0, a, b, u1 - u0); /* the request's units longest first (ids from u0) */
+        if (cost[u0 + a[0]] > maxc) maxc = cost[u0 + a[0]];
         for (int64_t h = 0; h < H; ++h)
-            for (int64_t i = i0; i < i1; ++i) seq[k++] = (uint32_t)((int64_t)a[i] * H + h);
-        i0 = i1;
+            for (int64_t i = 0; i < u1 - u0; ++i) seq[k++] = (uint32_t)((u0 + (int64_t)a[i]) * H + h);
+        u0 = u1;
     }
+    const int64_t thr = (int64_t)KVA__TAIL_SPAN * W * (int64_t)maxc;
     int64_t ts = N, acc = 0;
     while (ts > 0 && acc < thr) acc += cost[seq[--ts] / (uint32_t)H];
     if (ts == 0) return false;
-    /* the tail longest first: stable LSD radix over 8-bit digits of the cost */
-    const int64_t n = N - ts;
-    uint32_t* src = seq + ts;
-    for (int shift = 0; shift < 32 && (maxc >> shift) != 0; shift += 8) {
-        int64_t cnt[257];
-        memset(cnt, 0, sizeof cnt);
-        for (int64_t i = 0; i < n; ++i) cnt[255 - ((cost[src[i] / (uint32_t)H] >> shift) & 255) + 1]++;
-        for (int j = 0; j < 256; ++j) cnt[j + 1] += cnt[j];
-        for (int64_t i = 0; i < n; ++i) b[cnt[255 - ((cost[src[i] / (uint32_t)H] >> shift) & 255)]++] = src[i];
-        memcpy(src, b, sizeof(uint32_t) * (size_t)n);
-    }
+    const int64_t n = N - ts; /* the tail longest first */
+    for (int64_t i = 0; i < n; ++i) b[i] = cost[seq[ts + i] / (uint32_t)H];
+    kva__sort_desc(b, a, c, n);
+    for (int64_t i = 0; i < n; ++i) c[i] = seq[ts + a[i]];
+    memcpy(seq + ts, c, sizeof(uint32_t) * (size_t)n);
     return true;
 }
 
@@ -692,13 +676,13 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
              so the CTAs running at the same time share their K/V in L2 instead of every CTA streaming a
              different head's K/V from DRAM; the tail is longest first across groups (LPT's balance). */
         kva__sort_desc(cost, order, order + u1, U);
-        uint32_t* seq = (uint32_t*)kva__scratch_get(&s, KVA__S_SEQ, sizeof(uint32_t) * 3 * n1);
+        uint32_t* seq = (uint32_t*)kva__scratch_get(&s, KVA__S_SEQ, sizeof(uint32_t) * 4 * n1);
         if (!seq) {
             st = kva__set_error(KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory (%lld work items)", (long long)N);
             goto done;
         }
         if (!(op != KVA_OP_BATCH_DECODE && !ctx->plan_lpt_only &&
-              kva__locality_order(&s, unit_tile, cost, order, U, H, W, seq))) {
+              kva__locality_order(&s, unit_tile, cost, U, H, W, seq))) {
             int64_t k = 0;
             for (int64_t i = 0; i < U; ++i)
                 for (int64_t h = 0; h < H; ++h) seq[k++] = (uint32_t)((int64_t)order[i] * H + h);
