@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu_prefill.sh - the tensor-core prefill family on the GPU machine in one call: correctness against the CPU
 # backend (--check), compute-sanitizer on a small shape, the P1-P5/V1 benchmark, A/B runs (mma.sync mainloop:
-# PREFILL_AB=0 skips; Hopper mainloop without TMA: PREFILL_TMA_AB=0 skips) and the peers (SDPA, FlexAttention).
+# PREFILL_AB=0 skips; Hopper mainloop without TMA: PREFILL_TMA_AB=0 skips; PREFILL_EXP="64 128": the benchmark again
+# with each KVATTN_BENCH_PF_EXP value, --only "$EXP_ONLY" when set) and the peers (SDPA, FlexAttention).
 set -u
 BUILD=${BUILD:-build-dev}
 OUT=${OUT:-$PWD/gpu_out}
@@ -27,5 +28,9 @@ if [ "${PREFILL_TMA_AB:-1}" != 0 ]; then
   echo "== prefill benchmark, Hopper mainloop without TMA (KVATTN_BENCH_NO_TMA=1, A/B)"
   KVATTN_BENCH_NO_TMA=1 timeout 150 "$BUILD/kva_bench_prefill" --csv "$OUT/kvattn_prefill_notma.csv" 2>&1 | tail -30
 fi
+for x in ${PREFILL_EXP:-}; do
+  echo "== prefill benchmark, KVATTN_BENCH_PF_EXP=$x (A/B)"
+  KVATTN_BENCH_PF_EXP=$x timeout 150 "$BUILD/kva_bench_prefill" ${EXP_ONLY:+--only "$EXP_ONLY"} --csv "$OUT/kvattn_prefill_exp$x.csv" 2>&1 | tail -30
+done
 echo "== peers"
 timeout 200 python3 bench/peers_prefill.py --csv "$OUT/kvattn_prefill.csv" --out "$OUT/bench_prefill.md" 2>&1 | tail -40

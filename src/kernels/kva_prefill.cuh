@@ -62,6 +62,20 @@ KVA_DEV void kvp_ldsm4_t(unsigned addr, unsigned* r) {
 KVA_DEV void kvp_cp_async4(unsigned dst, const void* src, unsigned src_bytes) {
     asm volatile("{ cp.async.ca.shared.global [%0], [%1], 4, %2; }" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+KVA_DEV unsigned kvp_laneid() {
+    unsigned v;
+    asm volatile("{ mov.u32 %0, %%laneid; }" : "=r"(v));
+    return v;
+}
+/* 4-byte shared memory word through its 32-bit address (volatile: written by another warpgroup) */
+KVA_DEV int kvp_ld_shared_vol(unsigned addr) {
+    int v;
+    asm volatile("{ ld.volatile.shared.u32 %0, [%1]; }" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+KVA_DEV void kvp_st_shared_vol(unsigned addr, int v) {
+    asm volatile("{ st.volatile.shared.u32 [%0], %1; }" ::"r"(addr), "r"(v) : "memory");
+}
 KVA_DEV void kvp_st_shared16(unsigned addr, uint4 v) {
     asm volatile("{ st.shared.v4.u32 [%0], {%1, %2, %3, %4}; }" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
@@ -162,11 +176,6 @@ KVA_DEV void kvp_row_norm(float m, float dsum, float vs, bool sigmoid, int fault
     *lse = l;
 }
 
-/* tanh without a division (|error| ~ 2e-7): soft caps of 30-50 need better than tanh.approx */
-KVA_DEV float kvp_tanh(float x) {
-    const float e = kva_exp2(-2.0f * KVA_LOG2E * fabsf(x)); /* in (0, 1] */
-    return copysignf((1.0f - e) * kva_rcp(1.0f + e), x);
-}
 
 /* item context in shared memory (see kva_prefill_geom.h) */
 typedef struct kvp_ctx {
@@ -356,12 +365,36 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #undef KVP_KDST
 #undef KVP_VDST
 #undef KVP_OFF_BAR
+#undef KVP_OFF_ONES
+#undef KVP_OFF_QBAR
+#undef KVP_OFF_Q2
+#undef KVP_ROWS2
+#undef KVP_LAZY
+#undef KVP_MSUM
 
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
 #ifndef KVP_EXP /* benchmark timing experiments (KVATTN_BENCH_PF_EXP; results are not valid): 1 no ping-pong between the
                    consumer warpgroups, 2 exp2 replaced by a multiply-add, 4 no mask / softmax at all, 8 no O rescale,
-                   16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences */
+                   16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences; valid
+                   results: 64 the eager rescale (KVP_LAZY = 0), 128 row sums of P by adds (no KVP_MSUM) */
 #define KVP_EXP 0
+#endif
+/* Lazy rescale: a row keeps its running max m until a tile's max exceeds it by more than KVP_LAZY (log2 units), so
+   P = exp2(s - m) <= 2^KVP_LAZY (exact in f16 / bf16 up to rounding; d and O in f32) and after a row's first tiles
+   almost no tile rescales O (the warps skip it by a vote). The result is exact: O, d and lse = m + log2(d) all
+   refer to the same m, and partials merge through their own (m, d). */
+#if KVP_EXP & 64
+#define KVP_LAZY 0.0f
+#else
+#define KVP_LAZY 8.0f
+#endif
+/* Row sums of P by the tensor cores (Hopper mainloop): l += P 1 beside O += P V, one m64n8k16 MMA per k-step, instead
+   of an add per element in kvp_scores. l is then the sum of the 16-bit P that O accumulates, rescaled with O.
+   KVATTN_BENCH_PF_EXP bit 128 keeps the per-element adds (valid results). */
+#if KVP_ML == 1 && !(KVP_EXP & 128)
+#define KVP_MSUM 1
+#else
+#define KVP_MSUM 0
 #endif
 /* benchmark-only builds (KVATTN_BENCH_NO_BOUNDS_CHECK): no page-index bounds check, to measure its cost */
 #if defined(KVA_NO_BOUNDS_CHECK) && KVA_NO_BOUNDS_CHECK
@@ -458,6 +491,10 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_KDST(C) (((C) & 1) * (KVP_STAGE / 2))
 #define KVP_VDST(C) ((2 + ((C) & 1)) * (KVP_STAGE / 2))
 #define KVP_OFF_BAR KVK_PFW_OFF_BAR(KVA_DQK)
+#define KVP_OFF_ONES KVK_PFW_OFF_ONES(KVA_DQK)
+#define KVP_OFF_QBAR KVK_PFW_OFF_QBAR(KVA_DQK)
+#define KVP_OFF_Q2 KVK_PFW_OFF_Q2(KVA_DQK)
+#define KVP_ROWS2 (KVK_PFW_OFF_ROWS2(KVA_DQK) - KVP_OFF_ROWS) /* the KVP_S_* row facts of Q slot 1: at smem + this */
 #endif
 #define KVP_LD KVK_PF_EPI_LD(KVA_DQK)
 #define KVP_OES (KVA_OT == KVK_F32 ? 4 : 2)
@@ -475,6 +512,7 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_S_QH(sm) ((int*)((sm) + KVP_OFF_ROWS + 16 * KVA_TQ))
 #define KVP_S_SLOPE(sm) ((float*)((sm) + KVP_OFF_ROWS + 20 * KVA_TQ))
 #define KVP_S_CTX(sm) ((kvp_ctx*)((sm) + KVP_OFF_ROWS + 24 * KVA_TQ))
+#define KVP_S_WQ(sm) ((int*)((sm) + KVP_OFF_ROWS + 24 * KVA_TQ)) /* Hopper: int[8][2] in place of the context */
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Row facts of a work item (no barrier: the mainloop's first barrier publishes them)              */
@@ -691,7 +729,8 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
        with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
     const float qsc = p.q_scale * KVP_KFIX;
     /* geo: every key of the slice is inside the range and visible to every row (causal, window), so no mask */
-    const bool geo = jw1 < kv1 && (!causal || jw1 <= wqmin) && (!window || (long long)jw0 >= (long long)wqmax - p.window_left);
+    /* (32-bit window arithmetic: q positions and window_left are >= 0, so q - window_left cannot overflow) */
+    const bool geo = jw1 < kv1 && (!causal || jw1 <= wqmin) && (!window || jw0 >= wqmax - p.window_left);
     const bool full = !(flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) && qsc > 0.0f && geo;
     float sc = qsc; /* s * sc is the log2-domain logit */
     if (!full) {
@@ -720,13 +759,16 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                     for (int e = 0; e < 4; ++e) s[mq][n][e] *= qsc;
         }
         if (flags & KVK_FLAG_SOFTCAP) {
-            const float rcap = 1.0f / p.softcap;
+            /* cap * tanh(s / cap) = cap - 2 cap / (1 + exp2(s * 2 log2(e) / cap)): five instructions per element and
+               no copy of s kept (|error| ~ 2.5e-7 cap; exp2 -> inf gives cap, -> 0 gives -cap) */
+            const float c2 = 2.0f * KVA_LOG2E / p.softcap, cap = p.softcap;
 #pragma unroll
             for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
                 for (int n = 0; n < KVP_NK; ++n)
 #pragma unroll
-                    for (int e = 0; e < 4; ++e) s[mq][n][e] = p.softcap * kvp_tanh(s[mq][n][e] * rcap);
+                    for (int e = 0; e < 4; ++e)
+                        s[mq][n][e] = fmaf(-2.0f * cap, kva_rcp(1.0f + kva_exp2(s[mq][n][e] * c2)), cap);
         }
         if (flags & KVK_FLAG_TRANSFORM) { /* natural -> log2 domain */
 #pragma unroll
@@ -747,8 +789,9 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                 if (causal && qpos - base < hi) hi = qpos - base;
                 int lo = -1;
                 if (window) {
-                    const long long l = (long long)qpos - p.window_left - base;
-                    lo = l < -1 ? -1 : (l > KVP_SK ? KVP_SK : (int)l);
+                    const int ql = qpos - p.window_left; /* first visible key, or below 0 */
+                    const int l = ql < base ? -1 : ql - base;
+                    lo = l > KVP_SK ? KVP_SK : l;
                 }
 #pragma unroll
                 for (int n = 0; n < KVP_NK; ++n)
@@ -813,10 +856,13 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                 mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(KVP_FULL, mx, 2));
                 mx *= sc; /* sc > 0 */
-                const float mn = fmaxf(m[mq][h], mx);
+                const float mo = m[mq][h];
+                const bool up = mx > mo + KVP_LAZY; /* (mo = -inf: any finite mx) */
+                const float mn = up ? mx : mo;
                 const float mu = mn == neg_inf ? 0.0f : mn;
-                const float al = kva_exp2(m[mq][h] - mu);
+                const float al = up ? kva_exp2(mo - mu) : 1.0f;
                 m[mq][h] = mn;
+                const bool msum = KVP_MSUM && alpha != nullptr; /* the caller's MMA sums the rows of P */
                 float pc[KVP_CH];
 #pragma unroll
                 for (int c = 0; c < KVP_CH; ++c) pc[c] = 0.0f;
@@ -827,13 +873,15 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                         const float pv = (KVP_EXP & 2) ? fmaf(s[mq][n][2 * h + e], sc, -mu)
                                                        : kva_exp2(fmaf(s[mq][n][2 * h + e], sc, -mu));
                         s[mq][n][2 * h + e] = pv;
-                        pc[n % KVP_CH] += pv;
+                        if (!msum) pc[n % KVP_CH] += pv;
                     }
+                if (!msum) {
 #pragma unroll
-                for (int w = KVP_CH / 2; w >= 1; w /= 2)
+                    for (int w = KVP_CH / 2; w >= 1; w /= 2)
 #pragma unroll
-                    for (int c = 0; c < w; ++c) pc[c] += pc[c + w];
-                d[mq][h] = d[mq][h] * al + pc[0];
+                        for (int c = 0; c < w; ++c) pc[c] += pc[c + w];
+                    d[mq][h] = d[mq][h] * al + pc[0];
+                }
                 if (alpha) { /* the caller rescales O (its MMA may still be accumulating into it) */
                     alpha[mq][h] = al;
                 } else if (__any_sync(KVP_FULL, al != 1.0f)) { /* most tiles leave every row's max unchanged */
@@ -1206,22 +1254,39 @@ KVA_DEV void KVP_FN(kvp_wg_o)(float* d, const unsigned* a, unsigned long long db
     (void)d, (void)a, (void)db, (void)acc;
 #endif
 }
+/* l += P 1 (m64n8k16, B K-major from the ones block): each thread gets its two rows' sums of P */
+KVA_DEV void KVP_FN(kvp_wg_l)(float* d, const unsigned* a, unsigned long long db) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#if KVA_KT == KVK_BF16
+    kvw_rsk_n8_bf16(d, a, db, 1);
+#else
+    kvw_rsk_n8_f16(d, a, db, 1);
+#endif
+#else
+    (void)d, (void)a, (void)db;
+#endif
+}
 
-/* mbarriers (KVP_OFF_BAR): full_k[2] (+0): 128 producer arrivals (cp.async.mbarrier.arrive: the thread's copies
-   landed) + 1 (producer thread 0, after it wrote the slot's fault word); full_v[2] (+16): 128; empty_k[2] (+32),
-   empty_v[2] (+48): 256 consumer arrivals
-   (their MMAs finished reading the slot); then the fault word of each K slot (+64): 1 when a row of the tile in the
-   slot had an out-of-range page */
+/* mbarriers (KVP_OFF_BAR): full_k[2] (+0), full_v[2] (+16): 128 producer arrivals (cp.async.mbarrier.arrive: the
+   thread's copies landed); empty_k[2] (+32), empty_v[2] (+48): 256 consumer arrivals (their MMAs finished reading the
+   slot). A tile's out-of-range page needs no word of its own: the producer's request-wide check (Q slot fault word)
+   covers every page an item can reach, and the tile's rows on it are zero-filled. */
 #define KVP_BAR_FULL_K(c) (bar + 8u * ((c) & 1u))
 #define KVP_BAR_FULL_V(c) (bar + 16u + 8u * ((c) & 1u))
 #define KVP_BAR_EMPTY_K(c) (bar + 32u + 8u * ((c) & 1u))
 #define KVP_BAR_EMPTY_V(c) (bar + 48u + 8u * ((c) & 1u))
 #define KVP_PHASE(c) (((c) >> 1) & 1u)
+/* Q slots (KVP_OFF_QBAR): full[2] (+0): 128 producer arrivals (their Q copies landed) + 1 (producer thread 0, after
+   the row facts and the request's fault word); empty[2] (+16): 256 consumer arrivals (done with the slot's Q and row
+   facts); the request fault word of each slot (+32) */
+#define KVP_BAR_FULL_Q(c) (qbar + 8u * ((c) & 1u))
+#define KVP_BAR_EMPTY_Q(c) (qbar + 16u + 8u * ((c) & 1u))
 
 /* The producer warpgroup (threads 0-127): for every item of the worker (running ahead into the next item while the
- * consumers finish one: only the empty barriers hold it back), every K/V tile: the byte offsets of its rows (one row
- * per thread, page-table entry loaded a tile ahead, bounds-checked: a bad page zero-fills the row, folds the key
- * into the status word and sets the K slot's fault word), then K into its slot once the consumers released it,
+ * consumers finish one: only the empty barriers hold it back), first the item's Q slot (row facts, the request-wide
+ * page check, Q; full / empty Q barriers), then every K/V tile: the byte offsets of its rows (one row per thread,
+ * page-table entry loaded a tile ahead, bounds-checked: a bad page zero-fills the row and folds the key into the
+ * status word), then K into its slot once the consumers released it,
  * then V; each completes on its full barrier through cp.async.mbarrier.arrive. A consumer that waited on a full
  * barrier fences (fence.proxy.async) before its MMAs read the slot: the copies are generic-proxy writes.
  * Two copy paths, chosen per tile for the whole warpgroup by the barrier that publishes the offsets:
@@ -1238,9 +1303,11 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
     long long* const s_voff = s_koff + KVP_RING * KVP_TKV;
     unsigned* const s_off16 = (unsigned*)(s_voff + KVP_RING * KVP_TKV); /* [2 slots][K, V][TKV], rows transposed */
     const bool tma = (p.flags & KVK_FLAG_TMA) != 0; /* ragged K/V through tensor maps (the host sets it) */
-    volatile int* const s_kfault = (volatile int*)(smem + KVP_OFF_BAR + 64);
+    const unsigned qbar = sbase + KVP_OFF_QBAR;
     const bool ragged = (p.flags & KVK_FLAG_RAGGED) != 0;
-    unsigned kc = 0, vc = 0; /* K / V tiles copied by this CTA so far */
+    unsigned kc = 0;         /* K / V tiles copied by this CTA so far (K and V of a tile share the count) */
+    unsigned qn = 0;         /* items (Q slots) filled so far */
+    static_assert(KVA_TQ == 128 && !KVP_QCONV, "Hopper producer: one row per thread, Q copied as is");
     /* copy geometry: thread ptid copies 16-byte chunk col of rows r0 + u * PRS (u < PUK); PRS is a multiple of 8, so
        the swizzled chunk position is the same for all of them and the destination advances by PRS rows */
 #define KVP_PRS (128 / KVP_CPR)
@@ -1266,12 +1333,71 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
          ? kva_ldg_i32(pidx + (int)kva_fastdiv((unsigned)(item.kv_start + (T) * KVP_TKV + ptid), p.ps_mul, p.ps_shift)) \
          : 0)
         int pg_next = KVP_PAGE_OF(0);
+        { /* the item's row facts, request-wide page check and Q into Q slot (item count & 1), once the consumers are
+             done with the item that used it last: this runs while they compute the previous item */
+            const unsigned qs = qn & 1u;
+            char* const rsm = smem + (qs ? KVP_ROWS2 : 0);
+            kvp_mbar_wait(KVP_BAR_EMPTY_Q(qn), KVP_PHASE(qn) ^ 1u);
+            {
+                const int r = ptid, g = p.group_size;
+                const int pr = item.row_start + (r < item.rows ? r : (item.rows > 0 ? item.rows - 1 : 0));
+                const int i = pr / g;
+                const int qh = item.kv_head * g + (pr - i * g);
+                KVP_S_QPOS(rsm)[r] = rq.kv_len - rq.qo_len + i;
+                KVP_S_QI(rsm)[r] = rq.qo_start + i;
+                KVP_S_QH(rsm)[r] = qh;
+                float sl = 0.0f;
+                if (p.flags & KVK_FLAG_ALIBI) sl = p.alibi_slopes ? p.alibi_slopes[qh] : kva_alibi_slope(qh, p.num_qo_heads);
+                KVP_S_SLOPE(rsm)[r] = sl;
+                KVP_S_MBIT(rsm)[r] = rq.mask_offset * 8 + (long long)i * rq.kv_len;
+            }
+            /* every page of the request in range, or all its items output o = 0, lse = -inf (docs: Faults) */
+            int qbad = 0;
+#if !KVP_NOCHK
+            if (!ragged && rq.kv_len > 0) {
+                const int n = (int)kva_fastdiv((unsigned)(rq.kv_len - 1), p.ps_mul, p.ps_shift) + 1;
+                for (int e = ptid; e < n; e += 128) {
+                    const int pg = kva_ldg_i32(pidx + e);
+                    if ((unsigned long long)(unsigned)pg >= (unsigned long long)p.num_pages) {
+                        atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
+                                  ~(((unsigned long long)(unsigned)item.req << 32) | (unsigned long long)(unsigned)pg));
+                        qbad = 1;
+                    }
+                }
+            }
+#endif
+            qbad = kvp_named_sync_or(2, 128, qbad); /* also publishes the row facts to the producer warpgroup */
+            const unsigned q_s = sbase + (qs ? (unsigned)KVP_OFF_Q2 : 0u);
+            const int c = ptid % KVP_ND;
+            const int* const s_qi = KVP_S_QI(rsm);
+            const int* const s_qh = KVP_S_QH(rsm);
+#pragma unroll 4
+            for (int r = ptid / KVP_ND; r < KVA_TQ; r += 128 / KVP_ND)
+                kva_cp_async16(q_s + (unsigned)KVP_SOFF(r, c, KVA_TQ),
+                               (const unsigned short*)p.q + (long long)s_qi[r] * p.q_stride_row +
+                                   (long long)s_qh[r] * p.q_stride_head + c * 8,
+                               r < item.rows ? 16u : 0u);
+            kvp_cp_async_mbar_arrive(KVP_BAR_FULL_Q(qn));
+            if (ptid == 0) { /* per consumer warp the q positions of its first and last valid row (KVP_S_WQ), and the
+                                fault word, released by one more arrival */
+                const int* const s_qpos = KVP_S_QPOS(rsm);
+#pragma unroll 1
+                for (int w = 0; w < 8; ++w) {
+                    const int a = w * 16 < item.rows;
+                    const int wl = (w * 16 + 16 < item.rows ? w * 16 + 16 : item.rows) - 1;
+                    KVP_S_WQ(rsm)[2 * w] = s_qpos[a ? w * 16 : 0];
+                    KVP_S_WQ(rsm)[2 * w + 1] = s_qpos[a ? wl : 0];
+                }
+                kvp_st_shared_vol(qbar + 32u + 4u * qs, qbad);
+                kvp_mbar_arrive(KVP_BAR_FULL_Q(qn));
+            }
+            ++qn;
+        }
         for (int T = 0; T < ntiles; ++T) {
             const int pg = pg_next;
             const int j = item.kv_start + T * KVP_TKV + ptid;
             pg_next = KVP_PAGE_OF(T + 1); /* loaded a tile ahead */
-            long long ko = -1, vo = -1;
-            int bad = 0;
+            long long ko = -1, vo = -1; /* -1: zero-fill (past the range, or an out-of-range page) */
             if (j < item.kv_end) {
                 if (ragged) {
                     const long long tok = (long long)rq.kv_start + j;
@@ -1285,7 +1411,6 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
                 } else {
                     atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
                               ~(((unsigned long long)(unsigned)item.req << 32) | (unsigned long long)(unsigned)pg));
-                    bad = 1;
                 }
             }
             /* ring slot by the CTA's running tile count, not T: items restart T at 0, and the only barrier between
@@ -1298,12 +1423,11 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
             s_off16[(os * 2 + 1) * KVP_TKV + own16] = (unsigned)(vo >> 4);
             /* this tile's offsets visible to the producer warpgroup; whether any row needs the general path */
             const int slow = kvp_named_sync_or(2, 128, !fast);
-            const int tbad = slow ? kvp_named_sync_or(2, 128, bad) : 0;
             /* TMA for every fast tile of ragged K/V (the host sets KVK_FLAG_TMA for ragged 16-bit K/V only) */
             const bool use_tma = tma && !slow;
 #pragma unroll
             for (int mtx = 0; mtx < 2; ++mtx) {
-                const unsigned cnt = mtx == 0 ? kc : vc;
+                const unsigned cnt = kc;
                 kvp_mbar_wait(mtx == 0 ? KVP_BAR_EMPTY_K(cnt) : KVP_BAR_EMPTY_V(cnt), KVP_PHASE(cnt) ^ 1u);
                 const unsigned dst = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt)) + dst0;
                 const char* const base = (mtx == 0 ? kb : vb) + col * 16;
@@ -1350,13 +1474,8 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
                 }
                 /* one arrival per thread once its copies have landed (TMA tiles: arrived above) */
                 if (!use_tma) kvp_cp_async_mbar_arrive(fullb);
-                if (mtx == 0 && ptid == 0) { /* the slot's fault word, released by one more arrival */
-                    s_kfault[cnt & 1u] = tbad;
-                    kvp_mbar_arrive(KVP_BAR_FULL_K(cnt));
-                }
-                if (mtx == 0) ++kc;
-                else ++vc;
             }
+            ++kc;
         }
     }
 #undef KVP_PAGE_OF
@@ -1367,10 +1486,11 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
 #endif
 }
 
-/* The two consumer warpgroups (threads 128-383): per item, row facts, the request-wide page check, Q; then per
+/* The two consumer warpgroups (threads 128-383): per item, wait for its Q slot (filled by the producer); then per
  * tile t: S_{t+1} = Q K_{t+1}^T and O += P_t V_t issued together, the mask / softmax of S_{t+1} while the PV MMA
  * runs, O rescaled; K and V slots released on their empty barriers as soon as their MMA finished. Then the
- * epilogue straight from the accumulators (normalise, v_scale, o + lse or the partial slot; faulted: 0 / -inf). */
+ * epilogue straight from the accumulators (normalise, v_scale, o + lse or the partial slot; faulted: 0 / -inf), and
+ * the Q slot released. */
 KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const int ctid = KVP_TID;
@@ -1378,49 +1498,45 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     const int warp = ctid >> 5;
     const int wg = warp >> 2;        /* consumer warpgroup: rows wg * 64 .. + 63 */
     const int wr0 = warp * 16;       /* first tile row of this warp */
-    const int qr = lane >> 2;        /* accumulator row (and row + 8) */
-    const int qc = (lane & 3) * 2;   /* accumulator column pair */
+    /* accumulator row (and row + 8) and column pair: re-read from %laneid where used (ptxas would rather spill
+       them than recompute them under the 224-register budget) */
+#define KVP_QR() ((int)(kvp_laneid() >> 2))
+#define KVP_QC() ((int)(kvp_laneid() & 3u) * 2)
     const unsigned sbase = kva_smem_addr(smem);
     const unsigned kv_s = sbase + KVP_OFF_KV;
     const unsigned bar = sbase + KVP_OFF_BAR;
     const unsigned q_wg = sbase + (unsigned)(wg * 64 * 128); /* this warpgroup's rows in each column block of Q */
-    const int* const s_qpos = KVP_S_QPOS(smem);
-    const volatile int* const s_kfault = (const volatile int*)(smem + KVP_OFF_BAR + 64);
+    const unsigned qbar = sbase + KVP_OFF_QBAR; /* (fault words: bar + 64 per K slot, qbar + 32 per Q slot) */
     unsigned kc = 0, vc = 0; /* K / V tiles consumed by this CTA so far */
+    unsigned qn = 0;         /* items (Q slots) consumed so far */
     if (!(KVP_EXP & 1) && wg == 1) kvp_named_arrive(4u, KVP_NT); /* warpgroup 0 issues first */
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
     for (int it = it_begin;
          it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
-        /* the item's facts are read before waiting for the other warpgroup (registers only) */
+        /* the item's facts are read before waiting for its Q slot (registers only); the producer filled the slot
+           (Q, row facts, the request's fault word) while this CTA computed the previous item; the two consumer
+           warpgroups do not wait for each other between items */
         const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
-        const kvk_request rq = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * item.req);
-        kvp_named_sync(1, KVP_NT); /* both warpgroups are done with the previous item (Q, row facts) */
-        KVP_FN(kvp_rows)(p, item, rq, smem);
-        kvp_named_sync(1, KVP_NT);
-        KVP_FN(kvp_load_q)(p, item, smem);
-        kva_cp_async_commit();
-#if !KVP_NOCHK
-        /* the request-wide page check's loads overlap the Q copies (its fault flag is read in the epilogue) */
-        if (!(p.flags & KVK_FLAG_RAGGED)) KVP_FN(kvp_check_request)(p, rq, smem);
-#endif
-        KVA_CP_ASYNC_WAIT(0);
-        kvp_fence_proxy_async(); /* this thread's Q copies -> visible to the MMA's async proxy */
-        kvp_named_sync(1, KVP_NT); /* Q, row facts and the check's fault flag visible */
+        const unsigned qs = qn & 1u;
+        const char* const rsm = smem + (qs ? KVP_ROWS2 : 0); /* the KVP_S_* row facts of this item */
+        kvp_mbar_wait(KVP_BAR_FULL_Q(qn), KVP_PHASE(qn));
+        kvp_fence_proxy_async(); /* the producer's Q copies (generic proxy) before the MMAs read them */
 
         const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
         const int kv0 = item.kv_start, kv1 = item.kv_end;
-        const int r0 = wg * 64;
-        const int wact = r0 < item.rows;
-        const int wlast = (r0 + 64 < item.rows ? r0 + 64 : item.rows) - 1;
-        const int wqmin = s_qpos[wact ? r0 : 0];
-        const int wqmax = s_qpos[wact ? wlast : 0];
+        /* this warp's q-position bounds, re-read per tile (KVP_S_WQ, volatile: not held in registers) */
+        const unsigned wqa = kva_smem_addr(KVP_S_WQ(rsm) + 2 * warp);
 
         /* descriptor low words: this warpgroup's Q rows, K slot 0 (K-major), V slot 0 (MN-major) */
-        const unsigned dq = kvp_wg_desc_lo(q_wg, 16u);
+        const unsigned dq = kvp_wg_desc_lo(q_wg + (qs ? (unsigned)KVP_OFF_Q2 : 0u), 16u);
         const unsigned dk = kvp_wg_desc_lo(kv_s + (unsigned)KVP_KDST(0), 16u);
         const unsigned dv = kvp_wg_desc_lo(kv_s + (unsigned)KVP_VDST(0), (unsigned)(KVP_TKV * 128));
+        /* the ones block: no swizzle, core matrices 128 bytes apart along K and N (all inside its 512 bytes) */
+        const unsigned long long d1 =
+            (unsigned long long)kvp_wg_desc_lo(sbase + (unsigned)KVP_OFF_ONES, 128u) | ((unsigned long long)(128u >> 4) << 32);
         float o[1][KVP_ND][4];
         float m[1][2], d[1][2], al[1][2];
+        float l[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* KVP_MSUM: l[2h] (= l[2h + 1]) is row h's sum of P */
 #pragma unroll
         for (int n = 0; n < KVP_ND; ++n)
 #pragma unroll
@@ -1428,7 +1544,6 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         m[0][0] = m[0][1] = KVA_NEG_INF;
         d[0][0] = d[0][1] = 0.0f;
         unsigned pa[KVP_TKV / 16][4]; /* P of the tile whose O += P V is next */
-        int ifault = 0;               /* a K tile of this item had an out-of-range page (the producer's word) */
 
         /* No warpgroup skips a tile: the planner clipped the item's range to what its rows see (causal, window),
            keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
@@ -1452,10 +1567,13 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     do {                                                                                                \
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(o[0][n_][e_]);              \
+        _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) if (KVP_MSUM) kvp_reg_fence(l[e_]);          \
         kvp_wg_fence();                                                                                 \
         const unsigned dv_ = dv + (vc & 1u) * (unsigned)((KVP_VDST(1) - KVP_VDST(0)) >> 4);            \
-        _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_)                                 \
+        _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_) {                               \
             KVP_FN(kvp_wg_o)(&o[0][0][0], pa[kk_], kvp_wg_desc_sbo1k(dv_ + (unsigned)((kk_ * 16 * 128) >> 4)), 1); \
+            if (KVP_MSUM) KVP_FN(kvp_wg_l)(l, pa[kk_], d1);                                             \
+        }                                                                                               \
         kvp_wg_commit();                                                                                \
     } while (0)
 #define KVP_WG_FENCE_PO()                                                                               \
@@ -1464,6 +1582,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence_u(pa[kk_][e_]);             \
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(o[0][n_][e_]);              \
+        _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) if (KVP_MSUM) kvp_reg_fence(l[e_]);          \
     } while (0)
 #define KVP_WG_SCORES(T, s)                                                                             \
     do {                                                                                                \
@@ -1471,7 +1590,8 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(s[0][n_][e_]);              \
         al[0][0] = al[0][1] = 1.0f;                                                                     \
         if (!(KVP_EXP & 4))                                                                             \
-            KVP_FN(kvp_scores)(p, s, o, m, d, kv0 + (T) * KVP_TKV, kv1, wr0, wqmin, wqmax, qr, qc, smem, al); \
+            KVP_FN(kvp_scores)(p, s, o, m, d, kv0 + (T) * KVP_TKV, kv1, wr0, kvp_ld_shared_vol(wqa),           \
+                               kvp_ld_shared_vol(wqa + 4u), KVP_QR(), KVP_QC(), rsm, al);                      \
     } while (0)
 /* Ping-pong: the two warpgroups take turns issuing their MMAs (named barriers 4 and 5), so one's softmax runs
    while the other's MMAs keep the tensor cores busy */
@@ -1495,7 +1615,6 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         if (ntiles > 0) { /* S_0 -> P_0 (O is zero: no rescale) */
             float s[1][KVP_NK][4];
             kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
-            ifault |= s_kfault[kc & 1u];
             if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
             KVP_WG_TURN();
             KVP_WG_ISSUE_S(s);
@@ -1509,7 +1628,6 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         for (int t = 0; t + 1 < ntiles; ++t) { /* tile t's O += P V beside tile t + 1's S and softmax */
             float s[1][KVP_NK][4];
             kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
-            ifault |= s_kfault[kc & 1u];
             if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
             kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
             if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
@@ -1525,13 +1643,20 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             KVP_WG_FENCE_PO();
             kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
             ++vc;
+            if (!(KVP_EXP & 8) && __any_sync(KVP_FULL, al[0][0] != 1.0f || al[0][1] != 1.0f)) {
 #pragma unroll
-            for (int n = 0; n < KVP_ND; ++n) {
-                if (KVP_EXP & 8) break;
-                o[0][n][0] *= al[0][0];
-                o[0][n][1] *= al[0][0];
-                o[0][n][2] *= al[0][1];
-                o[0][n][3] *= al[0][1];
+                for (int n = 0; n < KVP_ND; ++n) {
+                    o[0][n][0] *= al[0][0];
+                    o[0][n][1] *= al[0][0];
+                    o[0][n][2] *= al[0][1];
+                    o[0][n][3] *= al[0][1];
+                }
+                if (KVP_MSUM) {
+                    l[0] *= al[0][0];
+                    l[1] *= al[0][0];
+                    l[2] *= al[0][1];
+                    l[3] *= al[0][1];
+                }
             }
             KVP_WG_PACK(s);
         }
@@ -1557,30 +1682,37 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         /* ---- epilogue from registers (no staging: the producer may already fill the K/V slots for the next item)
            ---- each thread owns rows wr0 + qr (+ 8) and columns n * 8 + qc (+ 1) of O */
         {
-            const kvp_ctx* const ctx = KVP_S_CTX(smem);
-            const int faulted = ctx->fault || ifault;
+            /* (the slot's fault word stays until this item releases the slot) */
+            const int faulted = kvp_ld_shared_vol(qbar + 32u + 4u * qs);
             if (faulted && ctid == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
             const bool sigmoid = (p.flags & KVK_FLAG_SIGMOID) != 0;
             const int partial = item.partial;
             const bool to_partial = partial >= 0;
             const float vs = p.v_scale * KVP_KFIX;
-            const int* const s_qi = KVP_S_QI(smem);
-            const int* const s_qh = KVP_S_QH(smem);
+            const int* const s_qi = KVP_S_QI(rsm);
+            const int* const s_qh = KVP_S_QH(rsm);
+            const int qr = KVP_QR(), qc = KVP_QC();
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = wr0 + qr + 8 * h;
                 float dd = d[0][h];
-                dd += __shfl_xor_sync(KVP_FULL, dd, 1);
-                dd += __shfl_xor_sync(KVP_FULL, dd, 2);
+                if (KVP_MSUM) {
+                    dd = l[2 * h]; /* the whole row's sum already */
+                } else {
+                    dd += __shfl_xor_sync(KVP_FULL, dd, 1);
+                    dd += __shfl_xor_sync(KVP_FULL, dd, 2);
+                }
                 if (row >= item.rows) continue;
                 float scale, lse;
                 kvp_row_norm(m[0][h], dd, vs, sigmoid, faulted, to_partial, &scale, &lse);
                 if (to_partial) {
-                    float* const dst = (float*)(p.ws + p.off_partial_o) + ((long long)partial * p.tile_q + row) * KVP_D + qc;
+                    /* (slot rows in 32 bits: the workspace holds slots x tile_q x D floats) */
+                    const unsigned prow = (unsigned)partial * (unsigned)p.tile_q + (unsigned)row;
+                    float* const dst = (float*)(p.ws + p.off_partial_o) + (unsigned long long)prow * KVP_D + qc;
 #pragma unroll
                     for (int n = 0; n < KVP_ND; ++n)
                         *(float2*)(dst + n * 8) = make_float2(o[0][n][2 * h] * scale, o[0][n][2 * h + 1] * scale);
-                    if ((lane & 3) == 0) ((float*)(p.ws + p.off_partial_lse))[(long long)partial * p.tile_q + row] = lse;
+                    if ((lane & 3) == 0) ((float*)(p.ws + p.off_partial_lse))[prow] = lse;
                 } else {
                     const long long qi = s_qi[row], qh = s_qh[row];
                     const long long off = qi * p.o_stride_row + qh * p.o_stride_head + qc;
@@ -1597,6 +1729,8 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
                 }
             }
         }
+        kvp_mbar_arrive(KVP_BAR_EMPTY_Q(qn)); /* this thread is done with the slot's Q (its MMAs completed) and rows */
+        ++qn;
     }
     if (!(KVP_EXP & 1) && wg == 0) kvp_named_sync(4u, KVP_NT); /* warpgroup 1's last pass (or its first, when there was no tile) */
 #else
@@ -1608,6 +1742,10 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
 #undef KVP_BAR_EMPTY_K
 #undef KVP_BAR_EMPTY_V
 #undef KVP_PHASE
+#undef KVP_BAR_FULL_Q
+#undef KVP_QR
+#undef KVP_QC
+#undef KVP_BAR_EMPTY_Q
 
 #endif /* KVP_ML */
 #undef KVP_IDX_PREFETCH
@@ -1733,9 +1871,15 @@ extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, 1) KVA_KERNEL_NAME(cons
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     if (threadIdx.x == 0) {
         const unsigned bar = kva_smem_addr(kvp_smem + KVP_OFF_BAR);
-        for (int i = 0; i < 2; ++i) kvp_mbar_init(bar + 8u * i, 129u);          /* full K: producer threads + 1 */
-        for (int i = 2; i < 4; ++i) kvp_mbar_init(bar + 8u * i, 128u);          /* full V: producer threads */
+        for (int i = 0; i < 4; ++i) kvp_mbar_init(bar + 8u * i, 128u);          /* full K / V: producer threads */
         for (int i = 4; i < 8; ++i) kvp_mbar_init(bar + 8u * i, KVP_NT);        /* empty: consumer threads */
+        const unsigned qbar = kva_smem_addr(kvp_smem + KVP_OFF_QBAR);
+        for (int i = 0; i < 2; ++i) kvp_mbar_init(qbar + 8u * i, 129u);         /* Q full: producer threads + 1 */
+        for (int i = 2; i < 4; ++i) kvp_mbar_init(qbar + 8u * i, KVP_NT);       /* Q empty: consumer threads */
+    }
+    if (threadIdx.x < 128) { /* the ones block (16-bit 1.0 pairs), then visible to the MMA's async proxy */
+        ((unsigned*)(kvp_smem + KVP_OFF_ONES))[threadIdx.x] = KVA_KT == KVK_BF16 ? 0x3F803F80u : 0x3C003C00u;
+        kvp_fence_proxy_async();
     }
     __syncthreads();
     if (threadIdx.x < 128) {
