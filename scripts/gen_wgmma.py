@@ -7,15 +7,12 @@ registers per thread for m64nNk16) so the asm operand lists stay in one generate
       D (+)= A B, A and B from shared memory (descriptors), B K-major (no transpose)
   kvw_rs_n<N>_<t>(float* d, const unsigned* a, unsigned long long db, int acc)
       D (+)= A B, A from registers (4 x 32-bit, the m16n8k16 A-fragment layout per warp), B MN-major (transposed)
-  kvw_rsk_n<N>_<t>(float* d, const unsigned* a, unsigned long long db, int acc)
-      the same with B K-major (the row sums of P against a block of ones)
 
 Run: python3 scripts/gen_wgmma.py > src/kernels/kva_wgmma.cuh
 """
 
 SHAPES_SS = [64, 128]        # S = Q K^T: N = keys per tile
 SHAPES_RS = [64, 128, 256]   # O += P V: N = head dim
-SHAPES_RSK = [8]             # l += P 1: the softmax row sums
 TYPES = [("bf16", "bf16"), ("f16", "f16")]
 
 
@@ -38,13 +35,12 @@ def ss(n, t):
     print("}")
 
 
-def rs(n, t, trans=1):
+def rs(n, t):
     r = n // 2
-    print("KVA_DEV void kvw_rs%s_n%d_%s(float* d, const unsigned* a, unsigned long long db, int acc) {"
-          % ("" if trans else "k", n, t))
+    print("KVA_DEV void kvw_rs_n%d_%s(float* d, const unsigned* a, unsigned long long db, int acc) {" % (n, t))
     print('    asm volatile("{ .reg .pred p; setp.ne.b32 p, %%%d, 0; "' % (r + 5))
-    print('                 "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, %d; }"'
-          % (n, t, t, acc_list(r), r, r + 1, r + 2, r + 3, r + 4, trans))
+    print('                 "wgmma.mma_async.sync.aligned.m64n%dk16.f32.%s.%s {%s}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, 1; }"'
+          % (n, t, t, acc_list(r), r, r + 1, r + 2, r + 3, r + 4))
     print("                 : %s" % outs(r))
     print('                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));')
     print("}")
@@ -62,9 +58,6 @@ for t, _ in TYPES:
         print()
     for n in SHAPES_RS:
         rs(n, t)
-        print()
-    for n in SHAPES_RSK:
-        rs(n, t, 0)
         print()
 print("#endif /* __CUDA_ARCH_FEAT_SM90_ALL */")
 print("#endif /* KVA_WGMMA_CUH */")

@@ -365,18 +365,16 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #undef KVP_KDST
 #undef KVP_VDST
 #undef KVP_OFF_BAR
-#undef KVP_OFF_ONES
 #undef KVP_OFF_QBAR
 #undef KVP_OFF_Q2
 #undef KVP_ROWS2
 #undef KVP_LAZY
-#undef KVP_MSUM
 
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
 #ifndef KVP_EXP /* benchmark timing experiments (KVATTN_BENCH_PF_EXP; results are not valid): 1 no ping-pong between the
                    consumer warpgroups, 2 exp2 replaced by a multiply-add, 4 no mask / softmax at all, 8 no O rescale,
                    16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences; valid
-                   results: 64 the eager rescale (KVP_LAZY = 0), 128 row sums of P by adds (no KVP_MSUM) */
+                   results: 64 the eager rescale (KVP_LAZY = 0) */
 #define KVP_EXP 0
 #endif
 /* Lazy rescale: a row keeps its running max m until a tile's max exceeds it by more than KVP_LAZY (log2 units), so
@@ -388,14 +386,7 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #else
 #define KVP_LAZY 8.0f
 #endif
-/* Row sums of P by the tensor cores (Hopper mainloop): l += P 1 beside O += P V, one m64n8k16 MMA per k-step, instead
-   of an add per element in kvp_scores. l is then the sum of the 16-bit P that O accumulates, rescaled with O.
-   KVATTN_BENCH_PF_EXP bit 128 keeps the per-element adds (valid results). */
-#if KVP_ML == 1 && !(KVP_EXP & 128)
-#define KVP_MSUM 1
-#else
-#define KVP_MSUM 0
-#endif
+
 /* benchmark-only builds (KVATTN_BENCH_NO_BOUNDS_CHECK): no page-index bounds check, to measure its cost */
 #if defined(KVA_NO_BOUNDS_CHECK) && KVA_NO_BOUNDS_CHECK
 #define KVP_NOCHK 1
@@ -491,7 +482,6 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_KDST(C) (((C) & 1) * (KVP_STAGE / 2))
 #define KVP_VDST(C) ((2 + ((C) & 1)) * (KVP_STAGE / 2))
 #define KVP_OFF_BAR KVK_PFW_OFF_BAR(KVA_DQK)
-#define KVP_OFF_ONES KVK_PFW_OFF_ONES(KVA_DQK)
 #define KVP_OFF_QBAR KVK_PFW_OFF_QBAR(KVA_DQK)
 #define KVP_OFF_Q2 KVK_PFW_OFF_Q2(KVA_DQK)
 #define KVP_ROWS2 (KVK_PFW_OFF_ROWS2(KVA_DQK) - KVP_OFF_ROWS) /* the KVP_S_* row facts of Q slot 1: at smem + this */
@@ -862,7 +852,6 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                 const float mu = mn == neg_inf ? 0.0f : mn;
                 const float al = up ? kva_exp2(mo - mu) : 1.0f;
                 m[mq][h] = mn;
-                const bool msum = KVP_MSUM && alpha != nullptr; /* the caller's MMA sums the rows of P */
                 float pc[KVP_CH];
 #pragma unroll
                 for (int c = 0; c < KVP_CH; ++c) pc[c] = 0.0f;
@@ -873,15 +862,13 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                         const float pv = (KVP_EXP & 2) ? fmaf(s[mq][n][2 * h + e], sc, -mu)
                                                        : kva_exp2(fmaf(s[mq][n][2 * h + e], sc, -mu));
                         s[mq][n][2 * h + e] = pv;
-                        if (!msum) pc[n % KVP_CH] += pv;
+                        pc[n % KVP_CH] += pv;
                     }
-                if (!msum) {
 #pragma unroll
-                    for (int w = KVP_CH / 2; w >= 1; w /= 2)
+                for (int w = KVP_CH / 2; w >= 1; w /= 2)
 #pragma unroll
-                        for (int c = 0; c < w; ++c) pc[c] += pc[c + w];
-                    d[mq][h] = d[mq][h] * al + pc[0];
-                }
+                    for (int c = 0; c < w; ++c) pc[c] += pc[c + w];
+                d[mq][h] = d[mq][h] * al + pc[0];
                 if (alpha) { /* the caller rescales O (its MMA may still be accumulating into it) */
                     alpha[mq][h] = al;
                 } else if (__any_sync(KVP_FULL, al != 1.0f)) { /* most tiles leave every row's max unchanged */
@@ -1254,18 +1241,6 @@ KVA_DEV void KVP_FN(kvp_wg_o)(float* d, const unsigned* a, unsigned long long db
     (void)d, (void)a, (void)db, (void)acc;
 #endif
 }
-/* l += P 1 (m64n8k16, B K-major from the ones block): each thread gets its two rows' sums of P */
-KVA_DEV void KVP_FN(kvp_wg_l)(float* d, const unsigned* a, unsigned long long db) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#if KVA_KT == KVK_BF16
-    kvw_rsk_n8_bf16(d, a, db, 1);
-#else
-    kvw_rsk_n8_f16(d, a, db, 1);
-#endif
-#else
-    (void)d, (void)a, (void)db;
-#endif
-}
 
 /* mbarriers (KVP_OFF_BAR): full_k[2] (+0), full_v[2] (+16): 128 producer arrivals (cp.async.mbarrier.arrive: the
    thread's copies landed); empty_k[2] (+32), empty_v[2] (+48): 256 consumer arrivals (their MMAs finished reading the
@@ -1307,6 +1282,8 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
     const bool ragged = (p.flags & KVK_FLAG_RAGGED) != 0;
     unsigned kc = 0;         /* K / V tiles copied by this CTA so far (K and V of a tile share the count) */
     unsigned qn = 0;         /* items (Q slots) filled so far */
+    unsigned chk = ~0u; /* the last request checked and its result: request * 2 + bad (page tables do not change in a
+                           run) */
     static_assert(KVA_TQ == 128 && !KVP_QCONV, "Hopper producer: one row per thread, Q copied as is");
     /* copy geometry: thread ptid copies 16-byte chunk col of rows r0 + u * PRS (u < PUK); PRS is a multiple of 8, so
        the swizzled chunk position is the same for all of them and the destination advances by PRS rows */
@@ -1351,22 +1328,41 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
                 KVP_S_SLOPE(rsm)[r] = sl;
                 KVP_S_MBIT(rsm)[r] = rq.mask_offset * 8 + (long long)i * rq.kv_len;
             }
-            /* every page of the request in range, or all its items output o = 0, lse = -inf (docs: Faults) */
+            /* every page of the request in range, or all its items output o = 0, lse = -inf (docs: Faults); once per
+               run of items of one request (the locality order keeps a request's items together), 8 loads in flight
+               per thread, the key of a bad page recorded by a second pass only when there is one */
             int qbad = 0;
 #if !KVP_NOCHK
-            if (!ragged && rq.kv_len > 0) {
+            const bool check = !ragged && rq.kv_len > 0 && (unsigned)item.req != chk >> 1;
+            if (check) {
                 const int n = (int)kva_fastdiv((unsigned)(rq.kv_len - 1), p.ps_mul, p.ps_shift) + 1;
-                for (int e = ptid; e < n; e += 128) {
-                    const int pg = kva_ldg_i32(pidx + e);
-                    if ((unsigned long long)(unsigned)pg >= (unsigned long long)p.num_pages) {
-                        atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
-                                  ~(((unsigned long long)(unsigned)item.req << 32) | (unsigned long long)(unsigned)pg));
-                        qbad = 1;
+                const unsigned np = (unsigned)p.num_pages;
+                for (int e0 = 0; e0 < n; e0 += 8 * 128) {
+                    int pg[8];
+#pragma unroll
+                    for (int u = 0; u < 8; ++u) {
+                        const int e = e0 + u * 128 + ptid;
+                        pg[u] = e < n ? kva_ldg_i32(pidx + e) : 0;
                     }
+#pragma unroll
+                    for (int u = 0; u < 8; ++u) qbad |= (unsigned)pg[u] >= np;
                 }
+                if (qbad)
+                    for (int e = ptid; e < n; e += 128) {
+                        const int pg = kva_ldg_i32(pidx + e);
+                        if ((unsigned)pg >= np)
+                            atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
+                                      ~(((unsigned long long)(unsigned)item.req << 32) | (unsigned long long)(unsigned)pg));
+                    }
             }
 #endif
             qbad = kvp_named_sync_or(2, 128, qbad); /* also publishes the row facts to the producer warpgroup */
+#if !KVP_NOCHK
+            if (!ragged) {
+                if (check) chk = (unsigned)item.req * 2u + (unsigned)qbad;
+                else qbad = rq.kv_len > 0 ? (int)(chk & 1u) : 0;
+            }
+#endif
             const unsigned q_s = sbase + (qs ? (unsigned)KVP_OFF_Q2 : 0u);
             const int c = ptid % KVP_ND;
             const int* const s_qi = KVP_S_QI(rsm);
@@ -1531,12 +1527,8 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         const unsigned dq = kvp_wg_desc_lo(q_wg + (qs ? (unsigned)KVP_OFF_Q2 : 0u), 16u);
         const unsigned dk = kvp_wg_desc_lo(kv_s + (unsigned)KVP_KDST(0), 16u);
         const unsigned dv = kvp_wg_desc_lo(kv_s + (unsigned)KVP_VDST(0), (unsigned)(KVP_TKV * 128));
-        /* the ones block: no swizzle, core matrices 128 bytes apart along K and N (all inside its 512 bytes) */
-        const unsigned long long d1 =
-            (unsigned long long)kvp_wg_desc_lo(sbase + (unsigned)KVP_OFF_ONES, 128u) | ((unsigned long long)(128u >> 4) << 32);
         float o[1][KVP_ND][4];
         float m[1][2], d[1][2], al[1][2];
-        float l[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* KVP_MSUM: l[2h] (= l[2h + 1]) is row h's sum of P */
 #pragma unroll
         for (int n = 0; n < KVP_ND; ++n)
 #pragma unroll
@@ -1567,13 +1559,10 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     do {                                                                                                \
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(o[0][n_][e_]);              \
-        _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) if (KVP_MSUM) kvp_reg_fence(l[e_]);          \
         kvp_wg_fence();                                                                                 \
         const unsigned dv_ = dv + (vc & 1u) * (unsigned)((KVP_VDST(1) - KVP_VDST(0)) >> 4);            \
-        _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_) {                               \
+        _Pragma("unroll") for (int kk_ = 0; kk_ < KVP_TKV / 16; ++kk_)                                 \
             KVP_FN(kvp_wg_o)(&o[0][0][0], pa[kk_], kvp_wg_desc_sbo1k(dv_ + (unsigned)((kk_ * 16 * 128) >> 4)), 1); \
-            if (KVP_MSUM) KVP_FN(kvp_wg_l)(l, pa[kk_], d1);                                             \
-        }                                                                                               \
         kvp_wg_commit();                                                                                \
     } while (0)
 #define KVP_WG_FENCE_PO()                                                                               \
@@ -1582,7 +1571,6 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence_u(pa[kk_][e_]);             \
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(o[0][n_][e_]);              \
-        _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) if (KVP_MSUM) kvp_reg_fence(l[e_]);          \
     } while (0)
 #define KVP_WG_SCORES(T, s)                                                                             \
     do {                                                                                                \
@@ -1651,12 +1639,6 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
                     o[0][n][2] *= al[0][1];
                     o[0][n][3] *= al[0][1];
                 }
-                if (KVP_MSUM) {
-                    l[0] *= al[0][0];
-                    l[1] *= al[0][0];
-                    l[2] *= al[0][1];
-                    l[3] *= al[0][1];
-                }
             }
             KVP_WG_PACK(s);
         }
@@ -1696,12 +1678,8 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             for (int h = 0; h < 2; ++h) {
                 const int row = wr0 + qr + 8 * h;
                 float dd = d[0][h];
-                if (KVP_MSUM) {
-                    dd = l[2 * h]; /* the whole row's sum already */
-                } else {
-                    dd += __shfl_xor_sync(KVP_FULL, dd, 1);
-                    dd += __shfl_xor_sync(KVP_FULL, dd, 2);
-                }
+                dd += __shfl_xor_sync(KVP_FULL, dd, 1);
+                dd += __shfl_xor_sync(KVP_FULL, dd, 2);
                 if (row >= item.rows) continue;
                 float scale, lse;
                 kvp_row_norm(m[0][h], dd, vs, sigmoid, faulted, to_partial, &scale, &lse);
@@ -1876,10 +1854,6 @@ extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, 1) KVA_KERNEL_NAME(cons
         const unsigned qbar = kva_smem_addr(kvp_smem + KVP_OFF_QBAR);
         for (int i = 0; i < 2; ++i) kvp_mbar_init(qbar + 8u * i, 129u);         /* Q full: producer threads + 1 */
         for (int i = 2; i < 4; ++i) kvp_mbar_init(qbar + 8u * i, KVP_NT);       /* Q empty: consumer threads */
-    }
-    if (threadIdx.x < 128) { /* the ones block (16-bit 1.0 pairs), then visible to the MMA's async proxy */
-        ((unsigned*)(kvp_smem + KVP_OFF_ONES))[threadIdx.x] = KVA_KT == KVK_BF16 ? 0x3F803F80u : 0x3C003C00u;
-        kvp_fence_proxy_async();
     }
     __syncthreads();
     if (threadIdx.x < 128) {

@@ -88,11 +88,10 @@
 #define KVK_PFW_OFF_FREQ(d) (KVK_PFW_OFF_ROWS(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ))
 /* 8 mbarriers (64 bytes), then a fault word per K slot (8 bytes) */
 #define KVK_PFW_OFF_BAR(d) (KVK_PFW_OFF_FREQ(d) + KVK_PF_FREQ_BYTES(d))
-/* 512 bytes of 16-bit ones (the B operand of the MMA that sums each row of P), then the Q slots' mbarriers
-   (full[2] +0, empty[2] +16) and request fault words (+32), then Q slot 1 (1024-aligned) and its row facts: the
-   producer fills slot (item count & 1) with the next item's Q and row facts while the consumers compute */
-#define KVK_PFW_OFF_ONES(d) (((KVK_PFW_OFF_BAR(d) + 80 + 127) / 128) * 128)
-#define KVK_PFW_OFF_QBAR(d) (KVK_PFW_OFF_ONES(d) + 512)
+/* the Q slots' mbarriers (full[2] +0, empty[2] +16) and request fault words (+32), then Q slot 1 (1024-aligned) and
+   its row facts: the producer fills slot (item count & 1) with the next item's Q and row facts while the consumers
+   compute */
+#define KVK_PFW_OFF_QBAR(d) (((KVK_PFW_OFF_BAR(d) + 80 + 127) / 128) * 128)
 #define KVK_PFW_OFF_Q2(d) (((KVK_PFW_OFF_QBAR(d) + 64 + 1023) / 1024) * 1024)
 #define KVK_PFW_OFF_ROWS2(d) (KVK_PFW_OFF_Q2(d) + KVK_PFW_Q_BYTES(d))
 #define KVK_PFW_SMEM(d) (KVK_PFW_OFF_ROWS2(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ) + 1024)
