@@ -373,7 +373,9 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     kva__fastdiv_magic(pd->group_size, &p.g_mul, &p.g_shift);
     p.num_qo_heads = d->num_qo_heads;
     p.tile_q = pd->tile_q;
-    p.window_left = d->window_left;
+    /* q positions lie in (-2^30, 2^30) and keys in [0, 2^30) (lengths <= INT32_MAX / 2), so any window of 2^30 or more
+       sees every key: clamped, q - window_left stays inside 32 bits in the kernels */
+    p.window_left = d->window_left > (1 << 30) ? (1 << 30) : d->window_left;
     uint32_t flags = 0;
     if (d->pos_encoding == KVA_POS_ALIBI) flags |= KVK_FLAG_ALIBI | KVK_FLAG_TRANSFORM;
     /* a user variant's hooks see natural-log logits; without softmax the scores are plain weights */

@@ -719,7 +719,7 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
        with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
     const float qsc = p.q_scale * KVP_KFIX;
     /* geo: every key of the slice is inside the range and visible to every row (causal, window), so no mask */
-    /* (32-bit window arithmetic: q positions and window_left are >= 0, so q - window_left cannot overflow) */
+    /* (32-bit window arithmetic: q positions are above -2^30 and the host clamps window_left to 2^30) */
     const bool geo = jw1 < kv1 && (!causal || jw1 <= wqmin) && (!window || jw0 >= wqmax - p.window_left);
     const bool full = !(flags & (KVK_FLAG_CUSTOM | KVK_FLAG_TRANSFORM)) && qsc > 0.0f && geo;
     float sc = qsc; /* s * sc is the log2-domain logit */
