@@ -5,13 +5,7 @@
 # the block-sparse wrappers. Environment: BUILD (default build-dev), OUT (default ./gpu_out), FORMATS_TESTS=0,
 # FORMATS_SANITIZE=0, FORMATS_BENCH=0, FORMATS_PEERS=0 to skip parts; FORMATS_BENCH_ARGS (e.g. "--quick").
 set -u
-BUILD=${BUILD:-build-dev}
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BUILD:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
-export KVATTN_CACHE_DIR=/tmp/kvattn_cache_fmt
-export PYTHONUNBUFFERED=1
-p=$(ls /usr/local/cuda/lib64/libnvrtc.so.1[23] 2>/dev/null | head -1); [ -n "$p" ] && export KVATTN_NVRTC_PATH=$p
+. "$(dirname "$0")/gpu_env.sh" fmt
 commit=$(git rev-parse --short HEAD 2>/dev/null)
 summary=()
 if [ "${FORMATS_TESTS:-1}" != 0 ]; then

@@ -1,16 +1,10 @@
 #!/usr/bin/env bash
 # gpu_prefill.sh - the tensor-core prefill family on the GPU machine in one call: correctness against the CPU
 # backend (--check), compute-sanitizer on a small shape, the P1-P5/V1 benchmark, A/B runs (mma.sync mainloop:
-# PREFILL_AB=0 skips; Hopper mainloop without TMA: PREFILL_TMA_AB=0 skips; PREFILL_EXP="64 128": the benchmark again
+# PREFILL_AB=0 skips; Hopper mainloop without TMA: PREFILL_TMA_AB=0 skips; PREFILL_EXP="64": the benchmark again
 # with each KVATTN_BENCH_PF_EXP value, --only "$EXP_ONLY" when set) and the peers (SDPA, FlexAttention).
 set -u
-BUILD=${BUILD:-build-dev}
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BUILD:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
-export KVATTN_CACHE_DIR=/tmp/kvattn_cache_pf
-export PYTHONUNBUFFERED=1
-p=$(ls /usr/local/cuda/lib64/libnvrtc.so.1[23] 2>/dev/null | head -1); [ -n "$p" ] && export KVATTN_NVRTC_PATH=$p
+. "$(dirname "$0")/gpu_env.sh" pf
 export KVA_COMMIT=$(git rev-parse --short HEAD 2>/dev/null)
 echo "== prefill --check"
 timeout 200 "$BUILD/kva_bench_prefill" --check 2>&1 | tail -30; echo "rc=$?"

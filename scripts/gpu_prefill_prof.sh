@@ -4,12 +4,7 @@
 # kernel (V1 causal 8k: speed of light, memory, warp states, per-SASS-instruction stall samples), and optionally
 # the decode per-CTA trace of one shape (DECODE_TRACE='1 x 32768').
 set -u
-BUILD=${BUILD:-build-dev}
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH="$PWD/$BUILD:${LD_LIBRARY_PATH:-}:/usr/local/cuda/lib64"
-export KVATTN_CACHE_DIR=/tmp/kvattn_cache_prof
-p=$(ls /usr/local/cuda/lib64/libnvrtc.so.1[23] 2>/dev/null | head -1); [ -n "$p" ] && export KVATTN_NVRTC_PATH=$p
+. "$(dirname "$0")/gpu_env.sh" prof
 ONLY=${PROF_ONLY:-}
 if [ "${PROF_CHECK:-1}" != 0 ]; then
   echo "== prefill --check"

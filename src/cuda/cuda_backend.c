@@ -261,16 +261,16 @@ static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* p
         if (kst[i] == 0 || vst[i] == 0 || kst[i] % 16 || vst[i] % 16 || kst[i] >= (1ull << 40) || vst[i] >= (1ull << 40))
             return 0;
     _Static_assert(sizeof(CUtensorMap) == sizeof tm->k, "CUtensorMap is 128 bytes");
-    CUtensorMap mk, mv;
-    if (cu->TensorMapEncodeTiled(&mk, dt, 3, (void*)p->k, dims, kst, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS ||
-        cu->TensorMapEncodeTiled(&mv, dt, 3, (void*)p->v, dims, vst, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-        return 0;
-    memcpy(tm->k, &mk, sizeof tm->k);
-    memcpy(tm->v, &mv, sizeof tm->v);
+    const void* const base[2] = {p->k, p->v};
+    const cuuint64_t* const st2[2] = {kst, vst};
+    CUtensorMap m[2];
+    for (int i = 0; i < 2; ++i)
+        if (cu->TensorMapEncodeTiled(&m[i], dt, 3, (void*)base[i], dims, st2[i], box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+            return 0;
+    memcpy(tm->k, &m[0], sizeof tm->k);
+    memcpy(tm->v, &m[1], sizeof tm->v);
     return 1;
 }
 

@@ -176,7 +176,6 @@ KVA_DEV void kvp_row_norm(float m, float dsum, float vs, bool sigmoid, int fault
     *lse = l;
 }
 
-
 /* item context in shared memory (see kva_prefill_geom.h) */
 typedef struct kvp_ctx {
     const char* kb;    /* K of this KV head */
@@ -507,21 +506,24 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 /* ---------------------------------------------------------------------------------------------- */
 /* Row facts of a work item (no barrier: the mainloop's first barrier publishes them)              */
 
-KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item, const kvk_request rq, char* smem) {
+/* tile row r's facts (rows past the item repeat its last row) */
+KVA_DEV void KVP_FN(kvp_row_fact)(const kvk_attn_params p, const kvk_work_item item, const kvk_request rq, char* smem,
+                                  const int r) {
     const int g = p.group_size;
-    const int last = item.rows > 0 ? item.rows - 1 : 0;
-    for (int r = KVP_TID; r < KVA_TQ; r += KVP_NT) {
-        const int pr = item.row_start + (r < item.rows ? r : last);
-        const int i = pr / g;
-        const int qh = item.kv_head * g + (pr - i * g);
-        KVP_S_QPOS(smem)[r] = rq.kv_len - rq.qo_len + i;
-        KVP_S_QI(smem)[r] = rq.qo_start + i;
-        KVP_S_QH(smem)[r] = qh;
-        float sl = 0.0f;
-        if (p.flags & KVK_FLAG_ALIBI) sl = p.alibi_slopes ? p.alibi_slopes[qh] : kva_alibi_slope(qh, p.num_qo_heads);
-        KVP_S_SLOPE(smem)[r] = sl;
-        KVP_S_MBIT(smem)[r] = rq.mask_offset * 8 + (long long)i * rq.kv_len;
-    }
+    const int pr = item.row_start + (r < item.rows ? r : (item.rows > 0 ? item.rows - 1 : 0));
+    const int i = pr / g;
+    const int qh = item.kv_head * g + (pr - i * g);
+    KVP_S_QPOS(smem)[r] = rq.kv_len - rq.qo_len + i;
+    KVP_S_QI(smem)[r] = rq.qo_start + i;
+    KVP_S_QH(smem)[r] = qh;
+    float sl = 0.0f;
+    if (p.flags & KVK_FLAG_ALIBI) sl = p.alibi_slopes ? p.alibi_slopes[qh] : kva_alibi_slope(qh, p.num_qo_heads);
+    KVP_S_SLOPE(smem)[r] = sl;
+    KVP_S_MBIT(smem)[r] = rq.mask_offset * 8 + (long long)i * rq.kv_len;
+}
+
+KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item, const kvk_request rq, char* smem) {
+    for (int r = KVP_TID; r < KVA_TQ; r += KVP_NT) KVP_FN(kvp_row_fact)(p, item, rq, smem, r);
     if (KVP_TID == 0) {
         kvp_ctx* c = KVP_S_CTX(smem);
         const int es = KVK_PF_ES(KVA_KT);
@@ -537,44 +539,55 @@ KVA_DEV void KVP_FN(kvp_rows)(const kvk_attn_params p, const kvk_work_item item,
         c->req = item.req;
         c->rows = item.rows;
         c->partial = item.partial;
-        c->fault = 0; /* no thread writes it before the next barrier (kvp_check_request or the mainloop's first) */
+        c->fault = 0; /* no thread writes it before the next barrier (the request check's or the mainloop's first) */
     }
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Request-wide page check: every item of a request checks the request's whole page table (coalesced, a few
-   loads per thread), so a request with any out-of-range page is faulted in every one of its tiles and KV heads
-   (o = 0, lse = -inf for all its rows), not only in the tiles whose KV range reaches the bad page. Called after
-   the barrier that follows kvp_rows (the context's fault flag is initialised there). */
-
-KVA_DEV void KVP_FN(kvp_check_request)(const kvk_attn_params p, const kvk_request rq, char* smem) {
-    if (KVP_NOCHK || (p.flags & KVK_FLAG_RAGGED) || rq.kv_len <= 0) return;
+/* Request-wide page check: every item of a request checks the request's whole page table (coalesced, 8 loads in
+   flight per thread), so a request with any out-of-range page is faulted in every one of its tiles and KV heads
+   (o = 0, lse = -inf for all its rows), not only in the tiles whose KV range reaches the bad page. Returns whether
+   this thread (tid of nt) saw a bad page; the key of each bad page goes into the status word by a second pass, only
+   when there is one. */
+KVA_DEV int KVP_FN(kvp_request_bad)(const kvk_attn_params p, const kvk_request rq, const int req, const int tid, const int nt) {
+    if (KVP_NOCHK || (p.flags & KVK_FLAG_RAGGED) || rq.kv_len <= 0) return 0;
     const int n = (int)kva_fastdiv((unsigned)(rq.kv_len - 1), p.ps_mul, p.ps_shift) + 1;
     const kvk_i32* const pidx = p.indices + rq.kv_start;
+    const unsigned np = (unsigned)p.num_pages;
     int bad = 0;
-    for (int e = KVP_TID; e < n; e += KVP_NT) {
-        const int pg = pidx[e];
-        if ((unsigned long long)(unsigned)pg >= (unsigned long long)p.num_pages) {
-            atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
-                      ~(((unsigned long long)(unsigned)KVP_S_CTX(smem)->req << 32) | (unsigned long long)(unsigned)pg));
-            bad = 1;
+    for (int e0 = 0; e0 < n; e0 += 8 * nt) {
+        int pg[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            const int e = e0 + u * nt + tid;
+            pg[u] = e < n ? kva_ldg_i32(pidx + e) : 0;
         }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) bad |= (unsigned)pg[u] >= np;
     }
-    if (bad) atomicOr(&KVP_S_CTX(smem)->fault, 1);
+    if (bad)
+        for (int e = tid; e < n; e += nt) {
+            const int pg = kva_ldg_i32(pidx + e);
+            if ((unsigned)pg >= np)
+                atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
+                          ~(((unsigned long long)(unsigned)req << 32) | (unsigned long long)(unsigned)pg));
+        }
+    return bad;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Q tile -> shared memory [TQ][D] (CT, swizzled); rows >= item.rows are zero                      */
 
-KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item item, char* smem) {
-    const unsigned q_s = kva_smem_addr(smem);
+/* The item's Q tile into the swizzled tile at q_s (row facts at smem), by threads tid of nt (KVP_ND divides nt) */
+KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item item, const char* smem, const unsigned q_s,
+                                const int tid, const int nt) {
     const int* s_qi = KVP_S_QI(smem);
     const int* s_qh = KVP_S_QH(smem);
     const unsigned short* qbase = (const unsigned short*)p.q;
 #if !KVP_QCONV
-    const int c = KVP_TID % KVP_ND; /* KVP_ND divides the thread count: fixed per thread */
+    const int c = tid % KVP_ND; /* fixed per thread */
 #pragma unroll 4
-    for (int r = KVP_TID / KVP_ND; r < KVA_TQ; r += KVP_NT / KVP_ND) {
+    for (int r = tid / KVP_ND; r < KVA_TQ; r += nt / KVP_ND) {
         const unsigned short* src =
             qbase + (long long)s_qi[r] * p.q_stride_row + (long long)s_qh[r] * p.q_stride_head + c * 8;
         kva_cp_async16(q_s + (unsigned)KVP_SOFF(r, c, KVA_TQ), src, r < item.rows ? 16u : 0u);
@@ -583,8 +596,8 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
     const float* s_fhi = (const float*)(smem + KVP_OFF_FREQ);
     const float* s_flo = s_fhi + KVP_D / 2;
     const int* s_qpos = KVP_S_QPOS(smem);
-    const int c = KVP_TID % (KVP_ND / 2);
-    for (int r = KVP_TID / (KVP_ND / 2); r < KVA_TQ; r += KVP_NT / (KVP_ND / 2)) {
+    const int c = tid % (KVP_ND / 2);
+    for (int r = tid / (KVP_ND / 2); r < KVA_TQ; r += nt / (KVP_ND / 2)) {
         float x1[8], x2[8];
         if (r < item.rows) {
             const unsigned short* src =
@@ -607,8 +620,8 @@ KVA_DEV void KVP_FN(kvp_load_q)(const kvk_attn_params p, const kvk_work_item ite
         kvp_st_shared16(q_s + (unsigned)KVP_SOFF(r, c2, KVA_TQ), kvp_pack8(x2, KVP_CT));
     }
 #else
-    const int c = KVP_TID % KVP_ND;
-    for (int r = KVP_TID / KVP_ND; r < KVA_TQ; r += KVP_NT / KVP_ND) {
+    const int c = tid % KVP_ND;
+    for (int r = tid / KVP_ND; r < KVA_TQ; r += nt / KVP_ND) {
         float x[8];
         if (r < item.rows) {
             const unsigned short* src =
@@ -1020,7 +1033,7 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
         c->wq[warp][1] = s_qpos[act ? wlast : 0];
     }
     __syncthreads(); /* offsets and warp bounds visible */
-    KVP_FN(kvp_load_q)(p, item, smem);
+    KVP_FN(kvp_load_q)(p, item, smem, kva_smem_addr(smem), KVP_TID, KVP_NT);
 #pragma unroll
     for (int T = KVP_S; T < 2 * KVP_S - 1; ++T) KVP_IDX_PREFETCH(T); /* consumed in iterations 0 .. S-2 */
     kva_cp_async_commit();
@@ -1315,64 +1328,15 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
             const unsigned qs = qn & 1u;
             char* const rsm = smem + (qs ? KVP_ROWS2 : 0);
             kvp_mbar_wait(KVP_BAR_EMPTY_Q(qn), KVP_PHASE(qn) ^ 1u);
-            {
-                const int r = ptid, g = p.group_size;
-                const int pr = item.row_start + (r < item.rows ? r : (item.rows > 0 ? item.rows - 1 : 0));
-                const int i = pr / g;
-                const int qh = item.kv_head * g + (pr - i * g);
-                KVP_S_QPOS(rsm)[r] = rq.kv_len - rq.qo_len + i;
-                KVP_S_QI(rsm)[r] = rq.qo_start + i;
-                KVP_S_QH(rsm)[r] = qh;
-                float sl = 0.0f;
-                if (p.flags & KVK_FLAG_ALIBI) sl = p.alibi_slopes ? p.alibi_slopes[qh] : kva_alibi_slope(qh, p.num_qo_heads);
-                KVP_S_SLOPE(rsm)[r] = sl;
-                KVP_S_MBIT(rsm)[r] = rq.mask_offset * 8 + (long long)i * rq.kv_len;
-            }
-            /* every page of the request in range, or all its items output o = 0, lse = -inf (docs: Faults); once per
-               run of items of one request (the locality order keeps a request's items together), 8 loads in flight
-               per thread, the key of a bad page recorded by a second pass only when there is one */
-            int qbad = 0;
-#if !KVP_NOCHK
+            KVP_FN(kvp_row_fact)(p, item, rq, rsm, ptid);
+            /* the request-wide page check (docs: Faults), once per run of items of one request (the locality order
+               keeps a request's items together) */
             const bool check = !ragged && rq.kv_len > 0 && (unsigned)item.req != chk >> 1;
-            if (check) {
-                const int n = (int)kva_fastdiv((unsigned)(rq.kv_len - 1), p.ps_mul, p.ps_shift) + 1;
-                const unsigned np = (unsigned)p.num_pages;
-                for (int e0 = 0; e0 < n; e0 += 8 * 128) {
-                    int pg[8];
-#pragma unroll
-                    for (int u = 0; u < 8; ++u) {
-                        const int e = e0 + u * 128 + ptid;
-                        pg[u] = e < n ? kva_ldg_i32(pidx + e) : 0;
-                    }
-#pragma unroll
-                    for (int u = 0; u < 8; ++u) qbad |= (unsigned)pg[u] >= np;
-                }
-                if (qbad)
-                    for (int e = ptid; e < n; e += 128) {
-                        const int pg = kva_ldg_i32(pidx + e);
-                        if ((unsigned)pg >= np)
-                            atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
-                                      ~(((unsigned long long)(unsigned)item.req << 32) | (unsigned long long)(unsigned)pg));
-                    }
-            }
-#endif
+            int qbad = check ? KVP_FN(kvp_request_bad)(p, rq, item.req, ptid, 128) : 0;
             qbad = kvp_named_sync_or(2, 128, qbad); /* also publishes the row facts to the producer warpgroup */
-#if !KVP_NOCHK
-            if (!ragged) {
-                if (check) chk = (unsigned)item.req * 2u + (unsigned)qbad;
-                else qbad = rq.kv_len > 0 ? (int)(chk & 1u) : 0;
-            }
-#endif
-            const unsigned q_s = sbase + (qs ? (unsigned)KVP_OFF_Q2 : 0u);
-            const int c = ptid % KVP_ND;
-            const int* const s_qi = KVP_S_QI(rsm);
-            const int* const s_qh = KVP_S_QH(rsm);
-#pragma unroll 4
-            for (int r = ptid / KVP_ND; r < KVA_TQ; r += 128 / KVP_ND)
-                kva_cp_async16(q_s + (unsigned)KVP_SOFF(r, c, KVA_TQ),
-                               (const unsigned short*)p.q + (long long)s_qi[r] * p.q_stride_row +
-                                   (long long)s_qh[r] * p.q_stride_head + c * 8,
-                               r < item.rows ? 16u : 0u);
+            if (check) chk = (unsigned)item.req * 2u + (unsigned)qbad;
+            else if (!ragged && rq.kv_len > 0) qbad = (int)(chk & 1u);
+            KVP_FN(kvp_load_q)(p, item, rsm, sbase + (qs ? (unsigned)KVP_OFF_Q2 : 0u), ptid, 128);
             kvp_cp_async_mbar_arrive(KVP_BAR_FULL_Q(qn));
             if (ptid == 0) { /* per consumer warp the q positions of its first and last valid row (KVP_S_WQ), and the
                                 fault word, released by one more arrival */
@@ -1502,7 +1466,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     const unsigned kv_s = sbase + KVP_OFF_KV;
     const unsigned bar = sbase + KVP_OFF_BAR;
     const unsigned q_wg = sbase + (unsigned)(wg * 64 * 128); /* this warpgroup's rows in each column block of Q */
-    const unsigned qbar = sbase + KVP_OFF_QBAR; /* (fault words: bar + 64 per K slot, qbar + 32 per Q slot) */
+    const unsigned qbar = sbase + KVP_OFF_QBAR;
     unsigned kc = 0, vc = 0; /* K / V tiles consumed by this CTA so far */
     unsigned qn = 0;         /* items (Q slots) consumed so far */
     if (!(KVP_EXP & 1) && wg == 1) kvp_named_arrive(4u, KVP_NT); /* warpgroup 0 issues first */
@@ -1826,8 +1790,8 @@ extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, KVP_MINB) KVA_KERNEL_NA
         KVP_FN(kvp_rows)(p, item, rq, kvp_smem);
 #if !KVP_NOCHK
         if (!(p.flags & KVK_FLAG_RAGGED)) {
-            __syncthreads(); /* the context (fault flag, req) is written */
-            KVP_FN(kvp_check_request)(p, rq, kvp_smem);
+            __syncthreads(); /* the context's fault flag is initialised */
+            if (KVP_FN(kvp_request_bad)(p, rq, item.req, KVP_TID, KVP_NT)) atomicOr(&KVP_S_CTX(kvp_smem)->fault, 1);
         }
 #endif
         KVP_FN(kvp_mainloop_mma)(p, item, kvp_smem);

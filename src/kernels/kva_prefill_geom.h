@@ -86,13 +86,12 @@
 /* per ring slot and row: K and V byte offsets (8 + 8) and their 16-byte-unit forms for the fast copy path (4 + 4) */
 #define KVK_PFW_OFF_ROWS(d) (KVK_PFW_OFF_OFFS(d) + KVK_PFW_RING * KVK_PFW_TKV(d) * 24)
 #define KVK_PFW_OFF_FREQ(d) (KVK_PFW_OFF_ROWS(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ))
-/* 8 mbarriers (64 bytes), then a fault word per K slot (8 bytes) */
+/* 8 mbarriers of the K/V slots (64 bytes), then those of the Q slots (full[2] +0, empty[2] +16) and the request fault
+   words (+32) (48 bytes); then Q slot 1 (1024-aligned) and its row facts: the producer fills slot (item count & 1)
+   with the next item's Q and row facts while the consumers compute */
 #define KVK_PFW_OFF_BAR(d) (KVK_PFW_OFF_FREQ(d) + KVK_PF_FREQ_BYTES(d))
-/* the Q slots' mbarriers (full[2] +0, empty[2] +16) and request fault words (+32), then Q slot 1 (1024-aligned) and
-   its row facts: the producer fills slot (item count & 1) with the next item's Q and row facts while the consumers
-   compute */
-#define KVK_PFW_OFF_QBAR(d) (((KVK_PFW_OFF_BAR(d) + 80 + 127) / 128) * 128)
-#define KVK_PFW_OFF_Q2(d) (((KVK_PFW_OFF_QBAR(d) + 64 + 1023) / 1024) * 1024)
+#define KVK_PFW_OFF_QBAR(d) (KVK_PFW_OFF_BAR(d) + 64)
+#define KVK_PFW_OFF_Q2(d) (((KVK_PFW_OFF_QBAR(d) + 48 + 1023) / 1024) * 1024)
 #define KVK_PFW_OFF_ROWS2(d) (KVK_PFW_OFF_Q2(d) + KVK_PFW_Q_BYTES(d))
 #define KVK_PFW_SMEM(d) (KVK_PFW_OFF_ROWS2(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ) + 1024)
 
