@@ -194,7 +194,8 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
         c.smem = kva__kkey_smem(&c.key);
     }
     if (status == KVA_OK && c.key.family == KVA__KF_PREFILL && !st->no_wgmma)
-        kva__cuda_prefill_upgrade(&c.key, &c.smem, st->cc, st->max_smem_optin);
+        kva__cuda_prefill_upgrade(&c.key, &c.smem, st->cc, st->max_smem_optin,
+                                  plan->desc.pos_encoding == KVA_POS_ALIBI && !(plan->desc.logits_soft_cap > 0.0f));
     if (status == KVA_OK && st->no_bounds_check) c.key.nochk |= 1;
     if (status == KVA_OK && st->pf_exp && c.key.family == KVA__KF_PREFILL) c.key.nochk |= st->pf_exp << 4;
     if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;

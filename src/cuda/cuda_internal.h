@@ -31,6 +31,8 @@ typedef struct kva__kkey {
                            experiment (KVATTN_BENCH_PF_EXP, timing only: results may be wrong) */
     int32_t mainloop;   /* tensor-core attention family: 0 mma.sync (kva_pf_*), 1 Hopper warpgroup MMA (kva_pfw_*,
                            sm_90a, 256 threads; kva__cuda_prefill_upgrade picks it) */
+    int32_t alibi_fold; /* Hopper mainloop: 1 = ALiBi's per-key bias folded into the S accumulators (KVA_ALIBI_FOLD;
+                           "_afold" names; taken for ALiBi without soft cap) */
     int32_t var_hooks;  /* user variant (CUDA-core family only): KVA_VARIANT_* bits | 0x100 if use_softmax; 0 = none */
     uint64_t var_hash;  /* the variant's hash (kva_variant.hash); 0 = built-in */
     const char* var_src; /* the variant's NVRTC source (not part of the key's identity: var_hash is) */

@@ -115,8 +115,8 @@ int kva__cuda_prefill_prefer_for_decode(const kva_attention_desc* d) {
 void kva__cuda_prefill_name(const kva__kkey* k, char* buf, size_t size) {
     char x[16] = "";
     if (k->nochk >> 4) snprintf(x, sizeof x, "_x%d", (int)(k->nochk >> 4));
-    snprintf(buf, size, "%s_d%d_q%s_kv%s_o%s_t%d_rope%d%s%s", k->mainloop ? "kva_pfw" : "kva_pf", (int)k->dqk, kva__pf_dt(k->qt), kva__pf_dt(k->kt),
-             kva__pf_dt(k->ot), (int)k->rows, (int)k->rope, (k->nochk & 1) ? "_nochk" : "", x);
+    snprintf(buf, size, "%s_d%d_q%s_kv%s_o%s_t%d_rope%d%s%s%s", k->mainloop ? "kva_pfw" : "kva_pf", (int)k->dqk, kva__pf_dt(k->qt), kva__pf_dt(k->kt),
+             kva__pf_dt(k->ot), (int)k->rows, (int)k->rope, k->alibi_fold ? "_afold" : "", (k->nochk & 1) ? "_nochk" : "", x);
 }
 
 int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max) {
@@ -133,6 +133,7 @@ int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max) {
     snprintf(defs[7], 128, "-DKVA_ROPE=%d", (int)k->rope);
     int n = 8;
     if (k->mainloop && max > n) snprintf(defs[n++], 128, "-DKVA_MAINLOOP=%d", (int)k->mainloop);
+    if (k->alibi_fold && max > n) snprintf(defs[n++], 128, "-DKVA_ALIBI_FOLD=1");
     if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1"); /* benchmark builds only */
     if ((k->nochk >> 4) && max > n) snprintf(defs[n++], 128, "-DKVP_EXP=%d", (int)(k->nochk >> 4)); /* timing only */
     return n;
@@ -155,9 +156,10 @@ int kva__cuda_prefill_wg_ok(const kva__kkey* k, int cc, int max_smem_optin) {
     return 1;
 }
 
-void kva__cuda_prefill_upgrade(kva__kkey* k, size_t* smem, int cc, int max_smem_optin) {
+void kva__cuda_prefill_upgrade(kva__kkey* k, size_t* smem, int cc, int max_smem_optin, int alibi_fold) {
     if (!kva__cuda_prefill_wg_ok(k, cc, max_smem_optin)) return;
     k->mainloop = 1;
+    k->alibi_fold = alibi_fold ? 1 : 0;
     if (smem) *smem = kva__cuda_prefill_smem(k);
 }
 
@@ -190,16 +192,18 @@ int kva__cuda_prefill_enumerate(kva__kkey* keys, int max) {
                             ++n;
                         }
         }
-    /* the Hopper mainloop: tile 128, head dim 64 / 128, q = KV 16-bit, every o dtype, no RoPE */
-    for (int a = 0; a < 2; ++a)
-        for (int b = 0; b < 2; ++b)
-            for (int e = 0; e < 3; ++e) {
-                if (n < max) {
-                    kva__pf_key(&keys[n], dims[a], qts[b], qts[b], ots[e], 128, 0);
-                    keys[n].mainloop = 1;
+    /* the Hopper mainloop: tile 128, head dim 64 / 128, q = KV 16-bit, every o dtype, no RoPE, ALiBi folded or not */
+    for (int af = 0; af < 2; ++af)
+        for (int a = 0; a < 2; ++a)
+            for (int b = 0; b < 2; ++b)
+                for (int e = 0; e < 3; ++e) {
+                    if (n < max) {
+                        kva__pf_key(&keys[n], dims[a], qts[b], qts[b], ots[e], 128, 0);
+                        keys[n].mainloop = 1;
+                        keys[n].alibi_fold = af;
+                    }
+                    ++n;
                 }
-                ++n;
-            }
     return n;
 }
 
@@ -218,12 +222,15 @@ int kva__cuda_prefill_aot_keys(kva__kkey* keys, int max) {
             if (n < max) kva__pf_key(&keys[n], cfg[i][0], cfg[i][1], cfg[i][2], cfg[i][3], tqs[t], 0);
             ++n;
         }
-    /* the Hopper mainloop (tile 128): head dim 128 bf16 and f16, head dim 64 bf16 */
-    static const int wcfg[][2] = {{128, KVA_DTYPE_BF16}, {128, KVA_DTYPE_F16}, {64, KVA_DTYPE_BF16}};
+    /* the Hopper mainloop (tile 128): head dim 128 bf16 and f16, head dim 64 bf16; head dim 128 bf16 with ALiBi
+       folded */
+    static const int wcfg[][3] = {{128, KVA_DTYPE_BF16, 0}, {128, KVA_DTYPE_F16, 0}, {64, KVA_DTYPE_BF16, 0},
+                                  {128, KVA_DTYPE_BF16, 1}};
     for (size_t i = 0; i < sizeof wcfg / sizeof wcfg[0]; ++i) {
         if (n < max) {
             kva__pf_key(&keys[n], wcfg[i][0], wcfg[i][1], wcfg[i][1], wcfg[i][1], 128, 0);
             keys[n].mainloop = 1;
+            keys[n].alibi_fold = wcfg[i][2];
         }
         ++n;
     }

@@ -69,14 +69,16 @@ int kva__cuda_prefill_threads(const kva__kkey* k);
  * when the device is compute capability 9.0 (cc = 90), the tile is 128 rows, the head dim 64 or 128, q and KV share
  * one 16-bit dtype, there is no fused RoPE and no user variant, and its shared memory fits max_smem_optin (0 = do not
  * check). kva__cuda_prefill_wg_ok answers; kva__cuda_prefill_upgrade sets key->mainloop and *smem accordingly and
- * leaves everything else (the plan's tile, the work list, the merge) unchanged. */
+ * leaves everything else (the plan's tile, the work list, the merge) unchanged. With alibi_fold (the descriptor has
+ * ALiBi and no soft cap) it takes the instance that folds ALiBi's bias into the S accumulators (key->alibi_fold). */
 int kva__cuda_prefill_wg_ok(const kva__kkey* k, int cc, int max_smem_optin);
-void kva__cuda_prefill_upgrade(kva__kkey* k, size_t* smem, int cc, int max_smem_optin);
-/* Every key of the family (3 head dims x 2 q x 4 KV x 3 o dtypes x tiles x RoPE = 384 mma.sync keys, then 12 keys
- * of the Hopper mainloop: head dim 64 / 128 x q = KV f16 / bf16 x 3 o dtypes): fills up to max, returns the total */
+void kva__cuda_prefill_upgrade(kva__kkey* k, size_t* smem, int cc, int max_smem_optin, int alibi_fold);
+/* Every key of the family (3 head dims x 2 q x 4 KV x 3 o dtypes x tiles x RoPE = 384 mma.sync keys, then 24 keys
+ * of the Hopper mainloop: head dim 64 / 128 x q = KV f16 / bf16 x 3 o dtypes x ALiBi folded or not): fills up to
+ * max, returns the total */
 int kva__cuda_prefill_enumerate(kva__kkey* keys, int max);
 /* The prebuilt (AOT) subset: bf16 and f16 at head dim 128 (KV: same dtype or e4m3), bf16 at 64 and 256, every
- * tile, no RoPE; Hopper mainloop: bf16 and f16 at head dim 128, bf16 at 64. Fills up to max keys, returns the total. src/cuda/prefill.cmake lists the same set. */
+ * tile, no RoPE; Hopper mainloop: bf16 and f16 at head dim 128, bf16 at 64, and bf16 at 128 with ALiBi folded. Fills up to max keys, returns the total. src/cuda/prefill.cmake lists the same set. */
 int kva__cuda_prefill_aot_keys(kva__kkey* keys, int max);
 
 #ifdef __cplusplus

@@ -40,16 +40,21 @@ endforeach()
 # The Hopper mainloop (KVA_MAINLOOP 1, "kva_pfw_*", tile 128; sm_90a code, an empty body in the sm_80 fatbin
 # where the host never selects it): head dim 128 bf16 and f16, head dim 64 bf16. Same set as
 # kva__cuda_prefill_aot_keys.
-foreach(cfg "128;2" "128;1" "64;2")
+foreach(cfg "128;2;0" "128;1;0" "64;2;0" "128;2;1")
   list(GET cfg 0 d)
   list(GET cfg 1 t)
-  set(name "kva_pfw_d${d}_q${pfdn_${t}}_kv${pfdn_${t}}_o${pfdn_${t}}_t128_rope0")
+  list(GET cfg 2 af)
+  set(afs "")
+  if(af EQUAL 1)
+    set(afs "_afold")
+  endif()
+  set(name "kva_pfw_d${d}_q${pfdn_${t}}_kv${pfdn_${t}}_o${pfdn_${t}}_t128_rope0${afs}")
   list(APPEND KVA_PREFILL_AOT_LIST ${name})
   string(APPEND KVA_PREFILL_AOT_CU "#define KVA_KERNEL_NAME ${name}\n#define KVA_DQK ${d}\n#define KVA_DVO ${d}\n"
          "#define KVA_QT ${t}\n#define KVA_KT ${t}\n#define KVA_OT ${t}\n#define KVA_TQ 128\n#define KVA_ROPE 0\n"
-         "#define KVA_MAINLOOP 1\n#include \"kva_prefill.cuh\"\n"
+         "#define KVA_MAINLOOP 1\n#define KVA_ALIBI_FOLD ${af}\n#include \"kva_prefill.cuh\"\n"
          "#undef KVA_KERNEL_NAME\n#undef KVA_DQK\n#undef KVA_DVO\n#undef KVA_QT\n#undef KVA_KT\n#undef KVA_OT\n"
-         "#undef KVA_TQ\n#undef KVA_ROPE\n#undef KVA_MAINLOOP\n\n")
+         "#undef KVA_TQ\n#undef KVA_ROPE\n#undef KVA_MAINLOOP\n#undef KVA_ALIBI_FOLD\n\n")
 endforeach()
 
 target_sources(kvattn_obj PRIVATE ${KVA_CUDA_DIR}/cuda_prefill.c)

@@ -3,7 +3,7 @@
  *   - NVRTC (loaded like the backend loads it) compiles kva_prefill.cuh instances for sm_80 and sm_90a with
  *     ptxas -v and none may spill or keep a stack frame: a covering set by default (every head dim x tile x RoPE
  *     in bf16, every dtype triple at the register-tightest shapes, every KV dtype at the other corners, the AOT
- *     set), the whole family (384 keys) with KVATTN_JIT_TEST_FULL=1;
+ *     set), the whole family (408 keys) with KVATTN_JIT_TEST_FULL=1;
  *   - the host functions of cuda_prefill.c: supported / select / tile heuristic / names / enumeration / shared
  *     memory against the device limits of sm_80, sm_86 and sm_90.
  * The kernel sources are read from KVA_KERNEL_DIR (the source tree), so the test does not depend on how the
@@ -145,7 +145,7 @@ static void* worker(void* arg) {
 }
 
 static int in_covering_set(const kva__kkey* k) {
-    if (k->mainloop) return 1; /* every Hopper-mainloop key (12, sm_90a only) */
+    if (k->mainloop) return 1; /* every Hopper-mainloop key (24, sm_90a only) */
     const int bf = k->qt == KVA_DTYPE_BF16 && k->kt == KVA_DTYPE_BF16 && k->ot == KVA_DTYPE_BF16;
     if (bf) return 1; /* every (dim, tile, rope) */
     /* the register-tightest shapes: every dtype triple */
@@ -259,7 +259,7 @@ static void test_host(void) {
         CHECK(kva__cuda_prefill_wg_ok(&kw, 90, lim90) && !kva__cuda_prefill_wg_ok(&kw, 80, lim80) &&
                   !kva__cuda_prefill_wg_ok(&kw, 89, lim86) && !kva__cuda_prefill_wg_ok(&kw, 90, 100 * 1024),
               "Hopper mainloop on sm_90 only, and only where its shared memory fits");
-        kva__cuda_prefill_upgrade(&kw, &sw, 90, lim90);
+        kva__cuda_prefill_upgrade(&kw, &sw, 90, lim90, 0);
         char wn[128], wd[10][128];
         kva__cuda_prefill_name(&kw, wn, sizeof wn);
         CHECK(kw.mainloop == 1 && sw == kva__cuda_prefill_smem(&kw) && sw > 110 * 1024 && sw <= (size_t)lim90 &&
@@ -267,6 +267,17 @@ static void test_host(void) {
                   strcmp(wn, "kva_pfw_d128_qbf16_kvbf16_obf16_t128_rope0") == 0 &&
                   kva__cuda_prefill_defines(&kw, wd, 10) == 9 && strcmp(wd[8], "-DKVA_MAINLOOP=1") == 0,
               "upgrade: mainloop %d smem %zu name %s", kw.mainloop, sw, wn);
+        kva__kkey ka = k;
+        size_t sa = 0;
+        kva__cuda_prefill_upgrade(&ka, &sa, 90, lim90, 1); /* ALiBi without soft cap: the folding instance */
+        kva__cuda_prefill_name(&ka, wn, sizeof wn);
+        CHECK(ka.mainloop == 1 && ka.alibi_fold == 1 && sa == sw && !kva__kkey_eq(&ka, &kw) &&
+                  strcmp(wn, "kva_pfw_d128_qbf16_kvbf16_obf16_t128_rope0_afold") == 0 &&
+                  kva__cuda_prefill_defines(&ka, wd, 10) == 10 && strcmp(wd[9], "-DKVA_ALIBI_FOLD=1") == 0,
+              "ALiBi-folding upgrade: name %s", wn);
+        ka = k;
+        kva__cuda_prefill_upgrade(&ka, &sa, 80, lim80, 1);
+        CHECK(ka.mainloop == 0 && ka.alibi_fold == 0, "no ALiBi-folding instance off sm_90");
         kva__kkey k64 = kw, kr = k, kd = k, kq = k;
         k64.rows = 64;
         k64.mainloop = 0;
@@ -320,7 +331,7 @@ static void test_host(void) {
     }
     /* the enumeration holds every key select can produce, and every key fits sm_80 except D256 x TQ16 */
     int n = kva__cuda_prefill_enumerate(NULL, 0);
-    CHECK(n == 396, "396 keys, got %d", n);
+    CHECK(n == 408, "408 keys, got %d", n);
     kva__kkey* keys = (kva__kkey*)calloc((size_t)n, sizeof *keys);
     kva__cuda_prefill_enumerate(keys, n);
     int missing = 0, too_big = 0;
@@ -365,7 +376,7 @@ static void test_host(void) {
         for (int j = 0; j < n && !found; ++j) found = memcmp(&keys[j], &aot[i], sizeof aot[i]) == 0;
         if (!found) aot_missing++;
     }
-    CHECK(na == 17 && aot_missing == 0, "AOT set: %d keys, %d outside the enumeration", na, aot_missing);
+    CHECK(na == 18 && aot_missing == 0, "AOT set: %d keys, %d outside the enumeration", na, aot_missing);
     free(keys);
 }
 

@@ -13,6 +13,8 @@
  *   KVA_ROPE         fused rotate-half RoPE on q (once, at load) and on every K tile (0 / 1)
  *   KVA_MAINLOOP     0 (default): mma.sync mainloop (sm_80+), 128 threads. 1: the Hopper mainloop (sm_90a warpgroup
  *                    MMA, 256 threads, TQ 128, q = KV 16-bit, no RoPE; kvp_mainloop_wg) with the same contract.
+ *   KVA_ALIBI_FOLD   Hopper mainloop only (0 / 1): ALiBi's per-key bias goes into the S accumulators (the host takes
+ *                    these instances for ALiBi without soft cap); any flags still give correct results.
  * Everything else (page size and layout via strides, ragged, causal, window, custom mask, soft cap, ALiBi,
  * sigmoid, lse, split-KV partials) is a runtime argument of kvk_attn_params, as for kva_decode.cuh.
  * Geometry (tiles, stages, shared memory) is in kva_prefill_geom.h.
@@ -303,6 +305,15 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #if KVP_ML == 1 && (KVA_TQ != 128 || KVA_ROPE || KVA_QT != KVA_KT)
 #error "the Hopper mainloop takes 128-row tiles, q and KV of one 16-bit dtype, no fused RoPE"
 #endif
+#undef KVP_AB
+#if defined(KVA_ALIBI_FOLD) && KVA_ALIBI_FOLD
+#define KVP_AB 1 /* ALiBi's per-key bias folded into the S accumulators (Hopper mainloop only) */
+#if KVP_ML != 1
+#error "KVA_ALIBI_FOLD needs the Hopper mainloop"
+#endif
+#else
+#define KVP_AB 0
+#endif
 #if KVA_DQK != KVA_DVO
 #error "the tensor-core kernel needs head_dim_qk == head_dim_vo"
 #endif
@@ -373,8 +384,7 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #ifndef KVP_EXP /* benchmark timing experiments (KVATTN_BENCH_PF_EXP; results are not valid): 1 no ping-pong between the
                    consumer warpgroups, 2 exp2 replaced by a multiply-add, 4 no mask / softmax at all, 8 no O rescale,
                    16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences; valid
-                   results: 64 the eager rescale (KVP_LAZY = 0), 128 ALiBi's bias per element in the Hopper mainloop
-                   (not folded into the S accumulators), 256 no cross-item overlap in the Hopper consumers */
+                   results: 64 the eager rescale (KVP_LAZY = 0) */
 #define KVP_EXP 0
 #endif
 /* Lazy rescale: a row keeps its running max m until a tile's max exceeds it by more than KVP_LAZY (log2 units), so
@@ -1504,12 +1514,11 @@ KVA_DEV void KVP_FN(kvp_wg_epilogue)(const kvk_attn_params p, const float (&o)[1
     }
 }
 
-/* The two consumer warpgroups (threads 128-383) walk the worker's items as one stream of tiles: per tile t of an
- * item, S_{t+1} = Q K_{t+1}^T and O += P_t V_t issued together, the mask / softmax of S_{t+1} while the PV MMA runs,
- * O rescaled; K and V slots released on their empty barriers as soon as their MMA finished. At an item boundary the
- * last O += P V of one item goes out beside the next item's first S (its Q slot prefetched by the producer), whose
- * softmax runs while that MMA does; then the finished item's epilogue (kvp_wg_epilogue) and its Q slot released.
- * So the tensor cores see no item boundary except the worker's first and last tiles. */
+/* The two consumer warpgroups (threads 128-383): per item, wait for its Q slot (filled by the producer); then per
+ * tile t: S_{t+1} = Q K_{t+1}^T and O += P_t V_t issued together, the mask / softmax of S_{t+1} while the PV MMA
+ * runs, O rescaled; K and V slots released on their empty barriers as soon as their MMA finished. Then the
+ * epilogue straight from the accumulators (normalise, v_scale, o + lse or the partial slot; faulted: 0 / -inf), and
+ * the Q slot released. */
 KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const int ctid = KVP_TID;
@@ -1529,39 +1538,56 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     unsigned qn = 0;         /* items (Q slots) consumed so far */
     if (!(KVP_EXP & 1) && wg == 1) kvp_named_arrive(4u, KVP_NT); /* warpgroup 0 issues first */
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
-    /* the worker's end, re-read where needed (volatile: not held in a register) */
-#define KVP_IT_END() (*(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)))
-#define KVP_ITEM(i) (*(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * (i)))
-#define KVP_NTILES(w) ((w).kv_end > (w).kv_start ? ((w).kv_end - (w).kv_start + KVP_TKV - 1) / KVP_TKV : 0)
-#define KVP_RSM(n) (smem + (((n) & 1u) ? KVP_ROWS2 : 0)) /* the KVP_S_* row facts of Q slot n & 1 */
-/* this warp's q-position bounds in slot n's row facts, re-read per tile (KVP_S_WQ, volatile) */
-#define KVP_WQA(n) kva_smem_addr(KVP_S_WQ(KVP_RSM(n)) + 2 * warp)
-/* descriptor low word of this warpgroup's Q rows in slot n */
-#define KVP_DQ(n) kvp_wg_desc_lo(q_wg + (((n) & 1u) ? (unsigned)KVP_OFF_Q2 : 0u), 16u)
-    /* descriptor low words: K slot 0 (K-major), V slot 0 (MN-major) */
-    const unsigned dk = kvp_wg_desc_lo(kv_s + (unsigned)KVP_KDST(0), 16u);
-    const unsigned dv = kvp_wg_desc_lo(kv_s + (unsigned)KVP_VDST(0), (unsigned)(KVP_TKV * 128));
-    /* ALiBi's per-key part folded into S (kernel-wide) */
-    const bool ab = (p.flags & (KVK_FLAG_ALIBI | KVK_FLAG_SOFTCAP | KVK_FLAG_SIGMOID)) == KVK_FLAG_ALIBI &&
-                    p.q_scale * KVP_KFIX > 0.0f && !(KVP_EXP & 128);
+    for (int it = it_begin;
+         it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
+        /* the item's facts are read before waiting for its Q slot (registers only); the producer filled the slot
+           (Q, row facts, the request's fault word) while this CTA computed the previous item; the two consumer
+           warpgroups do not wait for each other between items */
+        const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
+        const unsigned qs = qn & 1u;
+        const char* const rsm = smem + (qs ? KVP_ROWS2 : 0); /* the KVP_S_* row facts of this item */
+        kvp_mbar_wait(KVP_BAR_FULL_Q(qn), KVP_PHASE(qn));
+        kvp_fence_proxy_async(); /* the producer's Q copies (generic proxy) before the MMAs read them */
 
-    /* No warpgroup skips a tile: the planner clipped the item's range to what its rows see (causal, window),
-       keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
-       makes ptxas serialise them (C7518). */
+        const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
+        const int kv0 = item.kv_start, kv1 = item.kv_end;
+        /* this warp's q-position bounds, re-read per tile (KVP_S_WQ, volatile: not held in registers) */
+        const unsigned wqa = kva_smem_addr(KVP_S_WQ(rsm) + 2 * warp);
+
+        /* descriptor low words: this warpgroup's Q rows, K slot 0 (K-major), V slot 0 (MN-major) */
+        const unsigned dq = kvp_wg_desc_lo(q_wg + (qs ? (unsigned)KVP_OFF_Q2 : 0u), 16u);
+        const unsigned dk = kvp_wg_desc_lo(kv_s + (unsigned)KVP_KDST(0), 16u);
+        const unsigned dv = kvp_wg_desc_lo(kv_s + (unsigned)KVP_VDST(0), (unsigned)(KVP_TKV * 128));
+        float o[1][KVP_ND][4];
+        float m[1][2], d[1][2], al[1][2];
+#pragma unroll
+        for (int n = 0; n < KVP_ND; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
+        m[0][0] = m[0][1] = KVA_NEG_INF;
+        d[0][0] = d[0][1] = 0.0f;
+        unsigned pa[KVP_TKV / 16][4]; /* P of the tile whose O += P V is next */
+        /* ALiBi folded (KVA_ALIBI_FOLD instances, the flags and a nonzero q_scale agreeing): S accumulates onto
+           ALiBi's per-key part; otherwise these instances start S at 0 and kvp_scores adds the bias per element */
+        const bool abr = KVP_AB && (p.flags & (KVK_FLAG_ALIBI | KVK_FLAG_SOFTCAP | KVK_FLAG_SIGMOID)) == KVK_FLAG_ALIBI &&
+                         p.q_scale * KVP_KFIX != 0.0f;
+
+        /* No warpgroup skips a tile: the planner clipped the item's range to what its rows see (causal, window),
+           keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
+           makes ptxas serialise them (C7518). */
 /* descriptors: the address field (bits 0-13, address / 16) of a slot's base descriptor plus the k-step's offset / 16
    (shared memory addresses stay below 256 KB, so the field never carries) */
-#define KVP_WG_ISSUE_S(s, QN)                                                                           \
-    do { /* the first MMA overwrites s (no zeroing), or accumulates onto ALiBi's per-key part */         \
-        if (abv) KVP_WG_ALIBI_INIT(s, KVP_RSM(QN));                                                     \
+#define KVP_WG_ISSUE_S(s)                                                                               \
+    do { /* the first MMA overwrites s (no zeroing), or (KVP_AB) accumulates onto ALiBi's per-key part */ \
+        if (KVP_AB) KVP_WG_ALIBI_INIT(s);                                                               \
         kvp_wg_fence();                                                                                 \
-        const unsigned dq_ = KVP_DQ(QN);                                                                \
         const unsigned dk_ = dk + (kc & 1u) * (unsigned)((KVP_KDST(1) - KVP_KDST(0)) >> 4);            \
         _Pragma("unroll") for (int ks_ = 0; ks_ < KVP_KS; ++ks_) {                                     \
             const unsigned long long da_ =                                                              \
-                kvp_wg_desc_sbo1k(dq_ + (unsigned)(((ks_ >> 2) * (KVA_TQ * 128) + (ks_ & 3) * 32) >> 4)); \
+                kvp_wg_desc_sbo1k(dq + (unsigned)(((ks_ >> 2) * (KVA_TQ * 128) + (ks_ & 3) * 32) >> 4)); \
             const unsigned long long db_ =                                                              \
                 kvp_wg_desc_sbo1k(dk_ + (unsigned)(((ks_ >> 2) * (KVP_TKV * 128) + (ks_ & 3) * 32) >> 4)); \
-            KVP_FN(kvp_wg_s)(&s[0][0][0], da_, db_, ks_ > 0 || abv);                                   \
+            KVP_FN(kvp_wg_s)(&s[0][0][0], da_, db_, ks_ > 0 || KVP_AB);                                \
         }                                                                                               \
         kvp_wg_commit();                                                                                \
     } while (0)
@@ -1582,38 +1608,35 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(o[0][n_][e_]);              \
     } while (0)
-/* ALiBi (without soft cap or sigmoid; ab): the tile's S accumulates onto slope (j - j0) / q_scale, j0 its first key,
-   so kvp_scores adds one constant per row (slope log2(e) (j0 - q)) instead of a bias per element. The slope is
-   re-read per tile (volatile): hoisted out of the tile loop, the 64 start values would not fit in registers. */
-#define KVP_WG_ALIBI_INIT(s, RSM)                                                                       \
+/* ALiBi folded (KVP_AB): the tile's S accumulates onto slope (j - j0) / q_scale, j0 its first key (0 unless abr), so
+   kvp_scores adds one constant per row (slope log2(e) (j0 - q)) instead of a bias per element. The slope is re-read
+   per tile (volatile): hoisted out of the tile loop, the 64 start values would not fit in registers. */
+#define KVP_WG_ALIBI_INIT(s)                                                                            \
     do {                                                                                                \
-        const float iq_ = kva_rcp(p.q_scale * KVP_KFIX);                                                \
+        const float iq_ = abr ? kva_rcp(p.q_scale * KVP_KFIX) : 0.0f;                                   \
         _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                              \
             const float bs_ =                                                                           \
-                __int_as_float(kvp_ld_shared_vol(kva_smem_addr(KVP_S_SLOPE(RSM) + wr0 + KVP_QR() + 8 * h_))) * iq_; \
+                __int_as_float(kvp_ld_shared_vol(kva_smem_addr(KVP_S_SLOPE(rsm) + wr0 + KVP_QR() + 8 * h_))) * iq_; \
             const float b0_ = bs_ * (float)KVP_QC();                                                    \
             _Pragma("unroll") for (int n_ = 0; n_ < KVP_NK; ++n_)                                      \
                 _Pragma("unroll") for (int e_ = 0; e_ < 2; ++e_)                                       \
                     s[0][n_][2 * h_ + e_] = fmaf(bs_, (float)(n_ * 8 + e_), b0_);                       \
         }                                                                                               \
     } while (0)
-/* tile T's scores of item (KV0, KV1) whose row facts are in Q slot QN, onto that item's running max / sum (M, D) */
-#define KVP_WG_SCORES(T, s, KV0, KV1, QN, M, D)                                                         \
+#define KVP_WG_SCORES(T, s)                                                                             \
     do {                                                                                                \
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_NK; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(s[0][n_][e_]);              \
         al[0][0] = al[0][1] = 1.0f;                                                                     \
         float ro_[1][2] = {{0.0f, 0.0f}};                                                               \
-        if (abv)                                                                                        \
+        if (KVP_AB && abr)                                                                              \
             _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                          \
                 const int r_ = wr0 + KVP_QR() + 8 * h_;                                                 \
-                ro_[0][h_] = KVP_S_SLOPE(KVP_RSM(QN))[r_] * KVA_LOG2E *                                 \
-                             (float)((KV0) + (T) * KVP_TKV - KVP_S_QPOS(KVP_RSM(QN))[r_]);              \
+                ro_[0][h_] = KVP_S_SLOPE(rsm)[r_] * KVA_LOG2E * (float)(kv0 + (T) * KVP_TKV - KVP_S_QPOS(rsm)[r_]); \
             }                                                                                           \
-        const unsigned wqa_ = KVP_WQA(QN);                                                              \
         if (!(KVP_EXP & 4))                                                                             \
-            KVP_FN(kvp_scores)(p, s, o, M, D, (KV0) + (T) * KVP_TKV, KV1, wr0, kvp_ld_shared_vol(wqa_), \
-                               kvp_ld_shared_vol(wqa_ + 4u), KVP_QR(), KVP_QC(), KVP_RSM(QN), al, abv, ro_); \
+            KVP_FN(kvp_scores)(p, s, o, m, d, kv0 + (T) * KVP_TKV, kv1, wr0, kvp_ld_shared_vol(wqa),           \
+                               kvp_ld_shared_vol(wqa + 4u), KVP_QR(), KVP_QC(), rsm, al, KVP_AB && abr, ro_);  \
     } while (0)
 /* Ping-pong: the two warpgroups take turns issuing their MMAs (named barriers 4 and 5), so one's softmax runs
    while the other's MMAs keep the tensor cores busy */
@@ -1633,157 +1656,74 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             pa[kk_][3] = kvp_pack2(s[0][2 * kk_ + 1][2], s[0][2 * kk_ + 1][3], KVP_CT);                 \
         }                                                                                               \
     } while (0)
-/* a fresh item: O = 0, running max -inf, sum 0 */
-#define KVP_WG_RESET()                                                                                  \
-    do {                                                                                                \
-        _Pragma("unroll") for (int n_ = 0; n_ < KVP_ND; ++n_)                                          \
-            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) o[0][n_][e_] = 0.0f;                      \
-        m[0][0] = m[0][1] = KVA_NEG_INF;                                                                \
-        d[0][0] = d[0][1] = 0.0f;                                                                       \
-    } while (0)
-/* an item's first tile on its own (no P V pending): S_0 -> P_0 (O is zero: no rescale) */
-#define KVP_WG_FIRST(KV0, KV1)                                                                          \
-    do {                                                                                                \
-        float s[1][KVP_NK][4];                                                                          \
-        kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));                                               \
-        if (!(KVP_EXP & 32)) kvp_fence_proxy_async();                                                   \
-        KVP_WG_TURN();                                                                                  \
-        KVP_WG_ISSUE_S(s, qn);                                                                          \
-        KVP_WG_PASS();                                                                                  \
-        kvp_wg_wait0();                                                                                 \
-        kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));                                                           \
-        ++kc;                                                                                           \
-        KVP_WG_SCORES(0, s, KV0, KV1, qn, m, d);                                                        \
-        KVP_WG_PACK(s);                                                                                 \
-    } while (0)
-/* Q slot n: wait until the producer filled it (Q, row facts, the request's fault word) */
-#define KVP_WG_WAIT_Q(n)                                                                                \
-    do {                                                                                                \
-        kvp_mbar_wait(KVP_BAR_FULL_Q(n), KVP_PHASE(n));                                                 \
-        kvp_fence_proxy_async(); /* the producer's Q copies (generic proxy) before the MMAs read them */ \
-    } while (0)
 
-    /* two copies of the item loop: ALiBi's per-key part folded into S (abv = 1: the first MMA of a tile
-       accumulates) or not (a run-time accumulate flag on that MMA makes ptxas spill) */
-#pragma unroll
-    for (int abv = 0; abv < 2; ++abv) {
-        if (abv != (int)ab) continue;
-        float o[1][KVP_ND][4];
-        float m[1][2], d[1][2], al[1][2];
-        unsigned pa[KVP_TKV / 16][4]; /* P of the tile whose O += P V is next */
-        bool pend = false; /* the item's first tile is done (P in pa, m and d set, O zero): it went out beside the
-                              previous item's last P V */
-        for (int it = it_begin; it < KVP_IT_END(); ++it) {
-            /* the item's facts (registers only); its Q slot is qn & 1 */
-            const kvk_work_item item = KVP_ITEM(it);
-            const int ntiles = KVP_NTILES(item);
-            const int kv0 = item.kv_start, kv1 = item.kv_end;
-            if (!pend) { /* the item's first tile on its own */
-                KVP_WG_WAIT_Q(qn);
-                KVP_WG_RESET();
-                if (ntiles > 0) KVP_WG_FIRST(kv0, kv1);
-            }
-            pend = false;
-            /* turns: tile t's O += P V beside the S and softmax of tile t + 1, or at the item's last tile (bnd) of the
-               next item's first tile when both have tiles */
-            for (int t = 0; t < ntiles; ++t) {
-                const bool bnd = t + 1 == ntiles;
-                int nkv0 = kv0, nkv1 = kv1;
-                if (bnd) {
-                    if ((KVP_EXP & 256) || it + 1 >= KVP_IT_END()) break;
-                    const kvk_work_item nw = KVP_ITEM(it + 1);
-                    if (KVP_NTILES(nw) == 0) break;
-                    nkv0 = nw.kv_start;
-                    nkv1 = nw.kv_end;
-                    KVP_WG_WAIT_Q(qn + 1u);
-                }
-                const unsigned sq = qn + (bnd ? 1u : 0u); /* the Q slot of the S */
-                float s[1][KVP_NK][4];
-                kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
-                if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
-                kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
-                if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
-                KVP_WG_TURN();
-                KVP_WG_ISSUE_S(s, sq);
-                KVP_WG_ISSUE_PV();
-                KVP_WG_PASS();
-                kvp_wg_wait1(); /* the S done; O += P V may still run (kvp_scores touches neither O nor pa) */
-                kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));
-                ++kc;
-                float me[1][2], de[1][2]; /* bnd: the finished item's running max and sum */
-                me[0][0] = m[0][0];
-                me[0][1] = m[0][1];
-                de[0][0] = d[0][0];
-                de[0][1] = d[0][1];
-                if (bnd) {
-                    m[0][0] = m[0][1] = KVA_NEG_INF;
-                    d[0][0] = d[0][1] = 0.0f;
-                }
-                KVP_WG_SCORES(bnd ? 0 : t + 1, s, nkv0, nkv1, sq, m, d);
-                kvp_wg_wait0();
-                KVP_WG_FENCE_PO();
-                kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
-                ++vc;
-                if (bnd) { /* the finished item's epilogue; the next item starts with O = 0 and its P_0 */
-                    KVP_WG_PACK(s); /* (pa is free: the P V that read it completed) */
-                    KVP_FN(kvp_wg_epilogue)(p, o, me, de, KVP_RSM(qn), item.rows, item.partial,
-                                            qbar + 32u + 4u * (qn & 1u), wr0, ctid);
-                    kvp_mbar_arrive(KVP_BAR_EMPTY_Q(qn)); /* done with the slot's Q (its MMAs completed) and rows */
-                    ++qn;
-#pragma unroll
-                    for (int n = 0; n < KVP_ND; ++n)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
-                    pend = true;
-                    break;
-                }
-                if (!(KVP_EXP & 8) && __any_sync(KVP_FULL, al[0][0] != 1.0f || al[0][1] != 1.0f)) {
-#pragma unroll
-                    for (int n = 0; n < KVP_ND; ++n) {
-                        o[0][n][0] *= al[0][0];
-                        o[0][n][1] *= al[0][0];
-                        o[0][n][2] *= al[0][1];
-                        o[0][n][3] *= al[0][1];
-                    }
-                }
-                KVP_WG_PACK(s);
-            }
-            if (!pend) {
-                if (ntiles > 0) { /* the last tile's O += P V on its own */
-                    kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
-                    if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
-                    KVP_WG_TURN();
-                    KVP_WG_ISSUE_PV();
-                    KVP_WG_PASS();
-                    kvp_wg_wait0();
-                    KVP_WG_FENCE_PO();
-                    kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
-                    ++vc;
-                }
-                KVP_FN(kvp_wg_epilogue)(p, o, m, d, KVP_RSM(qn), item.rows, item.partial, qbar + 32u + 4u * (qn & 1u),
-                                        wr0, ctid);
-                kvp_mbar_arrive(KVP_BAR_EMPTY_Q(qn)); /* done with the slot's Q (its MMAs completed) and rows */
-                ++qn;
-            }
+        if (ntiles > 0) { /* S_0 -> P_0 (O is zero: no rescale) */
+            float s[1][KVP_NK][4];
+            kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
+            if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
+            KVP_WG_TURN();
+            KVP_WG_ISSUE_S(s);
+            KVP_WG_PASS();
+            kvp_wg_wait0();
+            kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));
+            ++kc;
+            KVP_WG_SCORES(0, s);
+            KVP_WG_PACK(s);
         }
-    }
+        for (int t = 0; t + 1 < ntiles; ++t) { /* tile t's O += P V beside tile t + 1's S and softmax */
+            float s[1][KVP_NK][4];
+            kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
+            if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
+            kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
+            if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
+            KVP_WG_TURN();
+            KVP_WG_ISSUE_S(s);
+            KVP_WG_ISSUE_PV();
+            KVP_WG_PASS();
+            kvp_wg_wait1(); /* S_{t+1} done; O += P_t V_t may still run (kvp_scores touches neither O nor pa) */
+            kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));
+            ++kc;
+            KVP_WG_SCORES(t + 1, s);
+            kvp_wg_wait0();
+            KVP_WG_FENCE_PO();
+            kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
+            ++vc;
+            if (!(KVP_EXP & 8) && __any_sync(KVP_FULL, al[0][0] != 1.0f || al[0][1] != 1.0f)) {
+#pragma unroll
+                for (int n = 0; n < KVP_ND; ++n) {
+                    o[0][n][0] *= al[0][0];
+                    o[0][n][1] *= al[0][0];
+                    o[0][n][2] *= al[0][1];
+                    o[0][n][3] *= al[0][1];
+                }
+            }
+            KVP_WG_PACK(s);
+        }
+        if (ntiles > 0) { /* the last tile's O += P V */
+            kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
+            if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
+            KVP_WG_TURN();
+            KVP_WG_ISSUE_PV();
+            KVP_WG_PASS();
+            kvp_wg_wait0();
+            KVP_WG_FENCE_PO();
+            kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
+            ++vc;
+        }
 #undef KVP_WG_ISSUE_S
 #undef KVP_WG_ISSUE_PV
 #undef KVP_WG_FENCE_PO
-#undef KVP_WG_ALIBI_INIT
 #undef KVP_WG_SCORES
+#undef KVP_WG_ALIBI_INIT
+#undef KVP_WG_PACK
 #undef KVP_WG_TURN
 #undef KVP_WG_PASS
-#undef KVP_WG_PACK
-#undef KVP_WG_RESET
-#undef KVP_WG_FIRST
-#undef KVP_WG_WAIT_Q
-#undef KVP_IT_END
-#undef KVP_ITEM
-#undef KVP_NTILES
-#undef KVP_RSM
-#undef KVP_WQA
-#undef KVP_DQ
+
+        /* ---- epilogue from registers (no staging: the producer may already fill the K/V slots for the next item) */
+        KVP_FN(kvp_wg_epilogue)(p, o, m, d, rsm, item.rows, item.partial, qbar + 32u + 4u * qs, wr0, ctid);
+        kvp_mbar_arrive(KVP_BAR_EMPTY_Q(qn)); /* this thread is done with the slot's Q (its MMAs completed) and rows */
+        ++qn;
+    }
     if (!(KVP_EXP & 1) && wg == 0) kvp_named_sync(4u, KVP_NT); /* warpgroup 1's last pass (or its first, when there was no tile) */
 #else
     (void)p, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
