@@ -38,8 +38,8 @@ foreach(cfg "128;2;2;2" "128;1;1;1" "128;2;3;2" "64;2;2;2" "256;2;2;2")
 endforeach()
 
 # The Hopper mainloop (KVA_MAINLOOP 1, "kva_pfw_*", tile 128; sm_90a code, an empty body in the sm_80 fatbin
-# where the host never selects it): head dim 128 bf16 and f16, head dim 64 bf16. Same set as
-# kva__cuda_prefill_aot_keys.
+# where the host never selects it): head dim 128 bf16 and f16, head dim 64 bf16, and head dim 128 bf16 with ALiBi
+# folded (KVA_ALIBI_FOLD 1, "_afold"). Same set as kva__cuda_prefill_aot_keys.
 foreach(cfg "128;2;0" "128;1;0" "64;2;0" "128;2;1")
   list(GET cfg 0 d)
   list(GET cfg 1 t)

@@ -1629,14 +1629,14 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(s[0][n_][e_]);              \
         al[0][0] = al[0][1] = 1.0f;                                                                     \
         float ro_[1][2] = {{0.0f, 0.0f}};                                                               \
-        if (KVP_AB && abr)                                                                              \
+        if (abr)                                                                                        \
             _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                          \
                 const int r_ = wr0 + KVP_QR() + 8 * h_;                                                 \
                 ro_[0][h_] = KVP_S_SLOPE(rsm)[r_] * KVA_LOG2E * (float)(kv0 + (T) * KVP_TKV - KVP_S_QPOS(rsm)[r_]); \
             }                                                                                           \
         if (!(KVP_EXP & 4))                                                                             \
             KVP_FN(kvp_scores)(p, s, o, m, d, kv0 + (T) * KVP_TKV, kv1, wr0, kvp_ld_shared_vol(wqa),           \
-                               kvp_ld_shared_vol(wqa + 4u), KVP_QR(), KVP_QC(), rsm, al, KVP_AB && abr, ro_);  \
+                               kvp_ld_shared_vol(wqa + 4u), KVP_QR(), KVP_QC(), rsm, al, abr, ro_);           \
     } while (0)
 /* Ping-pong: the two warpgroups take turns issuing their MMAs (named barriers 4 and 5), so one's softmax runs
    while the other's MMAs keep the tensor cores busy */
