@@ -14,7 +14,7 @@
  * range: that request gets o = 0 and lse = -inf, the others are unaffected, kva_read_faults reports it).
  * Exit status 1 if any check fails; prints "N passed, N failed" last.
  *
- * usage: kva_bench_prefill [--check] [--iters N] [--csv FILE] [--only SUBSTR] [--quick] [--seed S]
+ * usage: kva_bench_prefill [--check] [--iters N] [--csv FILE] [--only 'A|B' (substrings)] [--quick] [--seed S]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
@@ -218,6 +218,24 @@ static double flops_of(const wl* w) {
 /* ---------------------------------------------------------------------------------------------- */
 /* Timing                                                                                          */
 
+/* --only "A|B|...": any alternative is a substring of the first or the second string (b may be NULL) */
+static int only_match(const char* only, const char* a, const char* b) {
+    if (!only) return 1;
+    const char* p = only;
+    for (;;) {
+        const char* bar = strchr(p, '|');
+        const size_t n = bar ? (size_t)(bar - p) : strlen(p);
+        char alt[128];
+        if (n > 0 && n < sizeof alt) {
+            memcpy(alt, p, n);
+            alt[n] = '\0';
+            if (strstr(a, alt) || (b && strstr(b, alt))) return 1;
+        }
+        if (!bar) return 0;
+        p = bar + 1;
+    }
+}
+
 static int run_bench(int iters, const char* csv, const char* only, int quick) {
     build_workloads(quick);
     struct cudaDeviceProp prop;
@@ -259,7 +277,7 @@ static int run_bench(int iters, const char* csv, const char* only, int quick) {
 
     for (int wi = 0; wi < nwl; ++wi) {
         wl* w = &wls[wi];
-        if (only && !strstr(w->name, only) && !strstr(w->group, only)) continue;
+        if (!only_match(only, w->name, w->group)) continue;
         const int B = w->batch, HQ = w->hq, HK = w->hkv, D = w->d, ps = w->page_size;
         int* qo_indptr = (int*)calloc((size_t)B + 1, sizeof(int));
         int* kv_indptr = (int*)calloc((size_t)B + 1, sizeof(int));
@@ -763,7 +781,7 @@ static int run_check(const char* only) {
     } while (0)
 #define RUN()                                                              \
     do {                                                                   \
-        if (!only || strstr(tag, only)) check_case(gpu, cpu, &c);          \
+        if (only_match(only, tag, NULL)) check_case(gpu, cpu, &c);         \
     } while (0)
 
     /* group sizes x page sizes x ops, causal, bf16, D 128 */
@@ -871,7 +889,7 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--check")) check = 1;
         else {
-            fprintf(stderr, "usage: %s [--check] [--iters N] [--csv FILE] [--only SUBSTR] [--quick] [--seed S]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--check] [--iters N] [--csv FILE] [--only 'A|B' (substrings)] [--quick] [--seed S]\n", argv[0]);
             return 2;
         }
     }

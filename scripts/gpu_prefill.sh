@@ -2,16 +2,19 @@
 # gpu_prefill.sh - the tensor-core prefill family on the GPU machine in one call: correctness against the CPU
 # backend (--check), compute-sanitizer on a small shape, the P1-P5/V1 benchmark, A/B runs (mma.sync mainloop:
 # PREFILL_AB=0 skips; Hopper mainloop without TMA: PREFILL_TMA_AB=0 skips; PREFILL_EXP="64": the benchmark again
-# with each KVATTN_BENCH_PF_EXP value, --only "$EXP_ONLY" when set) and the peers (SDPA, FlexAttention).
+# with each KVATTN_BENCH_PF_EXP value, --only "$EXP_ONLY" when set, e.g. "V1|P3") and the peers (SDPA,
+# FlexAttention). PREFILL_SAN=0 skips the sanitizers.
 set -u
 . "$(dirname "$0")/gpu_env.sh" pf
 export KVA_COMMIT=$(git rev-parse --short HEAD 2>/dev/null)
 echo "== prefill --check"
 timeout 200 "$BUILD/kva_bench_prefill" --check 2>&1 | tail -30; echo "rc=$?"
-echo "== memcheck (quick check)"
-timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 10 "$BUILD/kva_bench_prefill" --check --quick 2>&1 | tail -6
-echo "== racecheck (quick check)"
-timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 10 "$BUILD/kva_bench_prefill" --check --quick 2>&1 | tail -4
+if [ "${PREFILL_SAN:-1}" != 0 ]; then
+  echo "== memcheck (quick check)"
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 10 "$BUILD/kva_bench_prefill" --check --quick 2>&1 | tail -6
+  echo "== racecheck (quick check)"
+  timeout 150 compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 10 "$BUILD/kva_bench_prefill" --check --quick 2>&1 | tail -4
+fi
 echo "== prefill benchmark"
 timeout 150 "$BUILD/kva_bench_prefill" --csv "$OUT/kvattn_prefill.csv" 2>&1 | tail -30
 if [ "${PREFILL_AB:-1}" != 0 ]; then

@@ -199,6 +199,8 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     if (status == KVA_OK && st->no_bounds_check) c.key.nochk |= 1;
     if (status == KVA_OK && st->pf_exp && c.key.family == KVA__KF_PREFILL) c.key.nochk |= st->pf_exp << 4;
     if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
+    if (status == KVA_OK && st->no_l2_hint &&
+        (c.key.family == KVA__KF_DECODE || c.key.family == KVA__KF_DECODE_TC)) c.key.nochk |= 4;
     if (status == KVA_OK) status = kva__cuda_kernel(ctx, st, &c.key, &index);
     if (status == KVA_OK) {
         plan->backend_data[KVA__BD_KERNEL] = (uint64_t)(index + 1);
@@ -390,6 +392,11 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     if (op == KVA_OP_BATCH_PREFILL_RAGGED) flags |= KVK_FLAG_RAGGED;
     const bool fused = pd->backend_data[KVA__BD_FUSED] != 0;
     if (fused) flags |= KVK_FLAG_FUSED_MERGE;
+    /* each (request, KV head)'s rows in one query tile: every K/V row is read by one item (split chunks are disjoint).
+       Graph mode captures the flag, so there only decode (one row per request) qualifies. */
+    if ((int64_t)pd->group_size * (op == KVA_OP_BATCH_DECODE ? 1 : pd->graph_mode ? INT32_MAX : pd->max_qo_len) <=
+        (int64_t)pd->tile_q)
+        flags |= KVK_FLAG_KV_ONCE;
     p.flags = flags;
     const bool pfw = ke->key.family == KVA__KF_PREFILL && ke->key.mainloop == 1;
     kvk_tma tm;
@@ -783,6 +790,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
         const char* nt = getenv("KVATTN_BENCH_NO_TMA"); /* A/B: the Hopper prefill kernel copies K/V without TMA */
         st->no_tma = nt && nt[0] == '1' && nt[1] == '\0';
+        const char* nh = getenv("KVATTN_BENCH_NO_L2_HINT"); /* A/B: decode K/V copies without the L2 evict-first policy */
+        st->no_l2_hint = nh && nh[0] == '1' && nh[1] == '\0';
         const char* px = getenv("KVATTN_BENCH_PF_EXP"); /* timing experiments in the prefill kernels (wrong results) */
         st->pf_exp = px ? (int)(strtol(px, NULL, 0) & 0xff) : 0;
         if (st->pf_exp)

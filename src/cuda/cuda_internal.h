@@ -27,7 +27,8 @@ typedef struct kva__kkey {
     int32_t rows;       /* decode families: 1, 2, 4, 8; tensor-core attention family: the tile 16, 64, 128 */
     int32_t rope;       /* 0 / 1 */
     int32_t nochk;      /* benchmark-only builds: bit 0 no page-index bounds check (KVATTN_BENCH_NO_BOUNDS_CHECK),
-                           bit 1 timestamp trace (KVATTN_BENCH_TRACE_PTR, tensor-core kernel); bits 4+: prefill
+                           bit 1 timestamp trace (KVATTN_BENCH_TRACE_PTR, tensor-core kernel), bit 2 decode K/V
+                           copies without the L2 evict-first policy (KVATTN_BENCH_NO_L2_HINT); bits 4+: prefill
                            experiment (KVATTN_BENCH_PF_EXP, timing only: results may be wrong) */
     int32_t mainloop;   /* tensor-core attention family: 0 mma.sync (kva_pf_*), 1 Hopper warpgroup MMA (kva_pfw_*,
                            sm_90a, 256 threads; kva__cuda_prefill_upgrade picks it) */
@@ -150,6 +151,7 @@ typedef struct kva__cuda_state {
     int no_bounds_check;    /* KVATTN_BENCH_NO_BOUNDS_CHECK=1: kernels built without the page-index check */
     int no_wgmma;           /* KVATTN_BENCH_NO_WGMMA=1: the mma.sync prefill mainloop on sm_90 too (benchmark A/B) */
     int no_tma;             /* KVATTN_BENCH_NO_TMA=1: the Hopper prefill kernel copies K/V without TMA (benchmark A/B) */
+    int no_l2_hint;         /* KVATTN_BENCH_NO_L2_HINT=1: decode kernels built without the K/V L2 evict-first policy */
     int pf_exp;             /* KVATTN_BENCH_PF_EXP=n: timing experiments n compiled into the prefill kernels (KVP_EXP) */
     int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */

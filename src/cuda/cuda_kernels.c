@@ -187,14 +187,17 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
     if (k->family == KVA__KF_PREFILL)
         kva__cuda_prefill_name(k, buf, size);
     else if (k->family == KVA__KF_DECODE_TC)
-        snprintf(buf, size, "kva_tc_d%d_q%s_kv%s_o%s_r%d%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
-                 kva__dt(k->ot), (int)k->rows, (k->nochk & 1) ? "_nochk" : "", (k->nochk & 2) ? "_trace" : "");
+        snprintf(buf, size, "kva_tc_d%d_q%s_kv%s_o%s_r%d%s%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, (k->nochk & 1) ? "_nochk" : "", (k->nochk & 2) ? "_trace" : "",
+                 (k->nochk & 4) ? "_nohint" : "");
     else if (k->var_hash)
-        snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
-                 kva__dt(k->ot), (int)k->rows, (unsigned long long)k->var_hash, (k->nochk & 1) ? "_nochk" : "");
+        snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, (unsigned long long)k->var_hash, (k->nochk & 1) ? "_nochk" : "",
+                 (k->nochk & 4) ? "_nohint" : "");
     else
-        snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_rope%d%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
-                 kva__dt(k->ot), (int)k->rows, (int)k->rope, (k->nochk & 1) ? "_nochk" : "");
+        snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_rope%d%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, (int)k->rope, (k->nochk & 1) ? "_nochk" : "",
+                 (k->nochk & 4) ? "_nohint" : "");
 }
 
 int kva__kkey_eq(const kva__kkey* a, const kva__kkey* b) {
@@ -217,6 +220,7 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     int n = 8;
     if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1");
     if ((k->nochk & 2) && max > n) snprintf(defs[n++], 128, "-DKVA_TC_TRACE=1");
+    if ((k->nochk & 4) && max > n) snprintf(defs[n++], 128, "-DKVA_KV_L2_HINT=0"); /* benchmark A/B only */
     if (k->var_hash && max > n) snprintf(defs[n++], 128, "-DKVA_VMERGE_NAME=%s_merge", name);
     return n;
 }

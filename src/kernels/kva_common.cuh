@@ -148,6 +148,21 @@ KVA_DEV void kva_cp_async16(unsigned dst, const void* src, unsigned src_bytes) {
 KVA_DEV void kva_cp_async16_full(unsigned dst, const void* src) {
     asm volatile("{ cp.async.cg.shared.global [%0], [%1], 16; }" ::"r"(dst), "l"(src) : "memory");
 }
+/* L2 policy for the K/V stream: evict-first when every row is read once (decode: KVK_FLAG_KV_ONCE), so the stream
+   replaces its own earlier lines instead of what other kernels left in L2 (whose dirty lines then need no write-back
+   under it either); evict-normal when several items read the same rows (query tiles of one request) */
+KVA_DEV unsigned long long kva_l2_kv_policy(bool once) {
+    unsigned long long ef, en;
+    asm volatile("{ createpolicy.fractional.L2::evict_first.b64 %0, 1.0; }" : "=l"(ef));
+    asm volatile("{ createpolicy.fractional.L2::evict_normal.b64 %0, 1.0; }" : "=l"(en));
+    return once ? ef : en;
+}
+/* kva_cp_async16 with an L2 cache policy (kva_l2_kv_policy) */
+KVA_DEV void kva_cp_async16_pol(unsigned dst, const void* src, unsigned src_bytes, unsigned long long pol) {
+    asm volatile("{ cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3; }" ::"r"(dst), "l"(src),
+                 "r"(src_bytes), "l"(pol)
+                 : "memory");
+}
 KVA_DEV void kva_cp_async_commit(void) { asm volatile("{ cp.async.commit_group; }" ::: "memory"); }
 #define KVA_CP_ASYNC_WAIT(n) asm volatile("{ cp.async.wait_group %0; }" ::"n"(n) : "memory")
 

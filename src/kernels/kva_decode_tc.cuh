@@ -140,6 +140,7 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #undef TC_MMA
 #undef TC_PACK
 #undef TC_QPAIR
+#undef TC_CP16
 
 #define TC_NW 4
 #define TC_ES KVK_DEC_ES(KVA_KT)
@@ -198,6 +199,14 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
+#ifndef KVA_KV_L2_HINT /* K/V copies with the L2 evict-first policy (benchmark builds: KVATTN_BENCH_NO_L2_HINT=1 -> 0) */
+#define KVA_KV_L2_HINT 1
+#endif
+#if KVA_KV_L2_HINT
+#define TC_CP16(d, s, n) kva_cp_async16_pol((d), (s), (n), l2pol)
+#else
+#define TC_CP16(d, s, n) kva_cp_async16((d), (s), (n))
+#endif
 #ifndef KVA_TC_TRACE
 #define KVA_TC_TRACE 0
 #endif
@@ -223,6 +232,9 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
     const int q4 = lane & 3;  /* MMA fragment column pair */
     const unsigned sbase = kva_smem_addr(kva_smem);
     const unsigned wpipe = sbase + (unsigned)(warp * (TC_ST * TC_SB));
+#if KVA_KV_L2_HINT
+    const unsigned long long l2pol = kva_l2_kv_policy((p.flags & KVK_FLAG_KV_ONCE) != 0u);
+#endif
     float* const s_comb = (float*)(kva_smem + TC_PIPE);            /* [NW][D][R] */
     float* const s_md = (float*)(kva_smem + TC_PIPE + TC_COMB);    /* [NW][8][2]: m, d */
     int* const s_sbad = (int*)(s_md + TC_NW * 16);                 /* [NW][ST] */
@@ -421,8 +433,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
                     const int r_ = i_ * (32 / TC_CPR) + lane / TC_CPR;                                        \
                     const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                      \
                     const unsigned d_ = st_ + (unsigned)(r_ * TC_ROWB + 16 * (pchunk ^ kva_tc_swz(r_)));       \
-                    kva_cp_async16(d_, nb_ ? kr_ + (long long)(i_ * (32 / TC_CPR)) * kstb : kc_, nb_);         \
-                    kva_cp_async16(d_ + TC_KB, nb_ ? vr_ + (long long)(i_ * (32 / TC_CPR)) * vstb : vc_, nb_); \
+                    TC_CP16(d_, nb_ ? kr_ + (long long)(i_ * (32 / TC_CPR)) * kstb : kc_, nb_);         \
+                    TC_CP16(d_ + TC_KB, nb_ ? vr_ + (long long)(i_ * (32 / TC_CPR)) * vstb : vc_, nb_); \
                 }                                                                                             \
             } else {                                                                                          \
                 const long long ko_ =                                                                         \
@@ -435,8 +447,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
                     const long long vor_ = kv_same ? kor_ : __shfl_sync(0xffffffffu, vo_, r_);               \
                     const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                      \
                     const unsigned d_ = st_ + (unsigned)(r_ * TC_ROWB + 16 * (pchunk ^ kva_tc_swz(r_)));       \
-                    kva_cp_async16(d_, kc_ + kor_, nb_);                                                      \
-                    kva_cp_async16(d_ + TC_KB, vc_ + vor_, nb_);                                              \
+                    TC_CP16(d_, kc_ + kor_, nb_);                                                      \
+                    TC_CP16(d_ + TC_KB, vc_ + vor_, nb_);                                              \
                 }                                                                                             \
             }                                                                                                 \
             const int any_ = __any_sync(0xffffffffu, bad_);                                                   \
