@@ -392,10 +392,16 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     if (op == KVA_OP_BATCH_PREFILL_RAGGED) flags |= KVK_FLAG_RAGGED;
     const bool fused = pd->backend_data[KVA__BD_FUSED] != 0;
     if (fused) flags |= KVK_FLAG_FUSED_MERGE;
-    /* each (request, KV head)'s rows in one query tile: every K/V row is read by one item (split chunks are disjoint).
-       Graph mode captures the flag, so there only decode (one row per request) qualifies. */
+    /* L2 evict-first K/V copies (decode kernels) when each (request, KV head)'s rows fit one query tile, so every K/V
+       row is read by one item (split chunks are disjoint), and the call reads at most 4 x the L2 size of K/V: H100,
+       interleaved A/B, +3 to +10 % at 17-134 MB (the stream no longer evicts, and writes back, what earlier kernels
+       left in L2), neutral at 269 MB, -3 % at 537 MB and 1 GB (docs/kernels/decode.md). Graph mode captures the flag
+       (the capture-time plan decides), so there only decode (one row per request) qualifies. */
+    const int64_t kv_bytes = pd->total_kv_tokens * (int64_t)d->num_kv_heads * (d->head_dim_qk + d->head_dim_vo) *
+                             (d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2 ? 1 : 2);
     if ((int64_t)pd->group_size * (op == KVA_OP_BATCH_DECODE ? 1 : pd->graph_mode ? INT32_MAX : pd->max_qo_len) <=
-        (int64_t)pd->tile_q)
+            (int64_t)pd->tile_q &&
+        kv_bytes <= 4 * (int64_t)st->l2_bytes)
         flags |= KVK_FLAG_KV_ONCE;
     p.flags = flags;
     const bool pfw = ke->key.family == KVA__KF_PREFILL && ke->key.mainloop == 1;
@@ -771,6 +777,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
     KVA_CU_TRY(cu, cu->DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, st->dev),
                "cuDeviceGetAttribute");
     st->max_smem_optin = v;
+    if (cu->DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, st->dev) != CUDA_SUCCESS || v < 0) v = 0;
+    st->l2_bytes = v;
     int smem_sm = 0;
     KVA_CU_TRY(cu, cu->DeviceGetAttribute(&smem_sm, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, st->dev),
                "cuDeviceGetAttribute");

@@ -80,9 +80,6 @@
 #define KVA_KFIX 1.0f
 #endif
 
-#ifndef KVA_KV_L2_HINT /* K/V copies with the L2 evict-first policy (benchmark builds: KVATTN_BENCH_NO_L2_HINT=1 -> 0) */
-#define KVA_KV_L2_HINT 1
-#endif
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
@@ -168,9 +165,6 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
     float* const s_dred = s_slope + 8;                                   /* [4][8] */
     float* const s_m = s_dred + 32;                                      /* [8] */
     const unsigned pipe_addr = kva_smem_addr(pipe);
-#if KVA_KV_L2_HINT
-    const unsigned long long l2pol = kva_l2_kv_policy((p.flags & KVK_FLAG_KV_ONCE) != 0u);
-#endif
 
     const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
     const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
@@ -265,11 +259,6 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
         }                                                                                           \
     } while (0)
 
-#if KVA_KV_L2_HINT
-#define KVA_KV_CP16(d, s, n) kva_cp_async16_pol((d), (s), (n), l2pol)
-#else
-#define KVA_KV_CP16(d, s, n) kva_cp_async16((d), (s), (n))
-#endif
 #define KVA_ISSUE(T, PG, SL)                                                                        \
     do {                                                                                            \
         const unsigned st_ = pipe_addr + (unsigned)(((T) % KVA_STAGES) * KVA_STAGE_BYTES);          \
@@ -283,8 +272,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
                 const char* ks_ = kb + (pgl_ * p.k_stride_page + sll_ * p.k_stride_token) * KVA_ES + col_ * 16; \
                 const char* vs_ = vb + (pgl_ * p.v_stride_page + sll_ * p.v_stride_token) * KVA_ES + col_ * 16; \
                 unsigned off_ = (unsigned)(row_ * (KVA_DQK * KVA_ES) + col_ * 16);                  \
-                KVA_KV_CP16(st_ + off_, ks_, ok_ ? 16u : 0u);                                       \
-                KVA_KV_CP16(st_ + KVA_KTILE_BYTES + off_, vs_, ok_ ? 16u : 0u);                     \
+                kva_cp_async16(st_ + off_, ks_, ok_ ? 16u : 0u);                                    \
+                kva_cp_async16(st_ + KVA_KTILE_BYTES + off_, vs_, ok_ ? 16u : 0u);                  \
             }                                                                                       \
         }                                                                                           \
     } while (0)
@@ -702,7 +691,6 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
 
 #undef KVA_FETCH
 #undef KVA_ISSUE
-#undef KVA_KV_CP16
 #undef KVA_KV_TO_F32_8
 #undef KVA_PAIR_TO_F32
 #undef KVA_FP8X2
