@@ -9,6 +9,8 @@
  *   cpu create           kva_variant_create on a CPU context: the host C compiler builds the shared object (cold);
  *                        the object is found in the cache and dlopen'ed (hit)
  *   nvrtc hook check     the create-time NVRTC check of the hooks (no GPU; cold compile, hit = cache marker)
+ *   nvrtc prefill kernel the variant's tensor-core prefill kernel (mma.sync) for sm_90a, bf16, head dim 128, tile 128
+ *                        (no GPU: cold NVRTC compile into the cache; hit = the cubin read back)
  *   nvrtc decode kernel  the variant's decode kernel for sm_90a, bf16, head dim 128, tile 4 (no GPU: cold NVRTC
  *                        compile into the cache; hit = the cubin read back from the cache)
  *   cuda create + plan   (with a CUDA device) kva_variant_create and the first decode plan on a CUDA context
@@ -156,6 +158,8 @@ static void bench_nvrtc(int reps) {
     double* chit = (double*)calloc((size_t)reps, sizeof(double));
     double* kcold = (double*)calloc((size_t)reps, sizeof(double));
     double* khit = (double*)calloc((size_t)reps, sizeof(double));
+    double* pcold = (double*)calloc((size_t)reps, sizeof(double));
+    double* phit = (double*)calloc((size_t)reps, sizeof(double));
     for (int r = 0; r < reps; ++r) {
         char dir[] = "/tmp/kvattn-bench-jit-XXXXXX";
         if (!mkdtemp(dir)) {
@@ -172,6 +176,7 @@ static void bench_nvrtc(int reps) {
         v.use_softmax = use_sigmoid ? 0 : 1;
         v.hash = kva__fnv(KVA__FNV_SEED, src, strlen(src));
         v.cuda_src = kva__cuda_variant_source(&v, 0);
+        v.cuda_src_pf = kva__cuda_variant_source(&v, 2);
         double t0 = now();
         KV(kva__cuda_variant_check_compile(&v, "sm_90a", dir));
         ccold[r] = now() - t0;
@@ -202,12 +207,30 @@ static void bench_nvrtc(int reps) {
             fprintf(stderr, "bench_jit: the second kernel compile missed the cache\n");
             exit(1);
         }
+        /* the tensor-core prefill kernel of the same variant (paged prefill, tile 128) */
+        KV(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_PAGED, 0, 512, &c));
+        t0 = now();
+        KV(kva__jit_cached(NULL, dir, &c.key, "sm_90a", &cubin, &size, &was_hit));
+        pcold[r] = now() - t0;
+        free(cubin);
+        t0 = now();
+        KV(kva__jit_cached(NULL, dir, &c.key, "sm_90a", &cubin, &size, &was_hit));
+        phit[r] = now() - t0;
+        free(cubin);
+        if (!was_hit) {
+            fprintf(stderr, "bench_jit: the second prefill kernel compile missed the cache\n");
+            exit(1);
+        }
         free(v.cuda_src);
+        free(v.cuda_src_pf);
         free(src);
         rm_tree(dir);
     }
     row("nvrtc hook check", ccold, chit, reps);
     row("nvrtc decode kernel", kcold, khit, reps);
+    row("nvrtc prefill kernel", pcold, phit, reps);
+    free(pcold);
+    free(phit);
     free(ccold);
     free(chit);
     free(kcold);

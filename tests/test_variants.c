@@ -31,8 +31,10 @@
 /* ---------------------------------------------------------------------------------------------- */
 /* Variants                                                                                        */
 
-enum { V_SIGMOID = 0, V_SINK = 1, V_COMBO = 2, V_COUNT };
-static const char* const var_names[V_COUNT] = {"sigmoid", "sink", "combo"};
+/* V_LOGITS: the combo source with only its logits mask, logits transform and output transform declared (the hook
+   sites of the tensor-core kernel on CUDA; V_COMBO, with query and key transforms, runs on the CUDA-core kernel) */
+enum { V_SIGMOID = 0, V_SINK = 1, V_COMBO = 2, V_LOGITS = 3, V_COUNT };
+static const char* const var_names[V_COUNT] = {"sigmoid", "sink", "combo", "logits"};
 
 /* combo: every hook; scalars s0 (q scale), s1 (key offset per dim % 3), s2 (cap); tensor t0 [num_qo_heads] */
 static const char combo_src[] =
@@ -79,7 +81,7 @@ static char* var_src[V_COUNT];
 
 static void var_spec(int v, kva_variant_spec* s) {
     kva_variant_spec_init(s);
-    s->name = v == V_SIGMOID ? "flash_sigmoid" : v == V_SINK ? "attention_sink" : "combo";
+    s->name = v == V_SIGMOID ? "flash_sigmoid" : v == V_SINK ? "attention_sink" : v == V_COMBO ? "combo" : "logits";
     s->source = var_src[v];
     if (v == V_SIGMOID) {
         s->hooks = KVA_VARIANT_LOGITS_TRANSFORM;
@@ -89,8 +91,8 @@ static void var_spec(int v, kva_variant_spec* s) {
         s->hooks = KVA_VARIANT_OUTPUT_TRANSFORM;
         s->num_tensor_params = 1;
     } else {
-        s->hooks = KVA_VARIANT_QUERY_TRANSFORM | KVA_VARIANT_KEY_TRANSFORM | KVA_VARIANT_LOGITS_TRANSFORM |
-                   KVA_VARIANT_LOGITS_MASK | KVA_VARIANT_OUTPUT_TRANSFORM;
+        s->hooks = KVA_VARIANT_LOGITS_TRANSFORM | KVA_VARIANT_LOGITS_MASK | KVA_VARIANT_OUTPUT_TRANSFORM;
+        if (v == V_COMBO) s->hooks |= KVA_VARIANT_QUERY_TRANSFORM | KVA_VARIANT_KEY_TRANSFORM;
         s->num_scalar_params = 3;
         s->num_tensor_params = 1;
     }
@@ -136,13 +138,15 @@ static double ref_kt(int v, const vparams_d* p, double k, int d) {
 }
 static double ref_lt(int v, const vparams_d* p, double x, int qh) {
     if (v == V_SIGMOID) return 1.0 / (1.0 + exp(-(p->s[0] * x + p->s[1])));
-    if (v == V_COMBO) return p->s[2] * tanh(x / p->s[2]) + 0.1 * p->t0[qh];
+    if (v == V_COMBO || v == V_LOGITS) return p->s[2] * tanh(x / p->s[2]) + 0.1 * p->t0[qh];
     return x;
 }
-static int ref_mask(int v, int b, int qp, int kp) { return v == V_COMBO ? (qp + 2 * kp + b) % 5 != 0 : 1; }
+static int ref_mask(int v, int b, int qp, int kp) {
+    return v == V_COMBO || v == V_LOGITS ? (qp + 2 * kp + b) % 5 != 0 : 1;
+}
 static double ref_ot(int v, const vparams_d* p, double o, double lse, int qh) {
     if (v == V_SINK) return o / (1.0 + exp(p->t0[qh] - lse * LN2));
-    if (v == V_COMBO) return o * (1.0 + 0.01 * qh) + (isinf(lse) ? 0.0 : 0.001 * lse);
+    if (v == V_COMBO || v == V_LOGITS) return o * (1.0 + 0.01 * qh) + (isinf(lse) ? 0.0 : 0.001 * lse);
     return o;
 }
 static int var_softmax(int v) { return v != V_SIGMOID; }
@@ -274,7 +278,7 @@ static int run_case(const vcase* c) {
     if (v == V_SIGMOID) {
         scal[0] = (float)(1.0 / sqrt((double)D) * (0.8 + 0.4 * h_rng_uniform(&rng)));
         scal[1] = (float)(h_rng_uniform(&rng) - 0.5);
-    } else if (v == V_COMBO) {
+    } else if (v == V_COMBO || v == V_LOGITS) {
         scal[0] = (float)(0.5 + h_rng_uniform(&rng));
         scal[1] = (float)(0.3 * h_rng_normalish(&rng));
         scal[2] = (float)(2.0 + 3.0 * h_rng_uniform(&rng));
@@ -424,7 +428,7 @@ static int run_case(const vcase* c) {
     a.k_scale = c->k_scale;
     a.v_scale = c->v_scale;
     a.variant_scalars = scal;
-    a.num_variant_scalars = variants[v] ? (v == V_SIGMOID ? 2 : v == V_COMBO ? 3 : 0) : 0;
+    a.num_variant_scalars = variants[v] ? (v == V_SIGMOID ? 2 : v == V_COMBO || v == V_LOGITS ? 3 : 0) : 0;
     a.variant_tensors = tptr;
     a.num_variant_tensors = v == V_SIGMOID ? 0 : 1;
     kva_status st = KVA_OK;
@@ -954,6 +958,8 @@ int main(int argc, char** argv) {
     var_src[V_SINK] = read_text(KVA_EXAMPLES_DIR "/attention_sink.c");
     var_src[V_COMBO] = (char*)malloc(sizeof combo_src);
     memcpy(var_src[V_COMBO], combo_src, sizeof combo_src);
+    var_src[V_LOGITS] = (char*)malloc(sizeof combo_src);
+    memcpy(var_src[V_LOGITS], combo_src, sizeof combo_src);
     H_CHECK(var_src[V_SIGMOID] && var_src[V_SINK], "example variant sources under %s", KVA_EXAMPLES_DIR);
     const char* suite = h_opt.suite ? h_opt.suite : "all";
     if (h_opt.case_str) {

@@ -324,8 +324,10 @@ struct kva_variant {
     kva__vx_key_fn cpu_key;
     kva__vx_logits_fn cpu_logits;
     kva__vx_output_fn cpu_output;
-    /* CUDA backend: the NVRTC main source of the variant's kernels (prelude + hooks + kernel templates) */
+    /* CUDA backend: the NVRTC main sources of the variant's kernels (prelude + hooks + kernel templates): the
+       CUDA-core attention kernel's, and the tensor-core kernel's (variants without query / key transforms) */
     char* cuda_src;
+    char* cuda_src_pf;
 };
 
 /* The C text every variant source is compiled with, before the user's hooks, for a host C compiler (cuda = 0) or

@@ -72,6 +72,7 @@ static void kva__variant_free(kva_variant* v) {
     v->magic = 0;
     free(v->source);
     free(v->cuda_src);
+    free(v->cuda_src_pf);
     free(v);
 }
 

@@ -452,6 +452,8 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     kva_status status = KVA_OK;
     const bool graph = pd->graph_mode != 0;
     const unsigned grid = (unsigned)pd->num_workers; /* one persistent CTA per planner worker */
+    const unsigned threads =
+        ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key) : (unsigned)KVK_THREADS;
     if (var) { /* the variant's kernels take their parameters after the built-in block */
         kvk_vattn_params vpp;
         vpp.base = p;
@@ -460,16 +462,14 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
         vmp.base = mp;
         vmp.vp = vpar;
         if (graph || pd->num_items > 0)
-            status = kva__launch(st, ke->fn, grid, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &vpp,
-                                 "run: launching the variant's attention kernel");
+            status = kva__launch_n(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &vpp, NULL,
+                                   "run: launching the variant's attention kernel");
         if (status == KVA_OK && (graph || pd->num_merge > 0))
             status = kva__launch(st, ke->fn_vmerge, (unsigned)pd->num_workers, 0, s, &vmp,
                                  "run: launching the variant's merge kernel");
         kva__leave(st, pushed);
         return status;
     }
-    const unsigned threads =
-        ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key) : (unsigned)KVK_THREADS;
     if (graph || pd->num_items > 0)
         status = kva__launch_n(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
                                pfw ? (void*)&tm : NULL, "run: launching the attention kernel");
@@ -715,6 +715,10 @@ static kva_status kva__cuda_variant_compile(kva_context* ctx, kva_variant* v) {
     KVA_FORWARD(kva__cuda_variant_check_compile(v, st->arch, st->cache_dir));
     v->cuda_src = kva__cuda_variant_source(v, 0);
     KVA_RETURN_IF(!v->cuda_src, KVA_ERR_OUT_OF_MEMORY, "kva_variant_create: out of host memory");
+    if (kva__cuda_variant_tc_ok(v)) {
+        v->cuda_src_pf = kva__cuda_variant_source(v, 2);
+        KVA_RETURN_IF(!v->cuda_src_pf, KVA_ERR_OUT_OF_MEMORY, "kva_variant_create: out of host memory");
+    }
     return KVA_OK;
 }
 

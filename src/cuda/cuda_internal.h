@@ -34,7 +34,7 @@ typedef struct kva__kkey {
                            sm_90a, 256 threads; kva__cuda_prefill_upgrade picks it) */
     int32_t alibi_fold; /* Hopper mainloop: 1 = ALiBi's per-key bias folded into the S accumulators (KVA_ALIBI_FOLD;
                            "_afold" names; taken for ALiBi without soft cap) */
-    int32_t var_hooks;  /* user variant (CUDA-core family only): KVA_VARIANT_* bits | 0x100 if use_softmax; 0 = none */
+    int32_t var_hooks;  /* user variant (CUDA-core or mma.sync prefill family): KVA_VARIANT_* bits | 0x100 if use_softmax; 0 = none */
     uint64_t var_hash;  /* the variant's hash (kva_variant.hash); 0 = built-in */
     const char* var_src; /* the variant's NVRTC source (not part of the key's identity: var_hash is) */
 } kva__kkey;
@@ -83,7 +83,11 @@ kva_status kva__jit_compile(const kva__kkey* k, const char* arch, const char* ex
  * kva_decode.cuh, kva_variant.cuh), and a compile of the hooks alone for arch (kva_variant_check kernel) that
  * reports a bad source as KVA_ERR_JIT with the NVRTC log; a passed check is remembered in cache_dir (NULL or "" =
  * no cache). No device needed. */
-char* kva__cuda_variant_source(const struct kva_variant* v, int check_only);
+/* mode 0: the CUDA-core kernel (kva_decode.cuh) and the variant's merge kernel; 1: the hook check only; 2: the
+   tensor-core kernel (kva_prefill.cuh, mma.sync mainloop) and the merge kernel */
+char* kva__cuda_variant_source(const struct kva_variant* v, int mode);
+/* Can the tensor-core kernel run v? (no query or key transform: their results would be rounded to 16 bits) */
+int kva__cuda_variant_tc_ok(const struct kva_variant* v);
 kva_status kva__cuda_variant_check_compile(const struct kva_variant* v, const char* arch, const char* cache_dir);
 
 /* Magic numbers of the kernels' division by the page size (see kva_fastdiv in kva_common.cuh) */

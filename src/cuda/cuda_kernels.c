@@ -64,7 +64,9 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
                   "CUDA backend: %d query heads are not a multiple of %d KV heads", (int)d->num_qo_heads,
                   (int)d->num_kv_heads);
     const int32_t g = d->num_qo_heads / d->num_kv_heads;
-    /* User variants run on the CUDA-core kernel (kva_decode.cuh), which has their hook sites, for every op. */
+    /* User variants: the tensor-core kernel (mma.sync mainloop) has the logits and output hook sites; variants with
+       a query or key transform, and decode ops (one row per KV head at small groups), run on the CUDA-core kernel
+       (kva_decode.cuh), which has them all. */
     const kva_variant* var = d->variant;
     KVA_RETURN_IF(var && !var->cuda_src, KVA_ERR_INVALID_ARGUMENT,
                   "CUDA backend (%s): desc->variant %s was not compiled for the CUDA backend", kva__op_str(op),
@@ -82,13 +84,19 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
        passes max_packed (graph mode: from the bounds); finish_plan passes the tile it chose (<= 8 only here). */
     const bool few_rows = op != KVA_OP_BATCH_DECODE && !kva__cuda_prefill_prefer_for_decode(d) &&
                           ((tile_q > 0 && tile_q <= 8) || (tile_q <= 0 && max_packed >= 1 && max_packed <= 8));
-    if (!var && pf_ok && !few_rows && (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d))) {
+    const bool var_tc = !var || (kva__cuda_variant_tc_ok(var) && var->cuda_src_pf);
+    if (var_tc && pf_ok && !few_rows && (op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(d))) {
         int32_t t = tile_q > 0 ? tile_q : kva__cuda_prefill_tile_q(d, op, avg_packed, max_packed, max_smem_optin);
         if (t > 0 && kva__cuda_prefill_supported(d, op, t, max_smem_optin, NULL, 0)) {
             kva__kchoice c;
             memset(&c, 0, sizeof c);
             KVA_FORWARD(kva__cuda_prefill_select(d, op, t, max_smem_optin, &c.key, &c.smem));
             c.tile_q = t;
+            if (var) { /* NVRTC only (kva_prefill.cuh with KVA_VARIANT; never the Hopper mainloop) */
+                c.key.var_hooks = (int32_t)var->hooks | (var->use_softmax ? 0x100 : 0);
+                c.key.var_hash = var->hash;
+                c.key.var_src = var->cuda_src_pf;
+            }
             if (out) *out = c;
             return KVA_OK;
         }
@@ -228,12 +236,17 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
 const char* kva__kkey_source(const kva__kkey* k) {
     if (k->family == KVA__KF_UTIL) return "#include \"kva_util.cuh\"\n";
     if (k->family == KVA__KF_DECODE_TC) return "#include \"kva_decode_tc.cuh\"\n";
+    if (k->var_hash && k->var_src) return k->var_src; /* a variant's (either family) */
     if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_source();
-    if (k->var_hash && k->var_src) return k->var_src;
     return "#include \"kva_decode.cuh\"\n";
 }
 
-char* kva__cuda_variant_source(const kva_variant* v, int check_only) {
+int kva__cuda_variant_tc_ok(const kva_variant* v) {
+    return v && !(v->hooks & (KVA_VARIANT_QUERY_TRANSFORM | KVA_VARIANT_KEY_TRANSFORM));
+}
+
+char* kva__cuda_variant_source(const kva_variant* v, int mode) {
+    const int check_only = mode == 1;
     const char* pre = kva__variant_prelude(1);
     char head[512];
     snprintf(head, sizeof head,
@@ -242,9 +255,11 @@ char* kva__cuda_variant_source(const kva_variant* v, int check_only) {
              v->name, (unsigned)v->hooks, v->use_softmax ? 1 : 0, check_only ? 1 : 0);
     char line[160];
     snprintf(line, sizeof line, "#line 1 \"%s.hooks.cu\"\n", v->name);
-    const char* tail = check_only ? "\n#line 1 \"kvattn-variant-kernels\"\n#include \"kva_variant.cuh\"\n"
-                                  : "\n#line 1 \"kvattn-variant-kernels\"\n#include \"kva_decode.cuh\"\n"
-                                    "#include \"kva_variant.cuh\"\n";
+    const char* tail = check_only  ? "\n#line 1 \"kvattn-variant-kernels\"\n#include \"kva_variant.cuh\"\n"
+                       : mode == 2 ? "\n#line 1 \"kvattn-variant-kernels\"\n#include \"kva_prefill.cuh\"\n"
+                                     "#include \"kva_variant.cuh\"\n"
+                                   : "\n#line 1 \"kvattn-variant-kernels\"\n#include \"kva_decode.cuh\"\n"
+                                     "#include \"kva_variant.cuh\"\n";
     size_t n = strlen(head) + strlen(pre) + strlen(line) + strlen(v->source) + strlen(tail) + 1;
     char* s = (char*)malloc(n);
     if (!s) return NULL;

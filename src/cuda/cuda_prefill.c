@@ -113,10 +113,12 @@ int kva__cuda_prefill_prefer_for_decode(const kva_attention_desc* d) {
 }
 
 void kva__cuda_prefill_name(const kva__kkey* k, char* buf, size_t size) {
-    char x[16] = "";
+    char x[16] = "", v[24] = "";
     if (k->nochk >> 4) snprintf(x, sizeof x, "_x%d", (int)(k->nochk >> 4));
-    snprintf(buf, size, "%s_d%d_q%s_kv%s_o%s_t%d_rope%d%s%s%s", k->mainloop ? "kva_pfw" : "kva_pf", (int)k->dqk, kva__pf_dt(k->qt), kva__pf_dt(k->kt),
-             kva__pf_dt(k->ot), (int)k->rows, (int)k->rope, k->alibi_fold ? "_afold" : "", (k->nochk & 1) ? "_nochk" : "", x);
+    if (k->var_hash) snprintf(v, sizeof v, "_v%016llx", (unsigned long long)k->var_hash);
+    snprintf(buf, size, "%s_d%d_q%s_kv%s_o%s_t%d_rope%d%s%s%s%s", k->mainloop ? "kva_pfw" : "kva_pf", (int)k->dqk,
+             kva__pf_dt(k->qt), kva__pf_dt(k->kt), kva__pf_dt(k->ot), (int)k->rows, (int)k->rope, v,
+             k->alibi_fold ? "_afold" : "", (k->nochk & 1) ? "_nochk" : "", x);
 }
 
 int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max) {
@@ -136,6 +138,7 @@ int kva__cuda_prefill_defines(const kva__kkey* k, char (*defs)[128], int max) {
     if (k->alibi_fold && max > n) snprintf(defs[n++], 128, "-DKVA_ALIBI_FOLD=1");
     if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1"); /* benchmark builds only */
     if ((k->nochk >> 4) && max > n) snprintf(defs[n++], 128, "-DKVP_EXP=%d", (int)(k->nochk >> 4)); /* timing only */
+    if (k->var_hash && max > n) snprintf(defs[n++], 128, "-DKVA_VMERGE_NAME=%s_merge", name); /* a user variant's */
     return n;
 }
 

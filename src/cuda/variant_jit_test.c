@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "cuda_prefill.h"
 
 #ifndef KVA_EXAMPLES_DIR
 #error "KVA_EXAMPLES_DIR must name examples/variants"
@@ -75,6 +76,20 @@ static void make_variant(kva_variant* v, const char* name, const char* src, uint
     v->use_softmax = softmax;
     v->hash = kva__fnv(KVA__FNV_SEED, src, strlen(src)) ^ (uint64_t)hooks ^ ((uint64_t)softmax << 40);
     v->cuda_src = kva__cuda_variant_source(v, 0);
+    v->cuda_src_pf = kva__cuda_variant_tc_ok(v) ? kva__cuda_variant_source(v, 2) : NULL;
+}
+
+/* the largest "N bytes <what>" count in an NVRTC / ptxas log */
+static int max_bytes(const char* log, const char* what) {
+    int mx = 0;
+    for (const char* p = strstr(log, what); p; p = strstr(p + 1, what)) {
+        const char* q = p;
+        while (q > log && q[-1] == ' ') --q;
+        while (q > log && q[-1] >= '0' && q[-1] <= '9') --q;
+        const int v = atoi(q);
+        if (v > mx) mx = v;
+    }
+    return mx;
 }
 
 static void compile_variant(kva_variant* v) {
@@ -101,18 +116,29 @@ static void compile_variant(kva_variant* v) {
         kva_status st = kva__cuda_select(&d, cfg[c].op, 0, 64, &ch);
         CHECK(st == KVA_OK, "select %s: %s", v->name, kva_last_error_message());
         if (st != KVA_OK) continue;
-        CHECK(ch.key.family == KVA__KF_DECODE && ch.key.var_hash == v->hash && ch.key.var_src == v->cuda_src &&
-                  ch.tile_q <= 8,
-              "%s: a variant selects the CUDA-core kernel with its hash and source (family %d, tile %d)", v->name,
-              (int)ch.key.family, (int)ch.tile_q);
+        /* prefill ops: the tensor-core kernel unless the variant transforms q or k; decode: the CUDA-core kernel */
+        const int tc = cfg[c].op != KVA_OP_BATCH_DECODE && kva__cuda_variant_tc_ok(v);
+        CHECK(ch.key.var_hash == v->hash &&
+                  (tc ? ch.key.family == KVA__KF_PREFILL && ch.key.var_src == v->cuda_src_pf && ch.tile_q > 8 &&
+                            ch.key.mainloop == 0
+                      : ch.key.family == KVA__KF_DECODE && ch.key.var_src == v->cuda_src && ch.tile_q <= 8),
+              "%s: a variant selects the %s kernel with its hash and source (family %d, tile %d)", v->name,
+              tc ? "tensor-core" : "CUDA-core", (int)ch.key.family, (int)ch.tile_q);
         for (int a = 0; a < 2; ++a) {
             void* cubin = NULL;
             size_t size = 0;
             char name[128];
             kva__kkey_name(&ch.key, name, sizeof name);
-            st = kva__jit_compile(&ch.key, archs[a], NULL, &cubin, &size, NULL);
+            char* log = NULL;
+            st = kva__jit_compile(&ch.key, archs[a], tc ? "--ptxas-options=-v" : NULL, &cubin, &size, tc ? &log : NULL);
             CHECK(st == KVA_OK && size > 0, "NVRTC %s (%s) for %s: %s", name, v->name, archs[a],
                   kva_last_error_message());
+            if (st == KVA_OK && log) { /* the tensor-core instance keeps its register budget (no spills) */
+                const int sp = max_bytes(log, "bytes spill stores") + max_bytes(log, "bytes spill loads");
+                CHECK(sp == 0 && max_bytes(log, "bytes stack frame") == 0, "%s (%s) for %s spills:\n%s", name,
+                      v->name, archs[a], log);
+            }
+            free(log);
             free(cubin);
         }
     }
@@ -133,15 +159,26 @@ int main(void) {
         make_variant(&v, "flash_sigmoid", sig, KVA_VARIANT_LOGITS_TRANSFORM, 0);
         compile_variant(&v);
         free(v.cuda_src);
+        free(v.cuda_src_pf);
     }
     if (sink) {
         make_variant(&v, "attention_sink", sink, KVA_VARIANT_OUTPUT_TRANSFORM, 1);
         compile_variant(&v);
         free(v.cuda_src);
+        free(v.cuda_src_pf);
     }
     make_variant(&v, "all_hooks", all_hooks_src, 31u, 1);
     compile_variant(&v);
     free(v.cuda_src);
+    free(v.cuda_src_pf);
+    /* the tensor-core kernel's hook sites: logits mask and transform and the output transform, with and without
+       softmax */
+    for (int sm = 0; sm < 2; ++sm) {
+        make_variant(&v, sm ? "logits_hooks" : "logits_hooks_nosoftmax", all_hooks_src, 28u, sm);
+        compile_variant(&v);
+        free(v.cuda_src);
+        free(v.cuda_src_pf);
+    }
 
     /* a bad source: KVA_ERR_JIT with the NVRTC log (naming the user's file and line) */
     make_variant(&v, "broken",
@@ -155,12 +192,14 @@ int main(void) {
               strstr(kva_last_error_message(), "broken.hooks.cu"),
           "a bad source gives KVA_ERR_JIT with the log: %s: %s", kva_status_string(st), kva_last_error_message());
     free(v.cuda_src);
+    free(v.cuda_src_pf);
     /* a declared hook that the source does not define */
     make_variant(&v, "missing", sink ? sink : "", KVA_VARIANT_OUTPUT_TRANSFORM | KVA_VARIANT_LOGITS_MASK, 1);
     st = kva__cuda_variant_check_compile(&v, "sm_80", NULL);
     CHECK(st == KVA_ERR_JIT && strstr(kva_last_error_message(), "kva_logits_mask"),
           "a declared but undefined hook gives KVA_ERR_JIT: %s: %s", kva_status_string(st), kva_last_error_message());
     free(v.cuda_src);
+    free(v.cuda_src_pf);
     free(sig);
     free(sink);
     printf("%d passed, %d failed\n", npass, nfail);

@@ -379,8 +379,31 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #undef KVP_OFF_Q2
 #undef KVP_ROWS2
 #undef KVP_LAZY
+#undef KVP_VAR_HAS
+#undef KVP_VP_DECL
+#undef KVP_VP_ARG
 
 #define KVP_FN(name) KVP_CAT(name, KVA_KERNEL_NAME) /* instance-private function names */
+/* User variants (docs/variants.md; NVRTC only: the variant's source defines KVA_VARIANT, KVA_VAR_HOOKS and
+   KVA_VAR_SOFTMAX and its hooks before this file): the logits transform and mask in kvp_scores, the weights of
+   use_softmax = 0, and the output transform in the epilogue of final rows (split rows: in the variant's merge
+   kernel, kva_variant.cuh). The query and key transforms are not here: their results would be rounded to 16 bits
+   for the MMA (the host keeps such variants on the CUDA-core kernel). mma.sync mainloop only. */
+#ifndef KVA_VARIANT
+#define KVA_VARIANT 0
+#endif
+#if KVA_VARIANT
+#if (KVA_VAR_HOOKS & 3) || KVA_ROPE || KVP_ML != 0
+#error "the tensor-core kernel takes user variants without query / key transforms, on the mma.sync mainloop, without RoPE"
+#endif
+#define KVP_VAR_HAS(bit) ((KVA_VAR_HOOKS & (bit)) != 0)
+#define KVP_VP_DECL , const kvk_vparams* const vp
+#define KVP_VP_ARG , vp
+#else
+#define KVP_VAR_HAS(bit) 0
+#define KVP_VP_DECL
+#define KVP_VP_ARG
+#endif
 #ifndef KVP_EXP /* benchmark timing experiments (KVATTN_BENCH_PF_EXP; results are not valid): 1 no ping-pong between the
                    consumer warpgroups, 2 exp2 replaced by a multiply-add, 4 no mask / softmax at all, 8 no O rescale,
                    16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences; valid
@@ -728,7 +751,8 @@ KVA_DEV void KVP_FN(kvp_prep_tile)(unsigned raw_k, unsigned raw_v, unsigned ck, 
 KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_NK][4], float (&o)[KVP_MQ][KVP_ND][4],
                                 float (&m)[KVP_MQ][2], float (&d)[KVP_MQ][2], const int jw0, const int kv1,
                                 const int wr0, const int wqmin, const int wqmax, const int qr, const int qc,
-                                const char* smem, float (*alpha)[2], const bool abias, const float (&rofs)[KVP_MQ][2]) {
+                                const char* smem, float (*alpha)[2], const bool abias, const float (&rofs)[KVP_MQ][2]
+                                KVP_VP_DECL) {
     const unsigned flags = p.flags;
     const bool causal = (flags & KVK_FLAG_CAUSAL) != 0;
     const bool window = (flags & KVK_FLAG_WINDOW) != 0;
@@ -743,14 +767,14 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
        with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
     /* ALiBi without soft cap: the natural-log logit s * q_scale + slope (j - q) goes to the log2 domain by scaling
        q_scale and the slope by log2(e) (no per-element multiply) */
-    const bool alibi_l2 = (flags & KVK_FLAG_ALIBI) && !(flags & KVK_FLAG_SOFTCAP);
+    const bool alibi_l2 = !KVA_VARIANT && (flags & KVK_FLAG_ALIBI) && !(flags & KVK_FLAG_SOFTCAP);
     const float qsc = p.q_scale * KVP_KFIX * (alibi_l2 ? KVA_LOG2E : 1.0f);
     /* geo: every key of the slice is inside the range and visible to every row (causal, window), so no mask */
     /* (32-bit window arithmetic: q positions are above -2^30 and the host clamps window_left to 2^30) */
     const bool geo = jw1 < kv1 && (!causal || jw1 <= wqmin) && (!window || jw0 >= wqmax - p.window_left);
     /* abias: the caller put ALiBi's per-key part in s (the MMA accumulated onto it); row (mq, h) adds rofs[mq][h]
        (zero without abias) */
-    const bool full = !(flags & (KVK_FLAG_CUSTOM | (abias ? 0u : KVK_FLAG_TRANSFORM))) && qsc > 0.0f && geo;
+    const bool full = !KVA_VARIANT && !(flags & (KVK_FLAG_CUSTOM | (abias ? 0u : KVK_FLAG_TRANSFORM))) && qsc > 0.0f && geo;
     float sc = qsc; /* s * sc (+ rofs) is the log2-domain logit */
     if (!full) {
         sc = 1.0f;
@@ -789,7 +813,7 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                     for (int e = 0; e < 4; ++e)
                         s[mq][n][e] = fmaf(-2.0f * cap, kva_rcp(1.0f + kva_exp2(s[mq][n][e] * c2)), cap);
         }
-        if ((flags & KVK_FLAG_TRANSFORM) && !alibi_l2) { /* natural -> log2 domain */
+        if (!KVA_VARIANT && (flags & KVK_FLAG_TRANSFORM) && !alibi_l2) { /* natural -> log2 domain */
 #pragma unroll
             for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
@@ -853,6 +877,41 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                     }
                 }
         }
+#if KVA_VARIANT
+        {
+            /* the variant's logits mask and transform on the keys the built-in masks left visible (finite here:
+               masked keys and keys past the item are -inf), natural-log logits; then to the log2 domain (softmax)
+               or, without softmax, the transformed logit is the weight and masked keys weigh 0 */
+            const int* const s_qh = KVP_S_QH(smem);
+            const int req = KVP_S_CTX(smem)->req;
+#pragma unroll
+            for (int mq = 0; mq < KVP_MQ; ++mq)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = wr0 + mq * 16 + qr + 8 * h;
+                    const int qpos = s_qpos[row], qh = s_qh[row], kvh = qh / p.group_size;
+                    (void)qpos, (void)qh, (void)kvh, (void)req;
+#pragma unroll
+                    for (int n = 0; n < KVP_NK; ++n)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            float x = s[mq][n][2 * h + e];
+                            bool vis = x != neg_inf;
+#if KVP_VAR_HAS(8)
+                            if (vis && !kva_logits_mask(vp, req, qh, kvh, qpos, base + n * 8 + e)) vis = false;
+#endif
+#if KVP_VAR_HAS(4)
+                            if (vis) x = kva_logits_transform(vp, x, req, qh, kvh, qpos, base + n * 8 + e);
+#endif
+#if KVA_VAR_SOFTMAX
+                            s[mq][n][2 * h + e] = vis ? x * KVA_LOG2E : neg_inf;
+#else
+                            s[mq][n][2 * h + e] = vis ? x : 0.0f;
+#endif
+                        }
+                }
+        }
+#endif
     }
 
     /* ---- online softmax (or sigmoid) ---- */
@@ -911,6 +970,9 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                 }
             }
     } else {
+#if KVA_VARIANT && !KVA_VAR_SOFTMAX
+        (void)sc; /* s holds the weights (the variant pass above) */
+#else
 #pragma unroll
         for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
@@ -918,6 +980,7 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
 #pragma unroll
                 for (int e = 0; e < 4; ++e) /* masked: exp2(+inf) = inf -> 0 */
                     s[mq][n][e] = kva_rcp(1.0f + kva_exp2(-fmaf(s[mq][n][e], sc, p.sigmoid_bias)));
+#endif
     }
 }
 
@@ -1007,7 +1070,7 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
  *           ~((req << 32) | page) into the status word's first_key (atomicMax) and set the context's fault flag,
  *           which the caller reads after its next barrier. */
 
-KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_item item, char* smem) {
+KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_item item, char* smem KVP_VP_DECL) {
     const int tid = threadIdx.x;
     const int lane = tid & 31;
     const int warp = tid >> 5;
@@ -1176,7 +1239,7 @@ KVA_DEV void KVP_FN(kvp_mainloop_mma)(const kvk_attn_params p, const kvk_work_it
             }
 
             const float ro0[KVP_MQ][2] = {}; /* (ALiBi's bias is added per element here) */
-            KVP_FN(kvp_scores)(p, s, o, m, d, jw0, kv1, wr0, wqmin, wqmax, qr, qc, smem, nullptr, false, ro0);
+            KVP_FN(kvp_scores)(p, s, o, m, d, jw0, kv1, wr0, wqmin, wqmax, qr, qc, smem, nullptr, false, ro0 KVP_VP_ARG);
 
             /* ---- O += P V ---- */
             const unsigned v_w = v_s + (unsigned)((wkv * KVP_KW + sk * KVP_SK + v_row) * KVP_ROWB);
@@ -1748,7 +1811,7 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
 /* ---------------------------------------------------------------------------------------------- */
 /* Epilogue: merge the warp slices of each row, normalise, store (o + lse, or the partial slot).  */
 
-KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int faulted) {
+KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int faulted KVP_VP_DECL) {
     const float* const s_o = (const float*)smem;
     const float* const s_m = s_o + KVP_WKV * KVA_TQ * KVP_LD;
     const float* const s_d = s_m + KVP_WKV * KVA_TQ;
@@ -1801,6 +1864,13 @@ KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int
         } else {
             const long long qi = s_qi[r], qh = s_qh[r];
             const long long off = qi * p.o_stride_row + qh * p.o_stride_head + c * 8;
+#if KVP_VAR_HAS(16) /* the output transform on a final row, with its lse (use_softmax = 0: -inf) */
+            if (!faulted)
+#pragma unroll
+                for (int e = 0; e < 8; ++e)
+                    acc[e] = kva_output_transform(vp, acc[e], sigmoid ? neg_inf : lse, ctx->req, (int)qh,
+                                                  KVP_S_QPOS(smem)[r], c * 8 + e);
+#endif
 #if KVA_OT == KVK_F32
             float* dst = (float*)p.o + off;
             *(float4*)dst = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -1817,7 +1887,14 @@ KVA_DEV void KVP_FN(kvp_epilogue)(const kvk_attn_params p, const char* smem, int
 /* The kernel: a persistent CTA over its worker's items                                            */
 
 #if KVP_ML == 0
+#if KVA_VARIANT
+/* the variant's parameters stay in the parameter space (__grid_constant__), so the hooks read them in place */
+extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, KVP_MINB) KVA_KERNEL_NAME(const __grid_constant__ kvk_vattn_params vpp) {
+    const kvk_attn_params& p = vpp.base;
+    const kvk_vparams* const vp = &vpp.vp;
+#else
 extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, KVP_MINB) KVA_KERNEL_NAME(const kvk_attn_params p) {
+#endif
     extern __shared__ __align__(128) char kvp_smem_raw[];
     char* const kvp_smem = kvp_smem_raw;
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
@@ -1844,11 +1921,11 @@ extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, KVP_MINB) KVA_KERNEL_NA
             if (KVP_FN(kvp_request_bad)(p, rq, item.req, KVP_TID, KVP_NT)) atomicOr(&KVP_S_CTX(kvp_smem)->fault, 1);
         }
 #endif
-        KVP_FN(kvp_mainloop_mma)(p, item, kvp_smem);
+        KVP_FN(kvp_mainloop_mma)(p, item, kvp_smem KVP_VP_ARG);
         __syncthreads(); /* publishes the staging area and the fault flag */
         const int faulted = KVP_S_CTX(kvp_smem)->fault;
         if (faulted && threadIdx.x == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
-        KVP_FN(kvp_epilogue)(p, kvp_smem, faulted);
+        KVP_FN(kvp_epilogue)(p, kvp_smem, faulted KVP_VP_ARG);
         __syncthreads(); /* the next item reuses the shared memory */
     }
 }
