@@ -383,7 +383,9 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     if (d->pos_encoding == KVA_POS_ALIBI) flags |= KVK_FLAG_ALIBI | KVK_FLAG_TRANSFORM;
     /* a user variant's hooks see natural-log logits; without softmax the scores are plain weights */
     const kva_variant* var = d->variant;
-    if (var) flags |= KVK_FLAG_TRANSFORM | (var->use_softmax ? 0u : KVK_FLAG_SIGMOID);
+    if (var && ((var->hooks & (KVA_VARIANT_LOGITS_TRANSFORM | KVA_VARIANT_LOGITS_MASK)) || !var->use_softmax))
+        flags |= KVK_FLAG_TRANSFORM; /* (a variant with only query / key / output transforms keeps log2 logits) */
+    if (var && !var->use_softmax) flags |= KVK_FLAG_SIGMOID;
     if (d->logits_soft_cap > 0.0f) flags |= KVK_FLAG_SOFTCAP | KVK_FLAG_TRANSFORM;
     if (d->score_mode == KVA_SCORE_SIGMOID) flags |= KVK_FLAG_SIGMOID;
     if (d->mask_mode == KVA_MASK_CAUSAL) flags |= KVK_FLAG_CAUSAL;

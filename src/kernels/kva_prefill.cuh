@@ -380,6 +380,7 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #undef KVP_ROWS2
 #undef KVP_LAZY
 #undef KVP_VAR_HAS
+#undef KVP_VLOGITS
 #undef KVP_VP_DECL
 #undef KVP_VP_ARG
 
@@ -399,10 +400,14 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_VAR_HAS(bit) ((KVA_VAR_HOOKS & (bit)) != 0)
 #define KVP_VP_DECL , const kvk_vparams* const vp
 #define KVP_VP_ARG , vp
+/* the logits pass: a logits mask or transform, or weights instead of a softmax (the host then sets
+   KVK_FLAG_TRANSFORM: natural-log logits); an output transform alone leaves the score path as built in */
+#define KVP_VLOGITS (KVP_VAR_HAS(4) || KVP_VAR_HAS(8) || !KVA_VAR_SOFTMAX)
 #else
 #define KVP_VAR_HAS(bit) 0
 #define KVP_VP_DECL
 #define KVP_VP_ARG
+#define KVP_VLOGITS 0
 #endif
 #ifndef KVP_EXP /* benchmark timing experiments (KVATTN_BENCH_PF_EXP; results are not valid): 1 no ping-pong between the
                    consumer warpgroups, 2 exp2 replaced by a multiply-add, 4 no mask / softmax at all, 8 no O rescale,
@@ -767,14 +772,14 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
        with k = j - (jw0 + qc), compared against the compile-time offsets n * 8 + e. */
     /* ALiBi without soft cap: the natural-log logit s * q_scale + slope (j - q) goes to the log2 domain by scaling
        q_scale and the slope by log2(e) (no per-element multiply) */
-    const bool alibi_l2 = !KVA_VARIANT && (flags & KVK_FLAG_ALIBI) && !(flags & KVK_FLAG_SOFTCAP);
+    const bool alibi_l2 = !KVP_VLOGITS && (flags & KVK_FLAG_ALIBI) && !(flags & KVK_FLAG_SOFTCAP);
     const float qsc = p.q_scale * KVP_KFIX * (alibi_l2 ? KVA_LOG2E : 1.0f);
     /* geo: every key of the slice is inside the range and visible to every row (causal, window), so no mask */
     /* (32-bit window arithmetic: q positions are above -2^30 and the host clamps window_left to 2^30) */
     const bool geo = jw1 < kv1 && (!causal || jw1 <= wqmin) && (!window || jw0 >= wqmax - p.window_left);
     /* abias: the caller put ALiBi's per-key part in s (the MMA accumulated onto it); row (mq, h) adds rofs[mq][h]
        (zero without abias) */
-    const bool full = !KVA_VARIANT && !(flags & (KVK_FLAG_CUSTOM | (abias ? 0u : KVK_FLAG_TRANSFORM))) && qsc > 0.0f && geo;
+    const bool full = !KVP_VLOGITS && !(flags & (KVK_FLAG_CUSTOM | (abias ? 0u : KVK_FLAG_TRANSFORM))) && qsc > 0.0f && geo;
     float sc = qsc; /* s * sc (+ rofs) is the log2-domain logit */
     if (!full) {
         sc = 1.0f;
@@ -813,7 +818,7 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                     for (int e = 0; e < 4; ++e)
                         s[mq][n][e] = fmaf(-2.0f * cap, kva_rcp(1.0f + kva_exp2(s[mq][n][e] * c2)), cap);
         }
-        if (!KVA_VARIANT && (flags & KVK_FLAG_TRANSFORM) && !alibi_l2) { /* natural -> log2 domain */
+        if (!KVP_VLOGITS && (flags & KVK_FLAG_TRANSFORM) && !alibi_l2) { /* natural -> log2 domain */
 #pragma unroll
             for (int mq = 0; mq < KVP_MQ; ++mq)
 #pragma unroll
@@ -877,7 +882,7 @@ KVA_DEV void KVP_FN(kvp_scores)(const kvk_attn_params p, float (&s)[KVP_MQ][KVP_
                     }
                 }
         }
-#if KVA_VARIANT
+#if KVP_VLOGITS
         {
             /* the variant's logits mask and transform on the keys the built-in masks left visible (finite here:
                masked keys and keys past the item are -inf), natural-log logits; then to the log2 domain (softmax)
