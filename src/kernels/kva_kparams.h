@@ -58,9 +58,10 @@ typedef uint64_t kvk_u64;
 #define KVK_FLAG_CUSTOM 16u     /* packed custom mask */
 #define KVK_FLAG_WINDOW 32u     /* sliding window (window_left >= 0) */
 #define KVK_FLAG_RAGGED 64u     /* K/V rows addressed by token (no page table) */
-#define KVK_FLAG_TRANSFORM 128u /* logits need the natural-log domain (ALiBi or soft cap) */
+#define KVK_FLAG_TRANSFORM 128u /* logits need the natural-log domain (ALiBi, soft cap, a variant's logits hooks or weights) */
 #define KVK_FLAG_FUSED_MERGE 256u /* tensor-core kernel: the last CTA of a merge task merges it (no merge kernel) */
-#define KVK_FLAG_KV_ONCE 1024u  /* decode kernels: each K/V row is read by one item only (L2 evict-first copies) */
+#define KVK_FLAG_KV_ONCE 1024u  /* tensor-core decode kernel: L2 evict-first K/V copies (each row read by one item; the host
+                                   sets it only for calls reading at most 4 x L2 of K/V) */
 #define KVK_FLAG_TMA 512u       /* Hopper prefill: kvk_tma holds ragged K/V tensor maps (TMA copies of full tiles) */
 
 /* lse value written into a partial slot by a work item whose request hit an out-of-range page index
