@@ -98,7 +98,8 @@ static void compile_variant(kva_variant* v) {
         kva_status st = kva__cuda_variant_check_compile(v, archs[a], NULL);
         CHECK(st == KVA_OK, "hook check of %s for %s: %s", v->name, archs[a], kva_last_error_message());
     }
-    /* decode (GQA 32/8: tile 4) and prefill (tile 8) at head dim 128, f16 / bf16 with bf16 and e4m3 KV */
+    /* decode (GQA 32/8: the CUDA-core kernel, tile 4) and prefill (the tensor-core kernel for a variant without query
+       / key transforms, else the CUDA-core kernel with tile 8), f16 / bf16 with bf16 and e4m3 KV */
     struct {
         kva_op op;
         int hq, hkv, d;
