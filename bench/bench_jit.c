@@ -153,6 +153,24 @@ static void bench_cpu(int reps) {
 }
 
 #if defined(KVA_BENCH_NVRTC)
+/* a key's NVRTC compile into the cache at dir (must miss), then the same key again (must hit), in seconds */
+static void time_kernel(const char* dir, const kva__kkey* key, const char* what, double* cold, double* hit) {
+    for (int pass = 0; pass < 2; ++pass) {
+        void* cubin = NULL;
+        size_t size = 0;
+        int was_hit = 0;
+        const double t0 = now();
+        KV(kva__jit_cached(NULL, dir, key, "sm_90a", &cubin, &size, &was_hit));
+        *(pass ? hit : cold) = now() - t0;
+        free(cubin);
+        if ((was_hit != 0) != pass) {
+            fprintf(stderr, "bench_jit: the %s kernel's %s compile %s the cache\n", what, pass ? "second" : "cold",
+                    pass ? "missed" : "hit");
+            exit(1);
+        }
+    }
+}
+
 static void bench_nvrtc(int reps) {
     double* ccold = (double*)calloc((size_t)reps, sizeof(double));
     double* chit = (double*)calloc((size_t)reps, sizeof(double));
@@ -188,39 +206,10 @@ static void bench_nvrtc(int reps) {
         d.variant = &v;
         kva__kchoice c;
         KV(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, 4, &c));
-        void* cubin = NULL;
-        size_t size = 0;
-        int was_hit = 0;
-        t0 = now();
-        KV(kva__jit_cached(NULL, dir, &c.key, "sm_90a", &cubin, &size, &was_hit));
-        kcold[r] = now() - t0;
-        free(cubin);
-        if (was_hit) {
-            fprintf(stderr, "bench_jit: the cold kernel compile was a cache hit\n");
-            exit(1);
-        }
-        t0 = now();
-        KV(kva__jit_cached(NULL, dir, &c.key, "sm_90a", &cubin, &size, &was_hit));
-        khit[r] = now() - t0;
-        free(cubin);
-        if (!was_hit) {
-            fprintf(stderr, "bench_jit: the second kernel compile missed the cache\n");
-            exit(1);
-        }
+        time_kernel(dir, &c.key, "decode", &kcold[r], &khit[r]);
         /* the tensor-core prefill kernel of the same variant (paged prefill, tile 128) */
         KV(kva__cuda_select(&d, KVA_OP_BATCH_PREFILL_PAGED, 0, 512, &c));
-        t0 = now();
-        KV(kva__jit_cached(NULL, dir, &c.key, "sm_90a", &cubin, &size, &was_hit));
-        pcold[r] = now() - t0;
-        free(cubin);
-        t0 = now();
-        KV(kva__jit_cached(NULL, dir, &c.key, "sm_90a", &cubin, &size, &was_hit));
-        phit[r] = now() - t0;
-        free(cubin);
-        if (!was_hit) {
-            fprintf(stderr, "bench_jit: the second prefill kernel compile missed the cache\n");
-            exit(1);
-        }
+        time_kernel(dir, &c.key, "prefill", &pcold[r], &phit[r]);
         free(v.cuda_src);
         free(v.cuda_src_pf);
         free(src);

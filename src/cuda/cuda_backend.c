@@ -400,7 +400,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
        left in L2), neutral at 269 MB, -3 % at 537 MB and 1 GB (docs/kernels/decode.md). Graph mode captures the flag
        (the capture-time plan decides), so there only decode (one row per request) qualifies. */
     const int64_t kv_bytes = pd->total_kv_tokens * (int64_t)d->num_kv_heads * (d->head_dim_qk + d->head_dim_vo) *
-                             (d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2 ? 1 : 2);
+                             (int64_t)kva_dtype_size(d->kv_dtype);
     if ((int64_t)pd->group_size * (op == KVA_OP_BATCH_DECODE ? 1 : pd->graph_mode ? INT32_MAX : pd->max_qo_len) <=
             (int64_t)pd->tile_q &&
         kv_bytes <= 4 * (int64_t)st->l2_bytes)

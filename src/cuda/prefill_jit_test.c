@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cuda_prefill.h"
+#include "ptxas_log.h"
 
 #ifndef KVA_KERNEL_DIR
 #error "KVA_KERNEL_DIR (the src/kernels directory) must be defined"
@@ -75,20 +76,6 @@ typedef struct job {
 static job* jobs;
 static int njobs, next_job;
 
-/* N in "N bytes <what>" anywhere in the log (max over occurrences) */
-static int max_count_before(const char* log, const char* what) {
-    int best = 0;
-    size_t wl = strlen(what);
-    for (const char* p = log; (p = strstr(p, what)) != NULL; p += wl) {
-        const char* q = p;
-        while (q > log && q[-1] == ' ') --q;
-        while (q > log && q[-1] >= '0' && q[-1] <= '9') --q;
-        int v = atoi(q);
-        if (v > best) best = v;
-    }
-    return best;
-}
-
 static void compile_one(const kva__nvrtc_api* nv, const job* j) {
     char name[128], defs[8][128], archopt[64];
     kva__cuda_prefill_name(&j->key, name, sizeof name);
@@ -116,8 +103,8 @@ static void compile_one(const kva__nvrtc_api* nv, const job* j) {
         size_t cs = 0;
         nv->GetCUBINSize(prog, &cs);
         CHECK(cs > 0, "%s %s: no cubin", name, j->arch);
-        const int spill = log ? max_count_before(log, "bytes spill stores") + max_count_before(log, "bytes spill loads") : 0;
-        const int stack = log ? max_count_before(log, "bytes stack frame") : 0;
+        const int spill = log ? kva__ptxas_max_count(log, "bytes spill stores") + kva__ptxas_max_count(log, "bytes spill loads") : 0;
+        const int stack = log ? kva__ptxas_max_count(log, "bytes stack frame") : 0;
         CHECK(spill == 0 && stack == 0, "%s %s: ptxas reports %d bytes of spills and a %d-byte stack frame:\n%s", name,
               j->arch, spill, stack, log ? log : "");
         if (verbose) {

@@ -13,6 +13,7 @@
 
 #include "cuda_internal.h"
 #include "cuda_prefill.h"
+#include "ptxas_log.h"
 
 #ifndef KVA_EXAMPLES_DIR
 #error "KVA_EXAMPLES_DIR must name examples/variants"
@@ -79,19 +80,6 @@ static void make_variant(kva_variant* v, const char* name, const char* src, uint
     v->cuda_src_pf = kva__cuda_variant_tc_ok(v) ? kva__cuda_variant_source(v, 2) : NULL;
 }
 
-/* the largest "N bytes <what>" count in an NVRTC / ptxas log */
-static int max_bytes(const char* log, const char* what) {
-    int mx = 0;
-    for (const char* p = strstr(log, what); p; p = strstr(p + 1, what)) {
-        const char* q = p;
-        while (q > log && q[-1] == ' ') --q;
-        while (q > log && q[-1] >= '0' && q[-1] <= '9') --q;
-        const int v = atoi(q);
-        if (v > mx) mx = v;
-    }
-    return mx;
-}
-
 static void compile_variant(kva_variant* v) {
     static const char* const archs[] = {"sm_80", "sm_90a"};
     for (int a = 0; a < 2; ++a) {
@@ -135,8 +123,8 @@ static void compile_variant(kva_variant* v) {
             CHECK(st == KVA_OK && size > 0, "NVRTC %s (%s) for %s: %s", name, v->name, archs[a],
                   kva_last_error_message());
             if (st == KVA_OK && log) { /* the tensor-core instance keeps its register budget (no spills) */
-                const int sp = max_bytes(log, "bytes spill stores") + max_bytes(log, "bytes spill loads");
-                CHECK(sp == 0 && max_bytes(log, "bytes stack frame") == 0, "%s (%s) for %s spills:\n%s", name,
+                const int sp = kva__ptxas_max_count(log, "bytes spill stores") + kva__ptxas_max_count(log, "bytes spill loads");
+                CHECK(sp == 0 && kva__ptxas_max_count(log, "bytes stack frame") == 0, "%s (%s) for %s spills:\n%s", name,
                       v->name, archs[a], log);
             }
             free(log);
