@@ -67,7 +67,7 @@ KVA_DEV void kvp_cp_async4(unsigned dst, const void* src, unsigned src_bytes) {
 /* work item it's request, re-read from the plan (volatile: the Hopper producer reads it only on a bad page rather
    than keep it in a register across the tile loop) */
 #define kvp_item_req(p, it) \
-    (*(volatile const kvk_i32*)kvp_at((p).ws, (p).off_items + (long long)sizeof(kvk_work_item) * (it) + __builtin_offsetof(kvk_work_item, req)))
+    (((volatile const kvk_work_item*)kvp_at((p).ws, (p).off_items + (long long)sizeof(kvk_work_item) * (it)))->req)
 KVA_DEV unsigned kvp_laneid() {
     unsigned v;
     asm volatile("{ mov.u32 %0, %%laneid; }" : "=r"(v));
