@@ -64,10 +64,6 @@ KVA_DEV void kvp_ldsm4_t(unsigned addr, unsigned* r) {
 KVA_DEV void kvp_cp_async4(unsigned dst, const void* src, unsigned src_bytes) {
     asm volatile("{ cp.async.ca.shared.global [%0], [%1], 4, %2; }" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
-/* work item it's request, re-read from the plan (volatile: the Hopper producer reads it only on a bad page rather
-   than keep it in a register across the tile loop) */
-#define kvp_item_req(p, it) \
-    (((volatile const kvk_work_item*)kvp_at((p).ws, (p).off_items + (long long)sizeof(kvk_work_item) * (it)))->req)
 KVA_DEV unsigned kvp_laneid() {
     unsigned v;
     asm volatile("{ mov.u32 %0, %%laneid; }" : "=r"(v));
@@ -416,8 +412,7 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #ifndef KVP_EXP /* benchmark timing experiments (KVATTN_BENCH_PF_EXP; results are not valid): 1 no ping-pong between the
                    consumer warpgroups, 2 exp2 replaced by a multiply-add, 4 no mask / softmax at all, 8 no O rescale,
                    16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences; valid
-                   results: 64 the eager rescale (KVP_LAZY = 0), 128 no item-boundary overlap in the Hopper consumers,
-                   256 the Hopper producer fills the next item's Q slot after the item's last tile) */
+                   results: 64 the eager rescale (KVP_LAZY = 0) */
 #define KVP_EXP 0
 #endif
 /* Lazy rescale: a row keeps its running max m until a tile's max exceeds it by more than KVP_LAZY (log2 units), so
@@ -1401,53 +1396,8 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
     /* the fast table keeps row r at (r % PRS) * PUK + r / PRS: this thread's PUK rows are adjacent */
     const int own16 = (ptid % KVP_PRS) * KVP_PUK + ptid / KVP_PRS;
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
-    /* the worker's end, re-read where needed (volatile: not held in a register) */
-#define KVP_IT_END() (*(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)))
-    /* Q slot qn & 1 for item IT: its row facts, the request-wide page check and Q, once the consumers are done with
-       the item that used the slot last (two back) */
-#define KVP_FILL_Q(IT)                                                                                  \
-    do {                                                                                                \
-        const kvk_work_item fi_ = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * (IT)); \
-        const kvk_request fr_ = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * fi_.req); \
-        const unsigned qs_ = qn & 1u;                                                                   \
-        char* const rsm_ = smem + (qs_ ? KVP_ROWS2 : 0);                                                \
-        kvp_mbar_wait(KVP_BAR_EMPTY_Q(qn), KVP_PHASE(qn) ^ 1u);                                         \
-        KVP_FN(kvp_row_fact)(p, fi_, fr_, rsm_, ptid);                                                  \
-        /* the request-wide page check (docs: Faults), once per run of items of one request (the locality order \
-           keeps a request's items together) */                                                        \
-        const bool check_ = !ragged && fr_.kv_len > 0 && (unsigned)fi_.req != chk >> 1;                 \
-        int qbad_ = check_ ? KVP_FN(kvp_request_bad)(p, fr_, fi_.req, ptid, 128) : 0;                   \
-        qbad_ = kvp_named_sync_or(2, 128, qbad_); /* also publishes the row facts to the producer warpgroup */ \
-        if (check_) chk = (unsigned)fi_.req * 2u + (unsigned)qbad_;                                     \
-        else if (!ragged && fr_.kv_len > 0) qbad_ = (int)(chk & 1u);                                    \
-        KVP_FN(kvp_load_q)(p, fi_, rsm_, sbase + (qs_ ? (unsigned)KVP_OFF_Q2 : 0u), ptid, 128);         \
-        kvp_cp_async_mbar_arrive(KVP_BAR_FULL_Q(qn));                                                   \
-        if (ptid == 0) { /* per consumer warp the q positions of its first and last valid row (KVP_S_WQ), and the \
-                            fault word, released by one more arrival */                                \
-            const int* const s_qpos_ = KVP_S_QPOS(rsm_);                                                \
-            _Pragma("unroll 1") for (int w_ = 0; w_ < 8; ++w_) {                                        \
-                const int a_ = w_ * 16 < fi_.rows;                                                      \
-                const int wl_ = (w_ * 16 + 16 < fi_.rows ? w_ * 16 + 16 : fi_.rows) - 1;                \
-                KVP_S_WQ(rsm_)[2 * w_] = s_qpos_[a_ ? w_ * 16 : 0];                                     \
-                KVP_S_WQ(rsm_)[2 * w_ + 1] = s_qpos_[a_ ? wl_ : 0];                                     \
-            }                                                                                           \
-            kvp_st_shared_vol(qbar + 32u + 4u * qs_, qbad_);                                            \
-            kvp_mbar_arrive(KVP_BAR_FULL_Q(qn));                                                        \
-        }                                                                                               \
-        ++qn;                                                                                           \
-    } while (0)
-    /* The next item's Q slot is filled early: after this item's tile KVP_QAT (its first KVP_QAT + 1 tiles issued), or
-       after its last tile if it has fewer. Waiting for tile KVP_QAT's K slot meant the consumers finished tile
-       KVP_QAT - 2 of this item, hence the previous item whose Q slot the next item takes; the Q copies then have the
-       rest of this item to land (consumers reach the next item's first S at this item's last tile). KVP_EXP & 256:
-       after the item's last tile (the order before). */
-#define KVP_QAT ((KVP_EXP & 256) ? 1 << 30 : 2)
-    if (it_begin < KVP_IT_END()) KVP_FILL_Q(it_begin);
-    for (int it = it_begin; it < KVP_IT_END();) {
-        /* the next item's index, opaque to the compiler: the tile loop keeps it alone, not it and it + 1 (a bad page
-           re-derives the item from it; one register fewer keeps the producer within its 56) */
-        int itn = it + 1;
-        asm volatile("" : "+r"(itn));
+    for (int it = it_begin;
+         it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
         const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
         const kvk_request rq = *(const kvk_request*)kvp_at(p.ws, p.off_requests + (long long)sizeof(kvk_request) * item.req);
         const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
@@ -1460,9 +1410,36 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
          ? kva_ldg_i32(pidx + (int)kva_fastdiv((unsigned)(item.kv_start + (T) * KVP_TKV + ptid), p.ps_mul, p.ps_shift)) \
          : 0)
         int pg_next = KVP_PAGE_OF(0);
-        /* after which tile the next item's Q slot is filled (-1: before the first; none past the worker's end) */
-        const int qat = itn < KVP_IT_END() ? (ntiles - 1 < KVP_QAT ? ntiles - 1 : KVP_QAT) : -2;
-        if (qat == -1) KVP_FILL_Q(itn);
+        { /* the item's row facts, request-wide page check and Q into Q slot (item count & 1), once the consumers are
+             done with the item that used it last: this runs while they compute the previous item */
+            const unsigned qs = qn & 1u;
+            char* const rsm = smem + (qs ? KVP_ROWS2 : 0);
+            kvp_mbar_wait(KVP_BAR_EMPTY_Q(qn), KVP_PHASE(qn) ^ 1u);
+            KVP_FN(kvp_row_fact)(p, item, rq, rsm, ptid);
+            /* the request-wide page check (docs: Faults), once per run of items of one request (the locality order
+               keeps a request's items together) */
+            const bool check = !ragged && rq.kv_len > 0 && (unsigned)item.req != chk >> 1;
+            int qbad = check ? KVP_FN(kvp_request_bad)(p, rq, item.req, ptid, 128) : 0;
+            qbad = kvp_named_sync_or(2, 128, qbad); /* also publishes the row facts to the producer warpgroup */
+            if (check) chk = (unsigned)item.req * 2u + (unsigned)qbad;
+            else if (!ragged && rq.kv_len > 0) qbad = (int)(chk & 1u);
+            KVP_FN(kvp_load_q)(p, item, rsm, sbase + (qs ? (unsigned)KVP_OFF_Q2 : 0u), ptid, 128);
+            kvp_cp_async_mbar_arrive(KVP_BAR_FULL_Q(qn));
+            if (ptid == 0) { /* per consumer warp the q positions of its first and last valid row (KVP_S_WQ), and the
+                                fault word, released by one more arrival */
+                const int* const s_qpos = KVP_S_QPOS(rsm);
+#pragma unroll 1
+                for (int w = 0; w < 8; ++w) {
+                    const int a = w * 16 < item.rows;
+                    const int wl = (w * 16 + 16 < item.rows ? w * 16 + 16 : item.rows) - 1;
+                    KVP_S_WQ(rsm)[2 * w] = s_qpos[a ? w * 16 : 0];
+                    KVP_S_WQ(rsm)[2 * w + 1] = s_qpos[a ? wl : 0];
+                }
+                kvp_st_shared_vol(qbar + 32u + 4u * qs, qbad);
+                kvp_mbar_arrive(KVP_BAR_FULL_Q(qn));
+            }
+            ++qn;
+        }
         for (int T = 0; T < ntiles; ++T) {
             const int pg = pg_next;
             const int j = item.kv_start + T * KVP_TKV + ptid;
@@ -1480,7 +1457,7 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
                     vo = ((long long)pg * p.v_stride_page + sl * p.v_stride_token) * KVP_ES;
                 } else {
                     atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key,
-                              ~(((unsigned long long)(unsigned)kvp_item_req(p, itn - 1) << 32) | (unsigned long long)(unsigned)pg));
+                              ~(((unsigned long long)(unsigned)item.req << 32) | (unsigned long long)(unsigned)pg));
                 }
             }
             /* ring slot by the CTA's running tile count, not T: items restart T at 0, and the only barrier between
@@ -1546,14 +1523,9 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
                 if (!use_tma) kvp_cp_async_mbar_arrive(fullb);
             }
             ++kc;
-            if (T == qat) KVP_FILL_Q(itn);
         }
-        it = itn;
     }
 #undef KVP_PAGE_OF
-#undef KVP_FILL_Q
-#undef KVP_QAT
-#undef KVP_IT_END
 #undef KVP_PRS
 #undef KVP_PUK
 #else
@@ -1634,37 +1606,53 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     unsigned qn = 0;         /* items (Q slots) consumed so far */
     if (!(KVP_EXP & 1) && wg == 1) kvp_named_arrive(4u, KVP_NT); /* warpgroup 0 issues first */
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
-    /* the worker's end, re-read where needed (volatile: not held in a register) */
-#define KVP_IT_END() (*(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)))
-#define KVP_ITEM(i) (*(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * (i)))
-#define KVP_NTILES(w) ((w).kv_end > (w).kv_start ? ((w).kv_end - (w).kv_start + KVP_TKV - 1) / KVP_TKV : 0)
-#define KVP_RSM(n) (smem + (((n) & 1u) ? KVP_ROWS2 : 0)) /* the KVP_S_* row facts of Q slot n & 1 */
-/* this warp's q-position bounds in slot n's row facts, re-read per tile (KVP_S_WQ, volatile) */
-#define KVP_WQA(n) kva_smem_addr(KVP_S_WQ(KVP_RSM(n)) + 2 * warp)
-/* descriptor low word of this warpgroup's Q rows in slot n */
-#define KVP_DQ(n) kvp_wg_desc_lo(q_wg + (((n) & 1u) ? (unsigned)KVP_OFF_Q2 : 0u), 16u)
-    /* descriptor low words: K slot 0 (K-major), V slot 0 (MN-major) */
-    const unsigned dk = kvp_wg_desc_lo(kv_s + (unsigned)KVP_KDST(0), 16u);
-    const unsigned dv = kvp_wg_desc_lo(kv_s + (unsigned)KVP_VDST(0), (unsigned)(KVP_TKV * 128));
-    /* ALiBi folded (KVA_ALIBI_FOLD instances, the flags and a nonzero q_scale agreeing): S accumulates onto
-       ALiBi's per-key part; otherwise these instances start S at 0 and kvp_scores adds the bias per element */
-    const bool abr = KVP_AB && (p.flags & (KVK_FLAG_ALIBI | KVK_FLAG_SOFTCAP | KVK_FLAG_SIGMOID)) == KVK_FLAG_ALIBI &&
-                     p.q_scale * KVP_KFIX != 0.0f;
+    for (int it = it_begin;
+         it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
+        /* the item's facts are read before waiting for its Q slot (registers only); the producer filled the slot
+           (Q, row facts, the request's fault word) while this CTA computed the previous item; the two consumer
+           warpgroups do not wait for each other between items */
+        const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
+        const unsigned qs = qn & 1u;
+        const char* const rsm = smem + (qs ? KVP_ROWS2 : 0); /* the KVP_S_* row facts of this item */
+        kvp_mbar_wait(KVP_BAR_FULL_Q(qn), KVP_PHASE(qn));
+        kvp_fence_proxy_async(); /* the producer's Q copies (generic proxy) before the MMAs read them */
 
-    /* No warpgroup skips a tile: the planner clipped the item's range to what its rows see (causal, window),
-       keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
-       makes ptxas serialise them (C7518). */
+        const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
+        const int kv0 = item.kv_start, kv1 = item.kv_end;
+        /* this warp's q-position bounds, re-read per tile (KVP_S_WQ, volatile: not held in registers) */
+        const unsigned wqa = kva_smem_addr(KVP_S_WQ(rsm) + 2 * warp);
+
+        /* descriptor low words: this warpgroup's Q rows, K slot 0 (K-major), V slot 0 (MN-major) */
+        const unsigned dq = kvp_wg_desc_lo(q_wg + (qs ? (unsigned)KVP_OFF_Q2 : 0u), 16u);
+        const unsigned dk = kvp_wg_desc_lo(kv_s + (unsigned)KVP_KDST(0), 16u);
+        const unsigned dv = kvp_wg_desc_lo(kv_s + (unsigned)KVP_VDST(0), (unsigned)(KVP_TKV * 128));
+        float o[1][KVP_ND][4];
+        float m[1][2], d[1][2], al[1][2];
+#pragma unroll
+        for (int n = 0; n < KVP_ND; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
+        m[0][0] = m[0][1] = KVA_NEG_INF;
+        d[0][0] = d[0][1] = 0.0f;
+        unsigned pa[KVP_TKV / 16][4]; /* P of the tile whose O += P V is next */
+        /* ALiBi folded (KVA_ALIBI_FOLD instances, the flags and a nonzero q_scale agreeing): S accumulates onto
+           ALiBi's per-key part; otherwise these instances start S at 0 and kvp_scores adds the bias per element */
+        const bool abr = KVP_AB && (p.flags & (KVK_FLAG_ALIBI | KVK_FLAG_SOFTCAP | KVK_FLAG_SIGMOID)) == KVK_FLAG_ALIBI &&
+                         p.q_scale * KVP_KFIX != 0.0f;
+
+        /* No warpgroup skips a tile: the planner clipped the item's range to what its rows see (causal, window),
+           keys a row cannot see are masked to P = 0 by kvp_scores, and a branch around the asynchronous MMAs
+           makes ptxas serialise them (C7518). */
 /* descriptors: the address field (bits 0-13, address / 16) of a slot's base descriptor plus the k-step's offset / 16
    (shared memory addresses stay below 256 KB, so the field never carries) */
-#define KVP_WG_ISSUE_S(s, QN)                                                                           \
+#define KVP_WG_ISSUE_S(s)                                                                               \
     do { /* the first MMA overwrites s (no zeroing), or (KVP_AB) accumulates onto ALiBi's per-key part */ \
-        if (KVP_AB) KVP_WG_ALIBI_INIT(s, KVP_RSM(QN));                                                  \
+        if (KVP_AB) KVP_WG_ALIBI_INIT(s);                                                               \
         kvp_wg_fence();                                                                                 \
-        const unsigned dq_ = KVP_DQ(QN);                                                                \
         const unsigned dk_ = dk + (kc & 1u) * (unsigned)((KVP_KDST(1) - KVP_KDST(0)) >> 4);            \
         _Pragma("unroll") for (int ks_ = 0; ks_ < KVP_KS; ++ks_) {                                     \
             const unsigned long long da_ =                                                              \
-                kvp_wg_desc_sbo1k(dq_ + (unsigned)(((ks_ >> 2) * (KVA_TQ * 128) + (ks_ & 3) * 32) >> 4)); \
+                kvp_wg_desc_sbo1k(dq + (unsigned)(((ks_ >> 2) * (KVA_TQ * 128) + (ks_ & 3) * 32) >> 4)); \
             const unsigned long long db_ =                                                              \
                 kvp_wg_desc_sbo1k(dk_ + (unsigned)(((ks_ >> 2) * (KVP_TKV * 128) + (ks_ & 3) * 32) >> 4)); \
             KVP_FN(kvp_wg_s)(&s[0][0][0], da_, db_, ks_ > 0 || KVP_AB);                                \
@@ -1691,20 +1679,19 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
 /* ALiBi folded (KVP_AB): the tile's S accumulates onto slope (j - j0) / q_scale, j0 its first key (0 unless abr), so
    kvp_scores adds one constant per row (slope log2(e) (j0 - q)) instead of a bias per element. The slope is re-read
    per tile (volatile): hoisted out of the tile loop, the 64 start values would not fit in registers. */
-#define KVP_WG_ALIBI_INIT(s, RSM)                                                                       \
+#define KVP_WG_ALIBI_INIT(s)                                                                            \
     do {                                                                                                \
         const float iq_ = abr ? kva_rcp(p.q_scale * KVP_KFIX) : 0.0f;                                   \
         _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                              \
             const float bs_ =                                                                           \
-                __int_as_float(kvp_ld_shared_vol(kva_smem_addr(KVP_S_SLOPE(RSM) + wr0 + KVP_QR() + 8 * h_))) * iq_; \
+                __int_as_float(kvp_ld_shared_vol(kva_smem_addr(KVP_S_SLOPE(rsm) + wr0 + KVP_QR() + 8 * h_))) * iq_; \
             const float b0_ = bs_ * (float)KVP_QC();                                                    \
             _Pragma("unroll") for (int n_ = 0; n_ < KVP_NK; ++n_)                                      \
                 _Pragma("unroll") for (int e_ = 0; e_ < 2; ++e_)                                       \
                     s[0][n_][2 * h_ + e_] = fmaf(bs_, (float)(n_ * 8 + e_), b0_);                       \
         }                                                                                               \
     } while (0)
-/* tile T's scores of item (KV0, KV1) whose row facts are in Q slot QN, onto that item's running max / sum (M, D) */
-#define KVP_WG_SCORES(T, s, KV0, KV1, QN, M, D)                                                         \
+#define KVP_WG_SCORES(T, s)                                                                             \
     do {                                                                                                \
         _Pragma("unroll") for (int n_ = 0; n_ < KVP_NK; ++n_)                                          \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) kvp_reg_fence(s[0][n_][e_]);              \
@@ -1713,13 +1700,11 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
         if (abr)                                                                                        \
             _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                          \
                 const int r_ = wr0 + KVP_QR() + 8 * h_;                                                 \
-                ro_[0][h_] = KVP_S_SLOPE(KVP_RSM(QN))[r_] * KVA_LOG2E *                                 \
-                             (float)((KV0) + (T) * KVP_TKV - KVP_S_QPOS(KVP_RSM(QN))[r_]);              \
+                ro_[0][h_] = KVP_S_SLOPE(rsm)[r_] * KVA_LOG2E * (float)(kv0 + (T) * KVP_TKV - KVP_S_QPOS(rsm)[r_]); \
             }                                                                                           \
-        const unsigned wqa_ = KVP_WQA(QN);                                                              \
         if (!(KVP_EXP & 4))                                                                             \
-            KVP_FN(kvp_scores)(p, s, o, M, D, (KV0) + (T) * KVP_TKV, KV1, wr0, kvp_ld_shared_vol(wqa_), \
-                               kvp_ld_shared_vol(wqa_ + 4u), KVP_QR(), KVP_QC(), KVP_RSM(QN), al, abr, ro_); \
+            KVP_FN(kvp_scores)(p, s, o, m, d, kv0 + (T) * KVP_TKV, kv1, wr0, kvp_ld_shared_vol(wqa),           \
+                               kvp_ld_shared_vol(wqa + 4u), KVP_QR(), KVP_QC(), rsm, al, abr, ro_);           \
     } while (0)
 /* Ping-pong: the two warpgroups take turns issuing their MMAs (named barriers 4 and 5), so one's softmax runs
    while the other's MMAs keep the tensor cores busy */
@@ -1739,101 +1724,38 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             pa[kk_][3] = kvp_pack2(s[0][2 * kk_ + 1][2], s[0][2 * kk_ + 1][3], KVP_CT);                 \
         }                                                                                               \
     } while (0)
-/* Q slot n: wait until the producer filled it (Q, row facts, the request's fault word) */
-#define KVP_WG_WAIT_Q(n)                                                                                \
-    do {                                                                                                \
-        kvp_mbar_wait(KVP_BAR_FULL_Q(n), KVP_PHASE(n));                                                 \
-        kvp_fence_proxy_async(); /* the producer's Q copies (generic proxy) before the MMAs read them */ \
-    } while (0)
 
-    float o[1][KVP_ND][4];
-    float m[1][2], d[1][2], al[1][2];
-    unsigned pa[KVP_TKV / 16][4]; /* P of the tile whose O += P V is next */
-    /* pend: the item's first tile is done (P in pa, m and d set, O zero): it went out beside the previous item's last
-       O += P V (the item boundary overlapped; KVP_EXP & 128 turns that off) */
-    bool pend = false;
-    for (int it = it_begin; it < KVP_IT_END(); ++it) {
-        /* the item's facts (registers only); its Q slot is qn & 1, filled by the producer during an earlier item */
-        const kvk_work_item item = KVP_ITEM(it);
-        const int ntiles = KVP_NTILES(item);
-        const int kv0 = item.kv_start, kv1 = item.kv_end;
-        if (!pend) { /* a fresh item: O = 0, running max -inf, sum 0, then its first tile on its own (S_0 -> P_0) */
-            KVP_WG_WAIT_Q(qn);
-#pragma unroll
-            for (int n = 0; n < KVP_ND; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
-            m[0][0] = m[0][1] = KVA_NEG_INF;
-            d[0][0] = d[0][1] = 0.0f;
-            if (ntiles > 0) {
-                float s[1][KVP_NK][4];
-                kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
-                if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
-                KVP_WG_TURN();
-                KVP_WG_ISSUE_S(s, qn);
-                KVP_WG_PASS();
-                kvp_wg_wait0();
-                kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));
-                ++kc;
-                KVP_WG_SCORES(0, s, kv0, kv1, qn, m, d);
-                KVP_WG_PACK(s);
-            }
+        if (ntiles > 0) { /* S_0 -> P_0 (O is zero: no rescale) */
+            float s[1][KVP_NK][4];
+            kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
+            if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
+            KVP_WG_TURN();
+            KVP_WG_ISSUE_S(s);
+            KVP_WG_PASS();
+            kvp_wg_wait0();
+            kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));
+            ++kc;
+            KVP_WG_SCORES(0, s);
+            KVP_WG_PACK(s);
         }
-        pend = false;
-        /* tile t's O += P V beside the S and softmax of tile t + 1, or, at the item's last tile (bnd), of the next
-           item's first tile when there is one with tiles (its Q slot is qn + 1) */
-        for (int t = 0; t < ntiles; ++t) {
-            const bool bnd = t + 1 == ntiles;
-            int nkv0 = kv0, nkv1 = kv1;
-            if (bnd) {
-                if ((KVP_EXP & 128) || it + 1 >= KVP_IT_END()) break;
-                const kvk_work_item nw = KVP_ITEM(it + 1);
-                if (KVP_NTILES(nw) == 0) break;
-                nkv0 = nw.kv_start;
-                nkv1 = nw.kv_end;
-                KVP_WG_WAIT_Q(qn + 1u);
-            }
-            const unsigned sq = qn + (bnd ? 1u : 0u); /* the Q slot of the S */
+        for (int t = 0; t + 1 < ntiles; ++t) { /* tile t's O += P V beside tile t + 1's S and softmax */
             float s[1][KVP_NK][4];
             kvp_mbar_wait(KVP_BAR_FULL_K(kc), KVP_PHASE(kc));
             if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
             kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
             if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
             KVP_WG_TURN();
-            KVP_WG_ISSUE_S(s, sq);
+            KVP_WG_ISSUE_S(s);
             KVP_WG_ISSUE_PV();
             KVP_WG_PASS();
-            kvp_wg_wait1(); /* S done; O += P V may still run (kvp_scores touches neither O nor pa) */
+            kvp_wg_wait1(); /* S_{t+1} done; O += P_t V_t may still run (kvp_scores touches neither O nor pa) */
             kvp_mbar_arrive(KVP_BAR_EMPTY_K(kc));
             ++kc;
-            float me[1][2], de[1][2]; /* bnd: the finished item's running max and sum */
-            me[0][0] = m[0][0];
-            me[0][1] = m[0][1];
-            de[0][0] = d[0][0];
-            de[0][1] = d[0][1];
-            if (bnd) {
-                m[0][0] = m[0][1] = KVA_NEG_INF;
-                d[0][0] = d[0][1] = 0.0f;
-            }
-            KVP_WG_SCORES(bnd ? 0 : t + 1, s, nkv0, nkv1, sq, m, d);
+            KVP_WG_SCORES(t + 1, s);
             kvp_wg_wait0();
             KVP_WG_FENCE_PO();
             kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
             ++vc;
-            if (bnd) { /* the finished item's epilogue (no staging: the producer may already fill K/V slots); the next
-                          item starts with O = 0 and its P_0 */
-                KVP_WG_PACK(s); /* (pa is free: the P V that read it completed) */
-                KVP_FN(kvp_wg_epilogue)(p, o, me, de, KVP_RSM(qn), item.rows, item.partial, qbar + 32u + 4u * (qn & 1u),
-                                        wr0, ctid);
-                kvp_mbar_arrive(KVP_BAR_EMPTY_Q(qn)); /* done with the slot's Q (its MMAs completed) and rows */
-                ++qn;
-#pragma unroll
-                for (int n = 0; n < KVP_ND; ++n)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) o[0][n][e] = 0.0f;
-                pend = true;
-                break;
-            }
             if (!(KVP_EXP & 8) && __any_sync(KVP_FULL, al[0][0] != 1.0f || al[0][1] != 1.0f)) {
 #pragma unroll
                 for (int n = 0; n < KVP_ND; ++n) {
@@ -1845,40 +1767,31 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
             }
             KVP_WG_PACK(s);
         }
-        if (!pend) {
-            if (ntiles > 0) { /* the last tile's O += P V on its own */
-                kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
-                if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
-                KVP_WG_TURN();
-                KVP_WG_ISSUE_PV();
-                KVP_WG_PASS();
-                kvp_wg_wait0();
-                KVP_WG_FENCE_PO();
-                kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
-                ++vc;
-            }
-            /* epilogue from registers (no staging: the producer may already fill the K/V slots for the next item) */
-            KVP_FN(kvp_wg_epilogue)(p, o, m, d, KVP_RSM(qn), item.rows, item.partial, qbar + 32u + 4u * (qn & 1u), wr0,
-                                    ctid);
-            kvp_mbar_arrive(KVP_BAR_EMPTY_Q(qn)); /* done with the slot's Q (its MMAs completed) and rows */
-            ++qn;
+        if (ntiles > 0) { /* the last tile's O += P V */
+            kvp_mbar_wait(KVP_BAR_FULL_V(vc), KVP_PHASE(vc));
+            if (!(KVP_EXP & 32)) kvp_fence_proxy_async();
+            KVP_WG_TURN();
+            KVP_WG_ISSUE_PV();
+            KVP_WG_PASS();
+            kvp_wg_wait0();
+            KVP_WG_FENCE_PO();
+            kvp_mbar_arrive(KVP_BAR_EMPTY_V(vc));
+            ++vc;
         }
-    }
 #undef KVP_WG_ISSUE_S
 #undef KVP_WG_ISSUE_PV
 #undef KVP_WG_FENCE_PO
-#undef KVP_WG_ALIBI_INIT
 #undef KVP_WG_SCORES
+#undef KVP_WG_ALIBI_INIT
+#undef KVP_WG_PACK
 #undef KVP_WG_TURN
 #undef KVP_WG_PASS
-#undef KVP_WG_PACK
-#undef KVP_WG_WAIT_Q
-#undef KVP_IT_END
-#undef KVP_ITEM
-#undef KVP_NTILES
-#undef KVP_RSM
-#undef KVP_WQA
-#undef KVP_DQ
+
+        /* ---- epilogue from registers (no staging: the producer may already fill the K/V slots for the next item) */
+        KVP_FN(kvp_wg_epilogue)(p, o, m, d, rsm, item.rows, item.partial, qbar + 32u + 4u * qs, wr0, ctid);
+        kvp_mbar_arrive(KVP_BAR_EMPTY_Q(qn)); /* this thread is done with the slot's Q (its MMAs completed) and rows */
+        ++qn;
+    }
     if (!(KVP_EXP & 1) && wg == 0) kvp_named_sync(4u, KVP_NT); /* warpgroup 1's last pass (or its first, when there was no tile) */
 #else
     (void)p, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
