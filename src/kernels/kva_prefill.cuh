@@ -412,7 +412,8 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #ifndef KVP_EXP /* benchmark timing experiments (KVATTN_BENCH_PF_EXP; results are not valid): 1 no ping-pong between the
                    consumer warpgroups, 2 exp2 replaced by a multiply-add, 4 no mask / softmax at all, 8 no O rescale,
                    16 the Hopper producer copies nothing (barriers only), 32 no consumer-side proxy fences; valid
-                   results: 64 the eager rescale (KVP_LAZY = 0) */
+                   results: 64 the eager rescale (KVP_LAZY = 0), 128 the Hopper consumers read the item's facts and the worker's
+                   end from the plan in global memory at every item (the order before) */
 #define KVP_EXP 0
 #endif
 /* Lazy rescale: a row keeps its running max m until a tile's max exceeds it by more than KVP_LAZY (log2 units), so
@@ -541,6 +542,8 @@ KVA_DEV void kvp_reg_fence_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory")
 #define KVP_S_SLOPE(sm) ((float*)((sm) + KVP_OFF_ROWS + 20 * KVA_TQ))
 #define KVP_S_CTX(sm) ((kvp_ctx*)((sm) + KVP_OFF_ROWS + 24 * KVA_TQ))
 #define KVP_S_WQ(sm) ((int*)((sm) + KVP_OFF_ROWS + 24 * KVA_TQ)) /* Hopper: int[8][2] in place of the context */
+/* Hopper: the Q slot's item (kv_start, kv_end, rows, partial), after KVP_S_WQ */
+#define KVP_S_ITEM(sm) ((volatile int*)((sm) + KVP_OFF_ROWS + 24 * KVA_TQ + 64))
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Row facts of a work item (no barrier: the mainloop's first barrier publishes them)              */
@@ -1382,8 +1385,9 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
     const bool ragged = (p.flags & KVK_FLAG_RAGGED) != 0;
     unsigned kc = 0;         /* K / V tiles copied by this CTA so far (K and V of a tile share the count) */
     unsigned qn = 0;         /* items (Q slots) filled so far */
-    unsigned chk = ~0u; /* the last request checked and its result: request * 2 + bad (page tables do not change in a
-                           run) */
+    /* the last request checked and its result, request * 2 + bad (page tables do not change in a run): at qbar + 44
+       (every producer thread writes the same value), not in a register across the tile loop */
+    kvp_st_shared_vol(qbar + 44u, -1);
     static_assert(KVA_TQ == 128 && !KVP_QCONV, "Hopper producer: one row per thread, Q copied as is");
     /* copy geometry: thread ptid copies 16-byte chunk col of rows r0 + u * PRS (u < PUK); PRS is a multiple of 8, so
        the swizzled chunk position is the same for all of them and the destination advances by PRS rows */
@@ -1415,13 +1419,22 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
             const unsigned qs = qn & 1u;
             char* const rsm = smem + (qs ? KVP_ROWS2 : 0);
             kvp_mbar_wait(KVP_BAR_EMPTY_Q(qn), KVP_PHASE(qn) ^ 1u);
+            if (ptid == 0) { /* the item's facts for the consumers (KVP_S_ITEM), released by thread 0's arrival on
+                                the slot's full barrier below: they read shared memory after that barrier instead
+                                of the plan in global memory at every item boundary */
+                KVP_S_ITEM(rsm)[0] = item.kv_start;
+                KVP_S_ITEM(rsm)[1] = item.kv_end;
+                KVP_S_ITEM(rsm)[2] = item.rows;
+                KVP_S_ITEM(rsm)[3] = item.partial;
+            }
             KVP_FN(kvp_row_fact)(p, item, rq, rsm, ptid);
             /* the request-wide page check (docs: Faults), once per run of items of one request (the locality order
                keeps a request's items together) */
+            const unsigned chk = (unsigned)kvp_ld_shared_vol(qbar + 44u);
             const bool check = !ragged && rq.kv_len > 0 && (unsigned)item.req != chk >> 1;
             int qbad = check ? KVP_FN(kvp_request_bad)(p, rq, item.req, ptid, 128) : 0;
             qbad = kvp_named_sync_or(2, 128, qbad); /* also publishes the row facts to the producer warpgroup */
-            if (check) chk = (unsigned)item.req * 2u + (unsigned)qbad;
+            if (check) kvp_st_shared_vol(qbar + 44u, (int)((unsigned)item.req * 2u + (unsigned)qbad));
             else if (!ragged && rq.kv_len > 0) qbad = (int)(chk & 1u);
             KVP_FN(kvp_load_q)(p, item, rsm, sbase + (qs ? (unsigned)KVP_OFF_Q2 : 0u), ptid, 128);
             kvp_cp_async_mbar_arrive(KVP_BAR_FULL_Q(qn));
@@ -1606,16 +1619,26 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     unsigned qn = 0;         /* items (Q slots) consumed so far */
     if (!(KVP_EXP & 1) && wg == 1) kvp_named_arrive(4u, KVP_NT); /* warpgroup 0 issues first */
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
-    for (int it = it_begin;
-         it < *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)); ++it) {
-        /* the item's facts are read before waiting for its Q slot (registers only); the producer filled the slot
-           (Q, row facts, the request's fault word) while this CTA computed the previous item; the two consumer
-           warpgroups do not wait for each other between items */
-        const kvk_work_item item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
+    /* the worker's end, once from the plan into shared memory (qbar + 40; every consumer thread writes the same
+       value, and reads its own write or an equal one): the loop test then costs no global load per item */
+    if (!(KVP_EXP & 128)) kvp_st_shared_vol(qbar + 40u, ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x + 1]);
+#define KVP_C_IT_END()                                                                                  \
+    ((KVP_EXP & 128) ? *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)) \
+                     : kvp_ld_shared_vol(qbar + 40u))
+    for (int it = it_begin; it < KVP_C_IT_END(); ++it) {
+        /* the producer filled the item's Q slot (Q, row facts, the item's facts, the request's fault word) while
+           this CTA computed the previous item; the two consumer warpgroups do not wait for each other between
+           items. KVP_EXP & 128: the item's facts from the plan in global memory, read before the wait (A/B). */
+        kvk_work_item item;
+        if (KVP_EXP & 128) item = *(const kvk_work_item*)kvp_at(p.ws, p.off_items + (long long)sizeof(kvk_work_item) * it);
         const unsigned qs = qn & 1u;
         const char* const rsm = smem + (qs ? KVP_ROWS2 : 0); /* the KVP_S_* row facts of this item */
         kvp_mbar_wait(KVP_BAR_FULL_Q(qn), KVP_PHASE(qn));
         kvp_fence_proxy_async(); /* the producer's Q copies (generic proxy) before the MMAs read them */
+        if (!(KVP_EXP & 128)) {
+            item.kv_start = KVP_S_ITEM(rsm)[0];
+            item.kv_end = KVP_S_ITEM(rsm)[1];
+        }
 
         const int ntiles = item.kv_end > item.kv_start ? (item.kv_end - item.kv_start + KVP_TKV - 1) / KVP_TKV : 0;
         const int kv0 = item.kv_start, kv1 = item.kv_end;
@@ -1788,10 +1811,15 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
 #undef KVP_WG_PASS
 
         /* ---- epilogue from registers (no staging: the producer may already fill the K/V slots for the next item) */
+        if (!(KVP_EXP & 128)) { /* (re-read here: not held in registers across the mainloop) */
+            item.rows = KVP_S_ITEM(rsm)[2];
+            item.partial = KVP_S_ITEM(rsm)[3];
+        }
         KVP_FN(kvp_wg_epilogue)(p, o, m, d, rsm, item.rows, item.partial, qbar + 32u + 4u * qs, wr0, ctid);
         kvp_mbar_arrive(KVP_BAR_EMPTY_Q(qn)); /* this thread is done with the slot's Q (its MMAs completed) and rows */
         ++qn;
     }
+#undef KVP_C_IT_END
     if (!(KVP_EXP & 1) && wg == 0) kvp_named_sync(4u, KVP_NT); /* warpgroup 1's last pass (or its first, when there was no tile) */
 #else
     (void)p, (void)smem; /* not an sm_90a build: never launched (the host selects it on sm_90 only) */
