@@ -1385,9 +1385,8 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
     const bool ragged = (p.flags & KVK_FLAG_RAGGED) != 0;
     unsigned kc = 0;         /* K / V tiles copied by this CTA so far (K and V of a tile share the count) */
     unsigned qn = 0;         /* items (Q slots) filled so far */
-    /* the last request checked and its result, request * 2 + bad (page tables do not change in a run): at qbar + 44
-       (every producer thread writes the same value), not in a register across the tile loop */
-    kvp_st_shared_vol(qbar + 44u, -1);
+    /* the last request checked and its result, request * 2 + bad (page tables do not change in a run), lives at
+       qbar + 44 (set to -1 before the roles split; thread 0 updates it), not in a register across the tile loop */
     static_assert(KVA_TQ == 128 && !KVP_QCONV, "Hopper producer: one row per thread, Q copied as is");
     /* copy geometry: thread ptid copies 16-byte chunk col of rows r0 + u * PRS (u < PUK); PRS is a multiple of 8, so
        the swizzled chunk position is the same for all of them and the destination advances by PRS rows */
@@ -1430,11 +1429,12 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
             KVP_FN(kvp_row_fact)(p, item, rq, rsm, ptid);
             /* the request-wide page check (docs: Faults), once per run of items of one request (the locality order
                keeps a request's items together) */
+            kvp_named_sync(2u, 128u); /* thread 0's last update of the cache before anyone reads it */
             const unsigned chk = (unsigned)kvp_ld_shared_vol(qbar + 44u);
             const bool check = !ragged && rq.kv_len > 0 && (unsigned)item.req != chk >> 1;
             int qbad = check ? KVP_FN(kvp_request_bad)(p, rq, item.req, ptid, 128) : 0;
             qbad = kvp_named_sync_or(2, 128, qbad); /* also publishes the row facts to the producer warpgroup */
-            if (check) kvp_st_shared_vol(qbar + 44u, (int)((unsigned)item.req * 2u + (unsigned)qbad));
+            if (check && ptid == 0) kvp_st_shared_vol(qbar + 44u, (int)((unsigned)item.req * 2u + (unsigned)qbad));
             else if (!ragged && rq.kv_len > 0) qbad = (int)(chk & 1u);
             KVP_FN(kvp_load_q)(p, item, rsm, sbase + (qs ? (unsigned)KVP_OFF_Q2 : 0u), ptid, 128);
             kvp_cp_async_mbar_arrive(KVP_BAR_FULL_Q(qn));
@@ -1619,9 +1619,8 @@ KVA_DEV void KVP_FN(kvp_wg_consumer)(const kvk_attn_params p, char* smem) {
     unsigned qn = 0;         /* items (Q slots) consumed so far */
     if (!(KVP_EXP & 1) && wg == 1) kvp_named_arrive(4u, KVP_NT); /* warpgroup 0 issues first */
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
-    /* the worker's end, once from the plan into shared memory (qbar + 40; every consumer thread writes the same
-       value, and reads its own write or an equal one): the loop test then costs no global load per item */
-    if (!(KVP_EXP & 128)) kvp_st_shared_vol(qbar + 40u, ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x + 1]);
+    /* the worker's end: from shared memory (qbar + 40, written before the roles split), so the loop test costs no
+       global load per item */
 #define KVP_C_IT_END()                                                                                  \
     ((KVP_EXP & 128) ? *(volatile const kvk_i32*)(kvp_at(p.ws, p.off_worker_indptr) + 4ll * (blockIdx.x + 1)) \
                      : kvp_ld_shared_vol(qbar + 40u))
@@ -1978,6 +1977,10 @@ extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, 1) KVA_KERNEL_NAME(cons
         const unsigned qbar = kva_smem_addr(kvp_smem + KVP_OFF_QBAR);
         for (int i = 0; i < 2; ++i) kvp_mbar_init(qbar + 8u * i, 129u);         /* Q full: producer threads + 1 */
         for (int i = 2; i < 4; ++i) kvp_mbar_init(qbar + 8u * i, KVP_NT);       /* Q empty: consumer threads */
+        /* the worker's end (+40, read by the consumers' item loop) and the producer's request-check cache (+44:
+           none yet) */
+        kvp_st_shared_vol(qbar + 40u, ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x + 1]);
+        kvp_st_shared_vol(qbar + 44u, -1);
     }
     __syncthreads();
     if (threadIdx.x < 128) {
