@@ -86,9 +86,10 @@
 /* per ring slot and row: K and V byte offsets (8 + 8) and their 16-byte-unit forms for the fast copy path (4 + 4) */
 #define KVK_PFW_OFF_ROWS(d) (KVK_PFW_OFF_OFFS(d) + KVK_PFW_RING * KVK_PFW_TKV(d) * 24)
 #define KVK_PFW_OFF_FREQ(d) (KVK_PFW_OFF_ROWS(d) + KVK_PF_ROW_BYTES(KVK_PFW_TQ))
-/* 8 mbarriers of the K/V slots (64 bytes), then those of the Q slots (full[2] +0, empty[2] +16) and the request fault
-   words (+32) (48 bytes); then Q slot 1 (1024-aligned) and its row facts: the producer fills slot (item count & 1)
-   with the next item's Q and row facts while the consumers compute */
+/* 8 mbarriers of the K/V slots (64 bytes), then those of the Q slots (full[2] +0, empty[2] +16), the request fault
+   words (+32), the worker's end (+40) and the producer's request-check cache (+44) (48 bytes); then Q slot 1
+   (1024-aligned) and its row facts: the producer fills slot (item count & 1) with the next item's Q, row facts and
+   item facts while the consumers compute */
 #define KVK_PFW_OFF_BAR(d) (KVK_PFW_OFF_FREQ(d) + KVK_PF_FREQ_BYTES(d))
 #define KVK_PFW_OFF_QBAR(d) (KVK_PFW_OFF_BAR(d) + 64)
 #define KVK_PFW_OFF_Q2(d) (((KVK_PFW_OFF_QBAR(d) + 48 + 1023) / 1024) * 1024)
