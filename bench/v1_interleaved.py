@@ -48,11 +48,11 @@ def main():
     flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
     ws = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
 
-    def time_cold(fn, iters, warm=0):
+    def time_cold(fn, iters):
         s = torch.cuda.Event(enable_timing=True)
         e = torch.cuda.Event(enable_timing=True)
         ts = []
-        for i in range(iters + warm):
+        for i in range(iters):
             flush.fill_(i & 0xFF)
             # the GPU sleeps (untimed) while the host prepares the call: a side's host overhead (Python wrapper,
             # torch.compile guards) stays out of the events
@@ -61,8 +61,7 @@ def main():
             fn()
             e.record()
             e.synchronize()
-            if i >= warm:
-                ts.append(s.elapsed_time(e) * 1000.0)
+            ts.append(s.elapsed_time(e) * 1000.0)
         return ts
 
     n2 = 2 ** int(math.floor(math.log2(H)))

@@ -807,7 +807,7 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         const char* nh = getenv("KVATTN_BENCH_NO_L2_HINT"); /* A/B: decode K/V copies without the L2 evict-first policy */
         st->no_l2_hint = nh && nh[0] == '1' && nh[1] == '\0';
         const char* px = getenv("KVATTN_BENCH_PF_EXP"); /* timing experiments in the prefill kernels (wrong results) */
-        st->pf_exp = px ? (int)(strtol(px, NULL, 0) & 0x3ff) : 0;
+        st->pf_exp = px ? (int)(strtol(px, NULL, 0) & 0xff) : 0;
         if (st->pf_exp)
             kva__log(ctx, KVA_LOG_WARN, "kvattn: KVATTN_BENCH_PF_EXP=%d: prefill kernels built with timing experiments; "
                                         "results are NOT valid", st->pf_exp);
