@@ -169,6 +169,7 @@ static void build_workloads(int quick) {
     uniform(add("P3", "P3 ragged", 32, 8, 128, 4, 1, 0), 4096, 4096);
     uniform(add("P3", "P3 paged ps16", 32, 8, 128, 4, 1, 16), 4096, 4096);
     uniform(add("P3", "P3 paged ps1", 32, 8, 128, 4, 1, 1), 4096, 4096);
+    uniform(add("P3", "P3 paged ps128", 32, 8, 128, 4, 1, 128), 4096, 4096); /* one TMA box per column block */
     /* P4 append: q 128 / 256 onto kv 1k, 8k, 32k (KV includes the new tokens), batch 16, paged 16 */
     static const int p4q[] = {128, 256}, p4k[] = {1024, 8192, 32768};
     for (int a = 0; a < 2; ++a)
@@ -316,7 +317,10 @@ static int run_bench(int iters, const char* csv, const char* only, int quick) {
         if (ps > 0) {
             indices = (int*)malloc(sizeof(int) * (size_t)npages);
             for (int64_t i = 0; i < npages; ++i) indices[i] = (int)i;
-            for (int64_t i = npages - 1; i > 0; --i) { /* scattered pages */
+            /* KVATTN_BENCH_PAGES_SEQ=1 (A/B): pages in order, the pool laid out like ragged K/V */
+            const char* seq = getenv("KVATTN_BENCH_PAGES_SEQ");
+            const int scatter = !(seq && seq[0] == '1' && seq[1] == '\0');
+            for (int64_t i = npages - 1; scatter && i > 0; --i) { /* scattered pages */
                 int64_t j = (int64_t)(xs() % (uint64_t)(i + 1));
                 int t = indices[i];
                 indices[i] = indices[j];
@@ -812,6 +816,23 @@ static int run_check(const char* only) {
                 snprintf(tag, sizeof tag, "paged g4 D%d %s %s", dims[di], ti ? "f16" : "bf16", lg ? "long" : "short");
                 RUN();
             }
+    /* page sizes of the Hopper kernel's per-page TMA copies (divisors of 128 from 8, multiples of 128), long queries
+       (128-row tiles); split chunks that start on and off a page boundary (off: those items' tiles take cp.async);
+       HND; page size 4 (cp.async only) */
+    static const int tps[] = {8, 32, 64, 128, 256, 4};
+    for (int pi = 0; pi < 6; ++pi)
+        for (int v = 0; v < 3; ++v) {
+            BASE(KVA_OP_BATCH_PREFILL_PAGED, 8, 2, 128, KVA_DTYPE_BF16);
+            c.batch = 2;
+            c.qo = qo_long;
+            c.kv = kv_long;
+            c.page_size = tps[pi];
+            if (v == 1) c.fixed_split = tps[pi] * 3 > 600 ? 640 : 136;
+            if (v == 2) c.hnd = 1;
+            snprintf(tag, sizeof tag, "paged g4 ps%d long%s", tps[pi],
+                     v == 1 ? (c.fixed_split == 640 ? ", split 640" : ", split 136") : v == 2 ? ", HND" : "");
+            RUN();
+        }
     /* variants */
     for (int var = 0; var < 12; ++var) {
         BASE(KVA_OP_BATCH_PREFILL_PAGED, 12, 4, 128, KVA_DTYPE_BF16);

@@ -240,27 +240,48 @@ static kva_status kva__check_rows_tensor(const char* name, const kva_tensor* t, 
 }
 
 /* K/V tensor maps for the Hopper prefill kernel's TMA path (kvk_tma, KVK_FLAG_TMA). Returns 1 when both encoded.
- * Ragged K/V only: 3-d {head dim, KV heads, tokens}, box {64, 1, 128}, 16-bit elements, 128-byte swizzle (the
- * kernel's shared layout); not in graph mode (the token extent is fixed in the captured map). Paged K/V keeps the
- * cp.async copies: a per-page 4-d map (box {64, page_size, 1, 1}, 16 boxes per 128-row tile at page size 16) made
- * the page-16 workloads slower on the H200 (P3 -20 %, P4 -17 to -19 %), cause not found yet (docs/kernels/prefill.md). */
+ * 16-bit K/V at head dim 64 or 128, 128-byte swizzle (the kernel's shared layout), box of 64 columns:
+ * - ragged: 3-d {head dim, KV heads, tokens}, box {64, 1, 128}; not in graph mode (the token extent is fixed in the
+ *   captured map);
+ * - paged: 4-d {head dim, page rows, KV heads, pages}, box {64, R, 1, 1} with R = min(page_size, 128), for page sizes
+ *   that divide 128 (from 8) or are multiples of it: one box per page and column block of a page-aligned tile
+ *   (8 pages x 2 blocks at page size 16). The map depends on the pool only, so graph mode keeps it. */
 static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* pd, const kva_run_args* a,
                               const kvk_attn_params* p, kvk_tma* tm) {
     const kva__cu_api* cu = st->cu;
     const kva_attention_desc* d = &pd->desc;
-    if (!cu->TensorMapEncodeTiled || st->no_tma || pd->op != KVA_OP_BATCH_PREFILL_RAGGED || pd->graph_mode) return 0;
+    const bool ragged = pd->op == KVA_OP_BATCH_PREFILL_RAGGED;
+    if (!cu->TensorMapEncodeTiled || st->no_tma || (ragged && pd->graph_mode) || (!ragged && st->no_paged_tma)) return 0;
     if (d->kv_dtype != KVA_DTYPE_BF16 && d->kv_dtype != KVA_DTYPE_F16) return 0;
     const CUtensorMapDataType dt = d->kv_dtype == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     const int64_t D = d->head_dim_qk, H = d->num_kv_heads;
-    int64_t tokens = pd->total_kv_tokens;
-    if ((D != 64 && D != 128) || H < 1 || tokens < 1) return 0;
-    if (a->k.shape[0] > tokens && a->v.shape[0] >= a->k.shape[0]) tokens = a->k.shape[0];
-    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)H, (cuuint64_t)tokens};
-    const cuuint64_t kst[2] = {(cuuint64_t)p->k_stride_head * 2, (cuuint64_t)p->k_stride_token * 2};
-    const cuuint64_t vst[2] = {(cuuint64_t)p->v_stride_head * 2, (cuuint64_t)p->v_stride_token * 2};
-    const cuuint32_t box[3] = {64, 1, 128}, es[3] = {1, 1, 1};
-    for (int i = 0; i < 2; ++i) /* TMA: strides are non-zero multiples of 16 bytes below 2^40 */
+    if ((D != 64 && D != 128) || H < 1 || d->head_dim_vo != D) return 0;
+    int rank;
+    cuuint64_t dims[4], kst[3], vst[3];
+    cuuint32_t box[4];
+    const cuuint32_t es[4] = {1, 1, 1, 1};
+    if (ragged) {
+        int64_t tokens = pd->total_kv_tokens;
+        if (tokens < 1) return 0;
+        if (a->k.shape[0] > tokens && a->v.shape[0] >= a->k.shape[0]) tokens = a->k.shape[0];
+        rank = 3;
+        dims[0] = (cuuint64_t)D, dims[1] = (cuuint64_t)H, dims[2] = (cuuint64_t)tokens;
+        kst[0] = (cuuint64_t)p->k_stride_head * 2, kst[1] = (cuuint64_t)p->k_stride_token * 2;
+        vst[0] = (cuuint64_t)p->v_stride_head * 2, vst[1] = (cuuint64_t)p->v_stride_token * 2;
+        box[0] = 64, box[1] = 1, box[2] = 128;
+    } else {
+        const int64_t ps = p->page_size, np = p->num_pages;
+        if (!(ps >= 8 && (ps <= 128 ? 128 % ps == 0 : ps % 128 == 0)) || np < 1 || np > (int64_t)UINT32_MAX) return 0;
+        rank = 4;
+        dims[0] = (cuuint64_t)D, dims[1] = (cuuint64_t)ps, dims[2] = (cuuint64_t)H, dims[3] = (cuuint64_t)np;
+        kst[0] = (cuuint64_t)p->k_stride_token * 2, kst[1] = (cuuint64_t)p->k_stride_head * 2;
+        kst[2] = (cuuint64_t)p->k_stride_page * 2;
+        vst[0] = (cuuint64_t)p->v_stride_token * 2, vst[1] = (cuuint64_t)p->v_stride_head * 2;
+        vst[2] = (cuuint64_t)p->v_stride_page * 2;
+        box[0] = 64, box[1] = (cuuint32_t)(ps < 128 ? ps : 128), box[2] = 1, box[3] = 1;
+    }
+    for (int i = 0; i + 1 < rank; ++i) /* TMA: strides are non-zero multiples of 16 bytes below 2^40 */
         if (kst[i] == 0 || vst[i] == 0 || kst[i] % 16 || vst[i] % 16 || kst[i] >= (1ull << 40) || vst[i] >= (1ull << 40))
             return 0;
     _Static_assert(sizeof(CUtensorMap) == sizeof tm->k, "CUtensorMap is 128 bytes");
@@ -268,9 +289,9 @@ static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* p
     const cuuint64_t* const st2[2] = {kst, vst};
     CUtensorMap m[2];
     for (int i = 0; i < 2; ++i)
-        if (cu->TensorMapEncodeTiled(&m[i], dt, 3, (void*)base[i], dims, st2[i], box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        if (cu->TensorMapEncodeTiled(&m[i], dt, (cuuint32_t)rank, (void*)base[i], dims, st2[i], box, es,
+                                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
             return 0;
     memcpy(tm->k, &m[0], sizeof tm->k);
     memcpy(tm->v, &m[1], sizeof tm->v);
@@ -804,6 +825,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
         const char* nt = getenv("KVATTN_BENCH_NO_TMA"); /* A/B: the Hopper prefill kernel copies K/V without TMA */
         st->no_tma = nt && nt[0] == '1' && nt[1] == '\0';
+        const char* npt = getenv("KVATTN_BENCH_NO_PAGED_TMA"); /* A/B: paged K/V by cp.async (ragged keeps TMA) */
+        st->no_paged_tma = npt && npt[0] == '1' && npt[1] == '\0';
         const char* nh = getenv("KVATTN_BENCH_NO_L2_HINT"); /* A/B: decode K/V copies without the L2 evict-first policy */
         st->no_l2_hint = nh && nh[0] == '1' && nh[1] == '\0';
         const char* px = getenv("KVATTN_BENCH_PF_EXP"); /* timing experiments in the prefill kernels (wrong results) */

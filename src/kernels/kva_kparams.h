@@ -62,7 +62,7 @@ typedef uint64_t kvk_u64;
 #define KVK_FLAG_FUSED_MERGE 256u /* tensor-core kernel: the last CTA of a merge task merges it (no merge kernel) */
 #define KVK_FLAG_KV_ONCE 1024u  /* tensor-core decode kernel: L2 evict-first K/V copies (each row read by one item; the host
                                    sets it only for calls reading at most 4 x L2 of K/V) */
-#define KVK_FLAG_TMA 512u       /* Hopper prefill: kvk_tma holds ragged K/V tensor maps (TMA copies of full tiles) */
+#define KVK_FLAG_TMA 512u       /* Hopper prefill: kvk_tma holds K/V tensor maps (TMA copies of full tiles) */
 
 /* lse value written into a partial slot by a work item whose request hit an out-of-range page index
    (a NaN with a payload no arithmetic produces); the merge kernel then outputs o = 0, lse = -inf. */
@@ -152,8 +152,9 @@ typedef struct kvk_attn_params {
 } kvk_attn_params;
 
 /* The Hopper prefill kernel's second parameter (__grid_constant__): CUtensorMap images of K and V (128 bytes each,
-   64-byte aligned), valid when KVK_FLAG_TMA is set (ragged K/V: 3-d {head dim, KV heads, tokens}, box {64, 1, 128},
-   16-bit elements, 128-byte swizzle). */
+   64-byte aligned), valid when KVK_FLAG_TMA is set (16-bit elements, 128-byte swizzle; ragged K/V: 3-d {head dim,
+   KV heads, tokens}, box {64, 1, 128}; paged: 4-d {head dim, page rows, KV heads, pages}, box {64, min(page size,
+   128), 1, 1}). */
 #if defined(__cplusplus)
 #define KVK_ALIGN64 alignas(64)
 #else

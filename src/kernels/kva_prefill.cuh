@@ -262,6 +262,10 @@ KVA_DEV void kvp_tma_load3(unsigned dst, const void* map, int c0, int c1, int c2
     asm volatile("{ cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5]; }"
                  ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
 }
+KVA_DEV void kvp_tma_load4(unsigned dst, const void* map, int c0, int c1, int c2, int c3, unsigned bar) {
+    asm volatile("{ cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6]; }"
+                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
+}
 KVA_DEV void kvp_cp_async_mbar_arrive(unsigned bar) {
     asm volatile("{ cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0]; }" ::"r"(bar) : "memory");
 }
@@ -1380,7 +1384,7 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
     long long* const s_koff = (long long*)(smem + KVP_OFF_OFFS); /* [2][TKV] */
     long long* const s_voff = s_koff + KVP_RING * KVP_TKV;
     unsigned* const s_off16 = (unsigned*)(s_voff + KVP_RING * KVP_TKV); /* [2 slots][K, V][TKV], rows transposed */
-    const bool tma = (p.flags & KVK_FLAG_TMA) != 0; /* ragged K/V through tensor maps (the host sets it) */
+    const bool tma = (p.flags & KVK_FLAG_TMA) != 0; /* K/V through tensor maps (the host sets it) */
     const unsigned qbar = sbase + KVP_OFF_QBAR;
     const bool ragged = (p.flags & KVK_FLAG_RAGGED) != 0;
     unsigned kc = 0;         /* K / V tiles copied by this CTA so far (K and V of a tile share the count) */
@@ -1483,8 +1487,12 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
             s_off16[(os * 2 + 1) * KVP_TKV + own16] = (unsigned)(vo >> 4);
             /* this tile's offsets visible to the producer warpgroup; whether any row needs the general path */
             const int slow = kvp_named_sync_or(2, 128, !fast);
-            /* TMA for every fast tile of ragged K/V (the host sets KVK_FLAG_TMA for ragged 16-bit K/V only) */
-            const bool use_tma = tma && !slow;
+            /* TMA for every fast tile (the host sets KVK_FLAG_TMA for 16-bit K/V: ragged, or paged at page sizes that
+               divide 128 from 8 or are multiples of it); paged tiles also start on a page boundary (or, for pages
+               longer than a tile, on a tile boundary inside the page): then each box is one page's rows. Uniform
+               over the warpgroup: every thread sees the same slow, T and item. */
+            const int pr = p.page_size < KVP_TKV ? p.page_size : KVP_TKV; /* a power of two when tma && !ragged */
+            const bool use_tma = tma && !slow && (ragged || ((item.kv_start + T * KVP_TKV) & (pr - 1)) == 0);
 #pragma unroll
             for (int mtx = 0; mtx < 2; ++mtx) {
                 const unsigned cnt = kc;
@@ -1492,9 +1500,25 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
                 const unsigned dst = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt)) + dst0;
                 const char* const base = (mtx == 0 ? kb : vb) + col * 16;
                 const unsigned fullb = mtx == 0 ? KVP_BAR_FULL_K(cnt) : KVP_BAR_FULL_V(cnt);
-                if (use_tma) {
-                    /* one warp: lane 0 announces the tile's bytes, then lane c copies 64-column block c of the
-                       tile's 128 rows */
+                if (use_tma && !ragged) {
+                    /* paged: thread 0 announces the tile's bytes; the thread of each box's first row (it holds the
+                       page-table entry of its row, checked above) copies its page's rows of every column block */
+                    if (ptid == 0) kvp_mbar_arrive_expect_tx(fullb, (unsigned)(KVP_TKV * KVP_D * 2));
+                    if ((ptid & (pr - 1)) == 0) {
+                        constexpr int CB = KVP_D / 64;
+                        const void* const map = mtx == 0 ? (const void*)tm->k : (const void*)tm->v;
+                        const unsigned rdst = kv_s + (unsigned)(mtx == 0 ? KVP_KDST(cnt) : KVP_VDST(cnt)) +
+                                              (unsigned)(ptid * 128);
+                        const int e = (int)kva_fastdiv((unsigned)j, p.ps_mul, p.ps_shift);
+                        const int sl = j - e * p.page_size; /* 0 unless pages are longer than a tile */
+#pragma unroll
+                        for (int c = 0; c < CB; ++c)
+                            kvp_tma_load4(rdst + (unsigned)(c * KVP_TKV * 128), map, c * 64, sl, item.kv_head, pg, fullb);
+                    }
+                    if (ptid != 0) kvp_mbar_arrive(fullb);
+                } else if (use_tma) {
+                    /* ragged, one warp: lane 0 announces the tile's bytes, then lane c copies 64-column block c of
+                       the tile's 128 rows */
                     if (ptid < 32) {
                         constexpr int CB = KVP_D / 64; /* 64-column blocks */
                         const void* const map = mtx == 0 ? (const void*)tm->k : (const void*)tm->v;
