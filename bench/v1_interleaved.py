@@ -15,7 +15,7 @@ every timed call), CUDA events. TFLOP/s use kva_bench_prefill's FLOP count (caus
 the window).
 
     PYTHONPATH=python KVATTN_LIBRARY=build-dev/libkvattn.so python3 bench/v1_interleaved.py [--rounds 5] [--iters 10]
-        [--seq 2048,8192] [--out FILE.md]
+        [--seq 2048,8192] [--out FILE.md] [--sleep-cycles N] [--alternate rounds|calls]
 """
 import argparse
 import datetime
@@ -38,6 +38,10 @@ def main():
     ap.add_argument("--seq", default="2048,8192")
     ap.add_argument("--only", default="", help="'|'-separated substrings of the case names")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--sleep-cycles", type=int, default=1 << 21,
+                    help="GPU sleep before each timed call (0: none, the GPU stays under load)")
+    ap.add_argument("--alternate", choices=("rounds", "calls"), default="rounds",
+                    help="rounds: --iters calls of one side, then the other; calls: the sides alternate call by call")
     args = ap.parse_args()
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -55,8 +59,10 @@ def main():
         for i in range(iters):
             flush.fill_(i & 0xFF)
             # the GPU sleeps (untimed) while the host prepares the call: a side's host overhead (Python wrapper,
-            # torch.compile guards) stays out of the events
-            torch.cuda._sleep(1 << 21)
+            # torch.compile guards) stays out of the events. With --sleep-cycles 0 the host may fall behind the GPU
+            # instead (untimed either way: the events bracket the GPU work only)
+            if args.sleep_cycles > 0:
+                torch.cuda._sleep(args.sleep_cycles)
             s.record()
             fn()
             e.record()
@@ -128,10 +134,17 @@ def main():
             time_cold(fn, 2)
         tk, tf, tc = [], [], []
         for r in range(args.rounds):
-            tk += time_cold(kcall, args.iters)
-            tf += time_cold(fcall, args.iters)
-            if plain:
-                tc += time_cold(ccall, args.iters)
+            if args.alternate == "rounds":
+                tk += time_cold(kcall, args.iters)
+                tf += time_cold(fcall, args.iters)
+                if plain:
+                    tc += time_cold(ccall, args.iters)
+            else:  # call by call: both sides see the same clocks and temperature
+                for i in range(args.iters):
+                    tk += time_cold(kcall, 1)
+                    tf += time_cold(fcall, 1)
+                    if plain:
+                        tc += time_cold(ccall, 1)
         if window >= 0:
             pairs = sum(min(i + 1, WINDOW + 1) for i in range(L))
         else:
@@ -154,9 +167,11 @@ def main():
         torch.cuda.empty_cache()
 
     lines = ["# V1 with kvattn and FlexAttention timed in alternating rounds", ""]
-    lines.append("device: %s; torch %s; date %s; commit %s; %d rounds x %d cold-L2 calls per side, medians" % (
-        torch.cuda.get_device_name(0), torch.__version__, datetime.date.today().isoformat(),
-        os.environ.get("KVA_COMMIT", "unknown"), args.rounds, args.iters))
+    lines.append("device: %s; torch %s; date %s; commit %s; %d rounds x %d cold-L2 calls per side, medians; "
+                 "sides alternate by %s; GPU sleep before each call: %d cycles" % (
+                     torch.cuda.get_device_name(0), torch.__version__, datetime.date.today().isoformat(),
+                     os.environ.get("KVA_COMMIT", "unknown"), args.rounds, args.iters,
+                     "call" if args.alternate == "calls" else "round", args.sleep_cycles))
     lines.append("")
     lines.append("| workload | kvattn TFLOP/s | FlexAttention | cuDNN SDPA | kvattn / Flex | per-round range | "
                  "rel. diff kvattn vs Flex |")

@@ -1523,6 +1523,34 @@ static void suite_prefill(void) {
     c.hq = 32;
     c.hkv = 4;
     go(c);
+    /* long queries at D 128, 16-bit: 128-row tiles (the Hopper mainloop on sm_90, whose paged K/V goes through TMA
+       at page sizes that divide 128 from 8 or are multiples of it, page-aligned tiles only); graph mode keeps the
+       paged tensor maps; split chunks off page boundaries take cp.async */
+    h_case l = b;
+    l.hq = 8;
+    l.hkv = 2;
+    l.dqk = l.dvo = 128;
+    l.q_dt = l.kv_dt = l.o_dt = KVA_DTYPE_BF16;
+    l.batch = 3;
+    l.max_qo = 300;
+    l.max_kv = 900;
+    l.mask = KVA_MASK_CAUSAL;
+    static const int lps[] = {16, 32, 256, 3};
+    for (int i = 0; i < 4; ++i) {
+        c = l;
+        c.page_size = lps[i];
+        go(c);
+    }
+    c = l;
+    c.layout = KVA_LAYOUT_HND;
+    c.q_dt = c.kv_dt = c.o_dt = KVA_DTYPE_F16;
+    go(c);
+    c = l;
+    c.fixed_split = 72;
+    go(c);
+    c = l;
+    c.graph = 1;
+    go(c);
 }
 
 static void suite_ragged(void) {
