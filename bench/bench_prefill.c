@@ -14,7 +14,11 @@
  * range: that request gets o = 0 and lse = -inf, the others are unaffected, kva_read_faults reports it).
  * Exit status 1 if any check fails; prints "N passed, N failed" last.
  *
+ * --interleave: the selected workloads of each group are set up together and timed call by call in turn (a GPU under
+ * sustained load drifts in clock and power; without it a group's first row runs on a GPU that idled during set-up).
+ *
  * usage: kva_bench_prefill [--check] [--iters N] [--csv FILE] [--only 'A|B' (substrings)] [--quick] [--seed S]
+ *                          [--interleave]
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
@@ -237,7 +241,169 @@ static int only_match(const char* only, const char* a, const char* b) {
     }
 }
 
-static int run_bench(int iters, const char* csv, const char* only, int quick) {
+/* One workload set up for timing: buffers, plan, run arguments. */
+typedef struct pf_run {
+    wl* w;
+    void *k, *v, *q, *o;
+    int* dind;
+    kva_workspace ws;
+    kva_plan plan;
+    kva_plan_info info;
+    kva_run_args a;
+    float plan_us; /* median of 15 plans */
+    float* times;  /* iters timed calls */
+} pf_run;
+
+static void pf_setup(kva_context* ctx, wl* w, const void* dsrc, size_t src_bytes, cudaStream_t s, int iters, pf_run* R) {
+    memset(R, 0, sizeof *R);
+    R->w = w;
+    const int B = w->batch, HQ = w->hq, HK = w->hkv, D = w->d, ps = w->page_size;
+    int* qo_indptr = (int*)calloc((size_t)B + 1, sizeof(int));
+    int* kv_indptr = (int*)calloc((size_t)B + 1, sizeof(int));
+    int* last = (int*)calloc((size_t)B, sizeof(int));
+    long long rows = 0, tokens = 0;
+    for (int b = 0; b < B; ++b) {
+        qo_indptr[b + 1] = qo_indptr[b] + w->qo[b];
+        rows += w->qo[b];
+        tokens += w->kv[b];
+        if (ps > 0) {
+            int np = (w->kv[b] + ps - 1) / ps;
+            kv_indptr[b + 1] = kv_indptr[b] + np;
+            last[b] = w->kv[b] - (np - 1) * ps;
+        } else {
+            kv_indptr[b + 1] = kv_indptr[b] + w->kv[b];
+        }
+    }
+    const int64_t npages = ps > 0 ? kv_indptr[B] : 0;
+    const size_t kv_elems = ps > 0 ? (size_t)npages * ps * HK * D : (size_t)tokens * HK * D;
+    CU(cudaMalloc(&R->k, kv_elems * 2));
+    CU(cudaMalloc(&R->v, kv_elems * 2));
+    CU(cudaMalloc(&R->q, (size_t)rows * HQ * D * 2));
+    CU(cudaMalloc(&R->o, (size_t)rows * HQ * D * 2));
+    void* bufs[3] = {R->k, R->v, R->q};
+    size_t sizes[3] = {kv_elems * 2, kv_elems * 2, (size_t)rows * HQ * D * 2};
+    for (int t = 0; t < 3; ++t)
+        for (size_t off = 0; off < sizes[t]; off += src_bytes) {
+            size_t n = sizes[t] - off < src_bytes ? sizes[t] - off : src_bytes;
+            size_t so = ((size_t)(t * 7919 + off / src_bytes * 104729) * 16) % (src_bytes - n + 16) / 16 * 16;
+            if (so + n > src_bytes) so = 0;
+            CU(cudaMemcpy((char*)bufs[t] + off, (const char*)dsrc + so, n, cudaMemcpyDeviceToDevice));
+        }
+    if (ps > 0) {
+        int* indices = (int*)malloc(sizeof(int) * (size_t)npages);
+        for (int64_t i = 0; i < npages; ++i) indices[i] = (int)i;
+        /* KVATTN_BENCH_PAGES_SEQ=1 (A/B): pages in order, the pool laid out like ragged K/V */
+        const char* seq = getenv("KVATTN_BENCH_PAGES_SEQ");
+        const int scatter = !(seq && seq[0] == '1' && seq[1] == '\0');
+        for (int64_t i = npages - 1; scatter && i > 0; --i) { /* scattered pages */
+            int64_t j = (int64_t)(xs() % (uint64_t)(i + 1));
+            int t = indices[i];
+            indices[i] = indices[j];
+            indices[j] = t;
+        }
+        CU(cudaMalloc((void**)&R->dind, sizeof(int) * (size_t)npages));
+        CU(cudaMemcpy(R->dind, indices, sizeof(int) * (size_t)npages, cudaMemcpyHostToDevice));
+        free(indices);
+    }
+    kva_attention_desc d;
+    kva_attention_desc_init(&d, HQ, HK, D, KVA_DTYPE_BF16);
+    d.mask_mode = w->causal ? KVA_MASK_CAUSAL : KVA_MASK_NONE;
+    d.window_left = w->window;
+    d.logits_soft_cap = w->softcap;
+    if (w->alibi) d.pos_encoding = KVA_POS_ALIBI;
+    const kva_op op = ps > 0 ? KVA_OP_BATCH_PREFILL_PAGED : KVA_OP_BATCH_PREFILL_RAGGED;
+    kva_plan_params pp;
+    kva_plan_params_init(&pp);
+    pp.batch_size = B;
+    pp.qo_indptr = qo_indptr;
+    pp.kv_indptr = kv_indptr;
+    if (ps > 0) {
+        pp.kv_last_page_len = last;
+        pp.page_size = ps;
+        pp.num_pages = npages;
+    }
+    size_t db = 0, hb = 0;
+    KV(kva_plan_workspace_size(ctx, &d, op, &pp, &db, &hb));
+    R->ws.device_bytes = db;
+    R->ws.host_bytes = hb;
+    CU(cudaMalloc(&R->ws.device, db));
+    CU(cudaMallocHost(&R->ws.host, hb));
+    float pt[15];
+    for (int i = 0; i < 15; ++i) {
+        double t0 = now_s();
+        KV(kva_plan_make(ctx, &d, op, &pp, &R->ws, &R->plan, s));
+        pt[i] = (float)((now_s() - t0) * 1e6);
+    }
+    qsort(pt, 15, sizeof(float), cmp_f);
+    R->plan_us = pt[7];
+    KV(kva_plan_get_info(&R->plan, &R->info));
+    kva_run_args_init(&R->a);
+    R->a.q = kva_tensor_make(R->q, KVA_DTYPE_BF16, 3, rows, HQ, D, 0);
+    R->a.o = kva_tensor_make(R->o, KVA_DTYPE_BF16, 3, rows, HQ, D, 0);
+    if (ps > 0) {
+        KV(kva_paged_kv_init(&R->a.paged, R->k, R->v, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, npages, ps, HK, D, D));
+        R->a.paged.indices = R->dind;
+    } else {
+        R->a.k = kva_tensor_make(R->k, KVA_DTYPE_BF16, 3, tokens, HK, D, 0);
+        R->a.v = kva_tensor_make(R->v, KVA_DTYPE_BF16, 3, tokens, HK, D, 0);
+    }
+    R->a.stream = s;
+    R->times = (float*)malloc(sizeof(float) * (size_t)iters);
+    free(qo_indptr);
+    free(kv_indptr);
+    free(last);
+}
+
+/* one cold-L2 call (the flush buffer overwritten first), CUDA events; returns microseconds */
+static float pf_time_once(kva_context* ctx, pf_run* R, void* flush, size_t flush_bytes, int it, cudaStream_t s,
+                          cudaEvent_t e0, cudaEvent_t e1) {
+    CU(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s));
+    CU(cudaEventRecord(e0, s));
+    KV(kva_run(ctx, &R->plan, &R->ws, &R->a));
+    CU(cudaEventRecord(e1, s));
+    CU(cudaEventSynchronize(e1));
+    float ms = 0;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    return ms * 1000.0f;
+}
+
+/* the median, the output line and the CSV row; frees the run */
+static void pf_report(kva_context* ctx, pf_run* R, int iters, FILE* fcsv, cudaStream_t s) {
+    wl* w = R->w;
+    kva_fault_report fr;
+    KV(kva_read_faults(ctx, &R->ws, &fr, s));
+    if (fr.faulted) printf("  (unexpected device fault report: request %d page %lld)\n", fr.request, (long long)fr.page_index);
+    qsort(R->times, (size_t)iters, sizeof(float), cmp_f);
+    const double t_us = R->times[iters / 2];
+    const double fl = flops_of(w);
+    const double tf = fl / (t_us * 1e-6) / 1e12;
+    printf("%-28s %-14s %10.1f %9.1f %8.1f %6d %7d\n", w->name, w->label, t_us, tf, (double)R->plan_us, R->info.tile_q,
+           R->info.num_work_items);
+    if (fcsv) {
+        fprintf(fcsv, "%s,%s,%s,%d,%d,%d,%d,%d,%d,%g,%d,%d,%.0f,%.2f,%.2f,%.1f,%d,", w->group, w->name, w->label, w->hq,
+                w->hkv, w->d, w->batch, w->causal, w->window, (double)w->softcap, w->alibi, w->page_size, fl, t_us, tf,
+                (double)R->plan_us, R->info.tile_q);
+        for (int b = 0; b < w->batch; ++b) fprintf(fcsv, "%s%d", b ? ";" : "", w->qo[b]);
+        fprintf(fcsv, ",");
+        for (int b = 0; b < w->batch; ++b) fprintf(fcsv, "%s%d", b ? ";" : "", w->kv[b]);
+        fprintf(fcsv, "\n");
+        fflush(fcsv);
+    }
+    fflush(stdout);
+    free(R->times);
+    cudaFree(R->k);
+    cudaFree(R->v);
+    cudaFree(R->q);
+    cudaFree(R->o);
+    if (R->dind) cudaFree(R->dind);
+    cudaFree(R->ws.device);
+    cudaFreeHost(R->ws.host);
+}
+
+/* interleave != 0: the selected workloads of one group (P1, P3, V1, ...) are set up together and timed call by call
+   in turn, so that the GPU's clock and power drift under sustained load hits each of them alike (a group's first
+   workload otherwise runs after the idle set-up time and the later ones on a hotter GPU) */
+static int run_bench(int iters, const char* csv, const char* only, int quick, int interleave) {
     build_workloads(quick);
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
@@ -251,7 +417,8 @@ static int run_bench(int iters, const char* csv, const char* only, int quick) {
     opt.backend = KVA_BACKEND_CUDA;
     kva_context* ctx = NULL;
     KV(kva_context_create(&opt, &ctx));
-    printf("kvattn workers: %d\n", kva_context_num_workers(ctx));
+    printf("kvattn workers: %d%s\n", kva_context_num_workers(ctx),
+           interleave ? "; each group's workloads timed call by call in turn" : "");
 
     const size_t flush_bytes = (size_t)512 << 20;
     void* flush;
@@ -276,150 +443,21 @@ static int run_bench(int iters, const char* csv, const char* only, int quick) {
                       "plan_us,tile_q,qo_lens,kv_lens\n");
     printf("%-28s %-14s %10s %9s %8s %6s %7s\n", "workload", "shape", "time_us", "TFLOP/s", "plan_us", "tile", "items");
 
-    for (int wi = 0; wi < nwl; ++wi) {
-        wl* w = &wls[wi];
-        if (!only_match(only, w->name, w->group)) continue;
-        const int B = w->batch, HQ = w->hq, HK = w->hkv, D = w->d, ps = w->page_size;
-        int* qo_indptr = (int*)calloc((size_t)B + 1, sizeof(int));
-        int* kv_indptr = (int*)calloc((size_t)B + 1, sizeof(int));
-        int* last = (int*)calloc((size_t)B, sizeof(int));
-        long long rows = 0, tokens = 0;
-        for (int b = 0; b < B; ++b) {
-            qo_indptr[b + 1] = qo_indptr[b] + w->qo[b];
-            rows += w->qo[b];
-            tokens += w->kv[b];
-            if (ps > 0) {
-                int np = (w->kv[b] + ps - 1) / ps;
-                kv_indptr[b + 1] = kv_indptr[b] + np;
-                last[b] = w->kv[b] - (np - 1) * ps;
-            } else {
-                kv_indptr[b + 1] = kv_indptr[b] + w->kv[b];
+    pf_run* runs = (pf_run*)calloc((size_t)nwl, sizeof(pf_run));
+    for (int wi = 0; wi < nwl;) {
+        /* the batch timed together: one workload, or (interleave) the selected ones of this group */
+        int n = 0, wj = wi;
+        for (; wj < nwl && (wj == wi || (interleave && !strcmp(wls[wj].group, wls[wi].group))); ++wj)
+            if (only_match(only, wls[wj].name, wls[wj].group)) pf_setup(ctx, &wls[wj], dsrc, src_bytes, s, iters, &runs[n++]);
+        for (int it = -3; it < iters; ++it)
+            for (int r = 0; r < n; ++r) {
+                const float t = pf_time_once(ctx, &runs[r], flush, flush_bytes, it, s, e0, e1);
+                if (it >= 0) runs[r].times[it] = t;
             }
-        }
-        const int64_t npages = ps > 0 ? kv_indptr[B] : 0;
-        const size_t kv_elems = ps > 0 ? (size_t)npages * ps * HK * D : (size_t)tokens * HK * D;
-        void *k, *v, *q, *o;
-        int* dind = NULL;
-        int* indices = NULL;
-        CU(cudaMalloc(&k, kv_elems * 2));
-        CU(cudaMalloc(&v, kv_elems * 2));
-        CU(cudaMalloc(&q, (size_t)rows * HQ * D * 2));
-        CU(cudaMalloc(&o, (size_t)rows * HQ * D * 2));
-        void* bufs[3] = {k, v, q};
-        size_t sizes[3] = {kv_elems * 2, kv_elems * 2, (size_t)rows * HQ * D * 2};
-        for (int t = 0; t < 3; ++t)
-            for (size_t off = 0; off < sizes[t]; off += src_bytes) {
-                size_t n = sizes[t] - off < src_bytes ? sizes[t] - off : src_bytes;
-                size_t so = ((size_t)(t * 7919 + off / src_bytes * 104729) * 16) % (src_bytes - n + 16) / 16 * 16;
-                if (so + n > src_bytes) so = 0;
-                CU(cudaMemcpy((char*)bufs[t] + off, (char*)dsrc + so, n, cudaMemcpyDeviceToDevice));
-            }
-        if (ps > 0) {
-            indices = (int*)malloc(sizeof(int) * (size_t)npages);
-            for (int64_t i = 0; i < npages; ++i) indices[i] = (int)i;
-            /* KVATTN_BENCH_PAGES_SEQ=1 (A/B): pages in order, the pool laid out like ragged K/V */
-            const char* seq = getenv("KVATTN_BENCH_PAGES_SEQ");
-            const int scatter = !(seq && seq[0] == '1' && seq[1] == '\0');
-            for (int64_t i = npages - 1; scatter && i > 0; --i) { /* scattered pages */
-                int64_t j = (int64_t)(xs() % (uint64_t)(i + 1));
-                int t = indices[i];
-                indices[i] = indices[j];
-                indices[j] = t;
-            }
-            CU(cudaMalloc((void**)&dind, sizeof(int) * (size_t)npages));
-            CU(cudaMemcpy(dind, indices, sizeof(int) * (size_t)npages, cudaMemcpyHostToDevice));
-        }
-        kva_attention_desc d;
-        kva_attention_desc_init(&d, HQ, HK, D, KVA_DTYPE_BF16);
-        d.mask_mode = w->causal ? KVA_MASK_CAUSAL : KVA_MASK_NONE;
-        d.window_left = w->window;
-        d.logits_soft_cap = w->softcap;
-        if (w->alibi) d.pos_encoding = KVA_POS_ALIBI;
-        const kva_op op = ps > 0 ? KVA_OP_BATCH_PREFILL_PAGED : KVA_OP_BATCH_PREFILL_RAGGED;
-        kva_plan_params pp;
-        kva_plan_params_init(&pp);
-        pp.batch_size = B;
-        pp.qo_indptr = qo_indptr;
-        pp.kv_indptr = kv_indptr;
-        if (ps > 0) {
-            pp.kv_last_page_len = last;
-            pp.page_size = ps;
-            pp.num_pages = npages;
-        }
-        size_t db = 0, hb = 0;
-        KV(kva_plan_workspace_size(ctx, &d, op, &pp, &db, &hb));
-        kva_workspace ws;
-        memset(&ws, 0, sizeof ws);
-        ws.device_bytes = db;
-        ws.host_bytes = hb;
-        CU(cudaMalloc(&ws.device, db));
-        CU(cudaMallocHost(&ws.host, hb));
-        kva_plan plan;
-        float pt[15];
-        for (int i = 0; i < 15; ++i) {
-            double t0 = now_s();
-            KV(kva_plan_make(ctx, &d, op, &pp, &ws, &plan, s));
-            pt[i] = (float)((now_s() - t0) * 1e6);
-        }
-        qsort(pt, 15, sizeof(float), cmp_f);
-        kva_plan_info info;
-        KV(kva_plan_get_info(&plan, &info));
-        kva_run_args a;
-        kva_run_args_init(&a);
-        a.q = kva_tensor_make(q, KVA_DTYPE_BF16, 3, rows, HQ, D, 0);
-        a.o = kva_tensor_make(o, KVA_DTYPE_BF16, 3, rows, HQ, D, 0);
-        if (ps > 0) {
-            KV(kva_paged_kv_init(&a.paged, k, v, KVA_DTYPE_BF16, KVA_LAYOUT_NHD, npages, ps, HK, D, D));
-            a.paged.indices = dind;
-        } else {
-            a.k = kva_tensor_make(k, KVA_DTYPE_BF16, 3, tokens, HK, D, 0);
-            a.v = kva_tensor_make(v, KVA_DTYPE_BF16, 3, tokens, HK, D, 0);
-        }
-        a.stream = s;
-        float* times = (float*)malloc(sizeof(float) * (size_t)iters);
-        for (int it = -3; it < iters; ++it) {
-            CU(cudaMemsetAsync(flush, it & 0xff, flush_bytes, s));
-            CU(cudaEventRecord(e0, s));
-            KV(kva_run(ctx, &plan, &ws, &a));
-            CU(cudaEventRecord(e1, s));
-            CU(cudaEventSynchronize(e1));
-            float ms = 0;
-            CU(cudaEventElapsedTime(&ms, e0, e1));
-            if (it >= 0) times[it] = ms * 1000.0f;
-        }
-        kva_fault_report fr;
-        KV(kva_read_faults(ctx, &ws, &fr, s));
-        if (fr.faulted) printf("  (unexpected device fault report: request %d page %lld)\n", fr.request, (long long)fr.page_index);
-        qsort(times, (size_t)iters, sizeof(float), cmp_f);
-        const double t_us = times[iters / 2];
-        const double fl = flops_of(w);
-        const double tf = fl / (t_us * 1e-6) / 1e12;
-        printf("%-28s %-14s %10.1f %9.1f %8.1f %6d %7d\n", w->name, w->label, t_us, tf, (double)pt[7], info.tile_q,
-               info.num_work_items);
-        if (fcsv) {
-            fprintf(fcsv, "%s,%s,%s,%d,%d,%d,%d,%d,%d,%g,%d,%d,%.0f,%.2f,%.2f,%.1f,%d,", w->group, w->name, w->label, HQ,
-                    HK, D, B, w->causal, w->window, (double)w->softcap, w->alibi, ps, fl, t_us, tf, (double)pt[7],
-                    info.tile_q);
-            for (int b = 0; b < B; ++b) fprintf(fcsv, "%s%d", b ? ";" : "", w->qo[b]);
-            fprintf(fcsv, ",");
-            for (int b = 0; b < B; ++b) fprintf(fcsv, "%s%d", b ? ";" : "", w->kv[b]);
-            fprintf(fcsv, "\n");
-            fflush(fcsv);
-        }
-        fflush(stdout);
-        free(times);
-        cudaFree(k);
-        cudaFree(v);
-        cudaFree(q);
-        cudaFree(o);
-        if (dind) cudaFree(dind);
-        cudaFree(ws.device);
-        cudaFreeHost(ws.host);
-        free(qo_indptr);
-        free(kv_indptr);
-        free(last);
-        free(indices);
+        for (int r = 0; r < n; ++r) pf_report(ctx, &runs[r], iters, fcsv, s);
+        wi = wj;
     }
+    free(runs);
     if (fcsv) fclose(fcsv);
     cudaFree(flush);
     cudaFree(dsrc);
@@ -819,8 +857,8 @@ static int run_check(const char* only) {
     /* page sizes of the Hopper kernel's per-page TMA copies (divisors of 128 from 8, multiples of 128), long queries
        (128-row tiles); split chunks that start on and off a page boundary (off: those items' tiles take cp.async);
        HND; page size 4 (cp.async only) */
-    static const int tps[] = {8, 32, 64, 128, 256, 4};
-    for (int pi = 0; pi < 6; ++pi)
+    static const int tps[] = {8, 32, 64, 128, 256, 4, 2, 1, 24};
+    for (int pi = 0; pi < 9; ++pi)
         for (int v = 0; v < 3; ++v) {
             BASE(KVA_OP_BATCH_PREFILL_PAGED, 8, 2, 128, KVA_DTYPE_BF16);
             c.batch = 2;
@@ -899,7 +937,7 @@ static int run_check(const char* only) {
 }
 
 int main(int argc, char** argv) {
-    int iters = 30, quick = 0, check = 0;
+    int iters = 30, quick = 0, check = 0, interleave = 0;
     const char* csv = NULL;
     const char* only = NULL;
     for (int i = 1; i < argc; ++i) {
@@ -908,13 +946,14 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng = strtoull(argv[++i], NULL, 10) | 1;
         else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--interleave")) interleave = 1;
         else if (!strcmp(argv[i], "--check")) check = 1;
         else {
-            fprintf(stderr, "usage: %s [--check] [--iters N] [--csv FILE] [--only 'A|B' (substrings)] [--quick] [--seed S]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--check] [--iters N] [--csv FILE] [--only 'A|B' (substrings)] [--quick] [--seed S] [--interleave]\n", argv[0]);
             return 2;
         }
     }
     if (iters < 5) iters = 5;
     if (check) return run_check(only);
-    return run_bench(iters, csv, only, quick);
+    return run_bench(iters, csv, only, quick, interleave);
 }

@@ -272,7 +272,7 @@ static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* p
         box[0] = 64, box[1] = 1, box[2] = 128;
     } else {
         const int64_t ps = p->page_size, np = p->num_pages;
-        if (!(ps >= 8 && (ps <= 128 ? 128 % ps == 0 : ps % 128 == 0)) || np < 1 || np > (int64_t)UINT32_MAX) return 0;
+        if (!(ps <= 128 ? 128 % ps == 0 : ps % 128 == 0) || np < 1 || np > (int64_t)UINT32_MAX) return 0;
         rank = 4;
         dims[0] = (cuuint64_t)D, dims[1] = (cuuint64_t)ps, dims[2] = (cuuint64_t)H, dims[3] = (cuuint64_t)np;
         kst[0] = (cuuint64_t)p->k_stride_token * 2, kst[1] = (cuuint64_t)p->k_stride_head * 2;
