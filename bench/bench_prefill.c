@@ -854,9 +854,9 @@ static int run_check(const char* only) {
                 snprintf(tag, sizeof tag, "paged g4 D%d %s %s", dims[di], ti ? "f16" : "bf16", lg ? "long" : "short");
                 RUN();
             }
-    /* page sizes of the Hopper kernel's per-page TMA copies (divisors of 128 from 8, multiples of 128), long queries
+    /* page sizes of the Hopper kernel's per-page TMA copies (16-128 dividing 128, multiples of 128), long queries
        (128-row tiles); split chunks that start on and off a page boundary (off: those items' tiles take cp.async);
-       HND; page size 4 (cp.async only) */
+       HND; page sizes 8, 4, 2, 1, 24 (cp.async only) */
     static const int tps[] = {8, 32, 64, 128, 256, 4, 2, 1, 24};
     for (int pi = 0; pi < 9; ++pi)
         for (int v = 0; v < 3; ++v) {

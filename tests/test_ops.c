@@ -1524,7 +1524,7 @@ static void suite_prefill(void) {
     c.hkv = 4;
     go(c);
     /* long queries at D 128, 16-bit: 128-row tiles (the Hopper mainloop on sm_90, whose paged K/V goes through TMA
-       at page sizes that divide 128 from 8 or are multiples of it, page-aligned tiles only); graph mode keeps the
+       at page sizes 16-128 dividing 128 or multiples of 128, page-aligned tiles only); graph mode keeps the
        paged tensor maps; split chunks off page boundaries take cp.async */
     h_case l = b;
     l.hq = 8;

@@ -153,8 +153,8 @@ typedef struct kvk_attn_params {
 
 /* The Hopper prefill kernel's second parameter (__grid_constant__): CUtensorMap images of K and V (128 bytes each,
    64-byte aligned), valid when KVK_FLAG_TMA is set (16-bit elements, 128-byte swizzle; ragged K/V: 3-d {head dim,
-   KV heads, tokens}, box {64, 1, 128}; paged: 4-d {head dim, page rows, KV heads, pages}, box {64, min(page size,
-   128), 1, 1}). */
+   KV heads, tokens}, box {64, 1, 128}; paged (page sizes 16-128 dividing 128, or multiples of 128): 4-d {head dim,
+   page rows, KV heads, pages}, box {64, min(page size, 128), 1, 1}). */
 #if defined(__cplusplus)
 #define KVK_ALIGN64 alignas(64)
 #else

@@ -1487,8 +1487,8 @@ KVA_DEV void KVP_FN(kvp_wg_producer)(const kvk_attn_params p, const kvk_tma* tm,
             s_off16[(os * 2 + 1) * KVP_TKV + own16] = (unsigned)(vo >> 4);
             /* this tile's offsets visible to the producer warpgroup; whether any row needs the general path */
             const int slow = kvp_named_sync_or(2, 128, !fast);
-            /* TMA for every fast tile (the host sets KVK_FLAG_TMA for 16-bit K/V: ragged, or paged at page sizes that
-               divide 128 from 8 or are multiples of it); paged tiles also start on a page boundary (or, for pages
+            /* TMA for every fast tile (the host sets KVK_FLAG_TMA for 16-bit K/V: ragged, or paged at page sizes 16,
+               32, 64, 128 and multiples of 128); paged tiles also start on a page boundary (or, for pages
                longer than a tile, on a tile boundary inside the page): then each box is one page's rows. Uniform
                over the warpgroup: every thread sees the same slow, T and item. */
             const int pr = p.page_size < KVP_TKV ? p.page_size : KVP_TKV; /* a power of two when tma && !ragged */
