@@ -257,6 +257,10 @@ typedef struct kva__backend_ops {
        compiler log, KVA_ERR_UNSUPPORTED without a compiler. variant_release frees what compile made. */
     kva_status (*variant_compile)(kva_context* ctx, struct kva_variant* v);
     void (*variant_release)(kva_context* ctx, struct kva_variant* v);
+    /* Workers for a plan outside graph mode whose (query tile, KV head) units number `units`, at most
+       ctx->num_workers (NULL: always ctx->num_workers). Graph-mode plans keep ctx->num_workers: their grid must
+       not depend on the lengths. */
+    int32_t (*plan_workers)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int64_t units);
 } kva__backend_ops;
 
 /* CPU backend (src/cpu). init sets ctx->ops, ctx->backend_state, ctx->num_workers. */

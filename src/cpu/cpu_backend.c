@@ -153,6 +153,7 @@ static const kva__backend_ops kva__cpu_ops = {
     cpu_destroy,
     kva__cpu_variant_compile,
     kva__cpu_variant_release,
+    NULL, /* plan_workers: every thread */
 };
 
 #if defined(KVA__CPU_HAVE_AVX2)

@@ -97,6 +97,21 @@ static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attenti
     return c.tile_q;
 }
 
+/* Decode on the decode kernels (GQA groups up to 8) with at most one (request, KV head) unit per SM: one worker per
+   SM instead of ctas_per_sm. With two, the planner splits every unit to feed twice as many workers and pays the
+   split's epilogues and merges, while the two CTAs of an SM stream side by side with nothing to overlap (one CTA
+   keeps enough bytes in flight). H100, interleaved cold launches (docs/kernels/decode.md): D1 16 x 1k +9.9 %,
+   1 x 4k +4.4 %, 1 x 32k +1.1 %, 16 x 4k and 1 x 128k within +-0.6 %; batches with more units than SMs (64 x 1k:
+   -6 % on one worker per SM) keep both. KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns it off (A/B). */
+static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
+                                      int64_t units) {
+    const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
+    if (!st || st->decode_all_workers || op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(desc) ||
+        st->ctas_per_sm < 2 || units > st->num_sms)
+        return ctx->num_workers;
+    return st->num_sms;
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* finish_plan                                                                                     */
 
@@ -766,6 +781,7 @@ static const kva__backend_ops kva__cuda_ops = {
     .destroy = kva__cuda_destroy,
     .variant_compile = kva__cuda_variant_compile,
     .variant_release = kva__cuda_variant_release,
+    .plan_workers = kva__cuda_plan_workers,
 };
 
 /* The util module: prebuilt if the fatbin loaded, else NVRTC. */
@@ -827,6 +843,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
         const char* nt = getenv("KVATTN_BENCH_NO_TMA"); /* A/B: the Hopper prefill kernel copies K/V without TMA */
         st->no_tma = nt && nt[0] == '1' && nt[1] == '\0';
+        const char* daw = getenv("KVATTN_BENCH_DECODE_ALL_WORKERS"); /* A/B: small decode batches on every worker */
+        st->decode_all_workers = daw && daw[0] == '1' && daw[1] == '\0';
         const char* npt = getenv("KVATTN_BENCH_NO_PAGED_TMA"); /* A/B: paged K/V by cp.async (ragged keeps TMA) */
         st->no_paged_tma = npt && npt[0] == '1' && npt[1] == '\0';
         const char* nh = getenv("KVATTN_BENCH_NO_L2_HINT"); /* A/B: decode K/V copies without the L2 evict-first policy */

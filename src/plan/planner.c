@@ -562,6 +562,10 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
 
     st = kva__make_tiles(pd, B, &s);
     if (st != KVA_OK) goto done;
+    if (!graph && ctx->ops->plan_workers) { /* the backend may plan a small batch on fewer workers */
+        const int32_t w = ctx->ops->plan_workers(ctx, &nd, op, s.ntiles * (int64_t)nd.num_kv_heads);
+        if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
+    }
     const int32_t L = kva__choose_chunk(ctx, pd, params, &s);
     int64_t nsplit_tiles = 0, nsplit_chunks = 0, nchunks_tile = 0;
     kva__split_tiles(&s, L, params->fixed_split_size > 0, &nsplit_tiles, &nsplit_chunks, &nchunks_tile);
