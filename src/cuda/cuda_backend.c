@@ -102,7 +102,9 @@ static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attenti
    split's epilogues and merges, while the two CTAs of an SM stream side by side with nothing to overlap (one CTA
    keeps enough bytes in flight). H100, interleaved cold launches (docs/kernels/decode.md): D1 16 x 1k +9.9 %,
    1 x 4k +4.4 %, 1 x 32k +1.1 %, 16 x 4k and 1 x 128k within +-0.6 %; batches with more units than SMs (64 x 1k:
-   -6 % on one worker per SM) keep both. KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns it off (A/B). */
+   -6 % on one worker per SM) keep both, and so do batches whose chunks do not give one item per worker (the
+   planner checks; D4 zipf lengths were 15 % slower on one worker per SM). KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns
+   it off (A/B). */
 static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
                                       int64_t units) {
     const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
