@@ -257,11 +257,13 @@ typedef struct kva__backend_ops {
        compiler log, KVA_ERR_UNSUPPORTED without a compiler. variant_release frees what compile made. */
     kva_status (*variant_compile)(kva_context* ctx, struct kva_variant* v);
     void (*variant_release)(kva_context* ctx, struct kva_variant* v);
-    /* Workers for a plan outside graph mode whose (query tile, KV head) units number `units`, at most
+    /* Workers for a plan outside graph mode whose (query tile, KV head) units number `units` and read `tokens` KV
+       rows in all (per KV head), at most
        ctx->num_workers (NULL: always ctx->num_workers). The planner keeps a smaller count only if the split then
        gives each worker at most one item. Graph-mode plans keep ctx->num_workers: their grid must not depend on
        the lengths. */
-    int32_t (*plan_workers)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int64_t units);
+    int32_t (*plan_workers)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int64_t units,
+                            int64_t tokens);
 } kva__backend_ops;
 
 /* CPU backend (src/cpu). init sets ctx->ops, ctx->backend_state, ctx->num_workers. */

@@ -103,13 +103,14 @@ static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attenti
    keeps enough bytes in flight). H100, interleaved cold launches (docs/kernels/decode.md): D1 16 x 1k +9.9 %,
    1 x 4k +4.4 %, 1 x 32k +1.1 %, 16 x 4k and 1 x 128k within +-0.6 %; batches with more units than SMs (64 x 1k:
    -6 % on one worker per SM) keep both, and so do batches whose chunks do not give one item per worker (the
-   planner checks; D4 zipf lengths were 15 % slower on one worker per SM). KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns
-   it off (A/B). */
+   planner checks; D4 zipf lengths were 15 % slower on one worker per SM), and calls of more than 4096 rows per SM
+   (1 x 128k: about 1 % slower on one worker per SM, in three calls). KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns it off
+   (A/B). */
 static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
-                                      int64_t units) {
+                                      int64_t units, int64_t tokens) {
     const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
     if (!st || st->decode_all_workers || op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(desc) ||
-        st->ctas_per_sm < 2 || units > st->num_sms)
+        st->ctas_per_sm < 2 || units > st->num_sms || tokens > 4096ll * st->num_sms)
         return ctx->num_workers;
     return st->num_sms;
 }

@@ -564,7 +564,10 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
     if (st != KVA_OK) goto done;
     const int32_t W0 = pd->num_workers;
     if (!graph && ctx->ops->plan_workers) { /* the backend may plan a small batch on fewer workers */
-        const int32_t w = ctx->ops->plan_workers(ctx, &nd, op, s.ntiles * (int64_t)nd.num_kv_heads);
+        int64_t tokens = 0;
+        for (int64_t i = 0; i < s.ntiles; ++i) tokens += s.tiles[i].hi - s.tiles[i].lo;
+        const int32_t w = ctx->ops->plan_workers(ctx, &nd, op, s.ntiles * (int64_t)nd.num_kv_heads,
+                                                 tokens * (int64_t)nd.num_kv_heads);
         if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
     }
     const int64_t H = nd.num_kv_heads;
