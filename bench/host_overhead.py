@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""host_overhead.py - host time per call of kvattn's Python wrappers (torch CUDA tensors, tiny shapes, so the GPU
+never holds the host back), beside torch SDPA as a yardstick. Eager mode; under CUDA graphs none of it is paid.
+
+    PYTHONPATH=python KVATTN_LIBRARY=build-dev/libkvattn.so python3 bench/host_overhead.py [--calls 2000]
+"""
+import argparse
+import time
+
+import torch
+
+import kvattn
+
+
+def per_call(fn, calls):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=2000)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    H, D, L = 4, 128, 16
+    ws = torch.empty(128 << 20, dtype=torch.uint8, device=dev)
+    indptr = torch.tensor([0, L], dtype=torch.int32)
+    q = torch.randn(L, H, D, device=dev, dtype=torch.bfloat16)
+    k, v = q.clone(), q.clone()
+    rag = kvattn.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
+    rag.plan(indptr, indptr, H, H, D, causal=True, q_data_type=torch.bfloat16)
+    out = torch.empty_like(q)
+    # paged decode, batch 1, 16 tokens, page size 16
+    kc = torch.randn(4, 2, 16, H, D, device=dev, dtype=torch.bfloat16)
+    dec = kvattn.BatchDecodeWithPagedKVCacheWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=dev), "NHD")
+    dec.plan(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32),
+             torch.tensor([16], dtype=torch.int32), H, H, D, 16, q_data_type=torch.bfloat16)
+    qd = torch.randn(1, H, D, device=dev, dtype=torch.bfloat16)
+    q4 = q.transpose(0, 1).unsqueeze(0).contiguous()
+    rows = [
+        ("kvattn ragged prefill run (new out)", lambda: rag.run(q, k, v)),
+        ("kvattn ragged prefill run (out=)", lambda: rag.run(q, k, v, out=out)),
+        ("kvattn paged decode run", lambda: dec.run(qd, kc)),
+        ("torch SDPA (yardstick)", lambda: torch.nn.functional.scaled_dot_product_attention(q4, q4, q4, is_causal=True)),
+    ]
+    print("host time per call, eager, %d calls (%s)" % (args.calls, torch.cuda.get_device_name(0)))
+    for name, fn in rows:
+        print("%-40s %8.1f us" % (name, per_call(fn, args.calls)))
+
+
+if __name__ == "__main__":
+    main()
