@@ -76,9 +76,18 @@ def _torch():
     return _TORCH_MOD
 
 
+_TORCH_TENSOR = None
+
+
 def is_torch(x: Any) -> bool:
-    t = _torch()
-    return t is not None and isinstance(x, t.Tensor)
+    global _TORCH_TENSOR
+    tt = _TORCH_TENSOR
+    if tt is None:  # torch not seen yet (kvattn never imports it); cached once it is there
+        t = _torch()
+        if t is None:
+            return False
+        tt = _TORCH_TENSOR = t.Tensor
+    return isinstance(x, tt)
 
 
 def _torch_dtype_map():
@@ -108,14 +117,20 @@ def torch_dtype_map():
     return _TORCH_MAP
 
 
+_TORCH_INV = None
+
+
 def torch_dtype_of(code: int):
-    t = _torch()
-    inv = {F.KVA_DTYPE_F32: t.float32, F.KVA_DTYPE_F16: t.float16, F.KVA_DTYPE_BF16: t.bfloat16,
-           F.KVA_DTYPE_I32: t.int32, F.KVA_DTYPE_U8: t.uint8}
-    for name, c in (("float8_e4m3fn", F.KVA_DTYPE_E4M3), ("float8_e5m2", F.KVA_DTYPE_E5M2)):
-        if hasattr(t, name):
-            inv[c] = getattr(t, name)
-    return inv[code]
+    global _TORCH_INV
+    if _TORCH_INV is None:
+        t = _torch()
+        inv = {F.KVA_DTYPE_F32: t.float32, F.KVA_DTYPE_F16: t.float16, F.KVA_DTYPE_BF16: t.bfloat16,
+               F.KVA_DTYPE_I32: t.int32, F.KVA_DTYPE_U8: t.uint8}
+        for name, c in (("float8_e4m3fn", F.KVA_DTYPE_E4M3), ("float8_e5m2", F.KVA_DTYPE_E5M2)):
+            if hasattr(t, name):
+                inv[c] = getattr(t, name)
+        _TORCH_INV = inv
+    return _TORCH_INV[code]
 
 
 def numpy_dtype_of(code: int) -> np.dtype:
@@ -173,6 +188,8 @@ def dtype_of(x: Any, what: str = "tensor") -> int:
 
 def device_of(x: Any) -> DeviceKey:
     if is_torch(x):
+        if x.is_cuda:  # no torch.device object on the common path
+            return ("cuda", int(x.get_device()))
         d = x.device
         if d.type == "cpu":
             return CPU
@@ -198,7 +215,9 @@ def shape_of(x: Any) -> Tuple[int, ...]:
 def strides_of(x: Any, what: str = "tensor") -> Tuple[int, ...]:
     """Element strides (ValueError on negative or fractional strides)."""
     if is_torch(x):
-        st = tuple(int(s) for s in x.stride())
+        st = x.stride()  # a tuple of ints
+        if st and min(st) >= 0:
+            return st
     else:
         isz = x.itemsize
         st = []
@@ -215,10 +234,11 @@ def strides_of(x: Any, what: str = "tensor") -> Tuple[int, ...]:
     return st
 
 
-def check_last_contiguous(x: Any, what: str) -> None:
+def check_last_contiguous(x: Any, what: str, st: Optional[Tuple[int, ...]] = None) -> None:
     if x.ndim == 0:
         return
-    st = strides_of(x, what)
+    if st is None:
+        st = strides_of(x, what)
     if int(x.shape[-1]) > 1 and st[-1] != 1:
         raise ValueError("kvattn: %s must have a contiguous last dimension (element stride 1), got strides %s"
                          % (what, st))
@@ -257,12 +277,9 @@ def fill_tensor(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int] = Non
     t.data = data_ptr(x) or None
     t.dtype = dtype_of(x, what) if dtype is None else dtype
     t.ndim = nd
-    for i in range(nd):
-        t.shape[i] = int(shp[i])
-        t.stride[i] = st[i]
-    for i in range(nd, F.KVA_MAX_DIMS):
-        t.shape[i] = 0
-        t.stride[i] = 0
+    pad = (0,) * (F.KVA_MAX_DIMS - nd)
+    t.shape[:] = tuple(shp) + pad
+    t.stride[:] = tuple(st) + pad
 
 
 def make_tensor(x: Any, what: str, dtype: Optional[int] = None) -> "F.kva_tensor":
