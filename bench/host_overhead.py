@@ -49,6 +49,24 @@ def main():
         ("kvattn paged decode run", lambda: dec.run(qd, kc)),
         ("torch SDPA (yardstick)", lambda: torch.nn.functional.scaled_dot_product_attention(q4, q4, q4, is_causal=True)),
     ]
+    # the C call alone: the arguments of one decode run captured, then kva_run called with them directly
+    from kvattn import _ffi
+    lib = _ffi.lib()
+    real = lib.kva_run
+    seen = []
+
+    def spy(*a):
+        seen.append(a)
+        return real(*a)
+
+    lib.kva_run = spy
+    try:
+        dec.run(qd, kc)
+    finally:
+        lib.kva_run = real
+    if seen:
+        captured = seen[0]
+        rows.append(("C kva_run alone (decode, ctypes call)", lambda: real(*captured)))
     print("host time per call, eager, %d calls (%s)" % (args.calls, torch.cuda.get_device_name(0)))
     for name, fn in rows:
         print("%-40s %8.1f us" % (name, per_call(fn, args.calls)))
