@@ -227,8 +227,6 @@ static inline float* kva__ws_partial_lse(const kva__plan_data* p, void* base) {
 /* ---------------------------------------------------------------------------------------------- */
 /* Backends                                                                                        */
 
-#define KVA__MAX_WORKER_FACTOR 16 /* a plan's workers: at most this many times the context's */
-
 typedef struct kva__backend_ops {
     const char* name;
     bool plans_on_host_memory; /* true: plan writes straight into workspace->device (CPU) */
@@ -260,10 +258,10 @@ typedef struct kva__backend_ops {
     kva_status (*variant_compile)(kva_context* ctx, struct kva_variant* v);
     void (*variant_release)(kva_context* ctx, struct kva_variant* v);
     /* Workers for a plan outside graph mode whose (query tile, KV head) units number `units` and read `tokens` KV
-       rows in all (per KV head), at most KVA__MAX_WORKER_FACTOR x ctx->num_workers (NULL: always
-       ctx->num_workers; more than that means more CTAs than run at once, scheduled by the hardware as others
-       finish). The planner keeps a smaller count only if the split then gives each worker at most one item.
-       Graph-mode plans keep ctx->num_workers: their grid must not depend on the lengths. */
+       rows in all (per KV head), at most
+       ctx->num_workers (NULL: always ctx->num_workers). The planner keeps a smaller count only if the split then
+       gives each worker at most one item. Graph-mode plans keep ctx->num_workers: their grid must not depend on
+       the lengths. */
     int32_t (*plan_workers)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int64_t units,
                             int64_t tokens);
 } kva__backend_ops;

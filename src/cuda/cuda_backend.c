@@ -109,10 +109,8 @@ static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attenti
 static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
                                       int64_t units, int64_t tokens) {
     const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
-    if (!st || op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(desc)) return ctx->num_workers;
-    if (st->decode_vworkers > 1) /* experiment: K x the workers, more CTAs than run at once (hardware scheduled) */
-        return ctx->num_workers * st->decode_vworkers;
-    if (st->decode_all_workers || st->ctas_per_sm < 2 || units > st->num_sms || tokens > 4096ll * st->num_sms)
+    if (!st || st->decode_all_workers || op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(desc) ||
+        st->ctas_per_sm < 2 || units > st->num_sms || tokens > 4096ll * st->num_sms)
         return ctx->num_workers;
     return st->num_sms;
 }
@@ -850,9 +848,6 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_tma = nt && nt[0] == '1' && nt[1] == '\0';
         const char* daw = getenv("KVATTN_BENCH_DECODE_ALL_WORKERS"); /* A/B: small decode batches on every worker */
         st->decode_all_workers = daw && daw[0] == '1' && daw[1] == '\0';
-        const char* dvw = getenv("KVATTN_BENCH_DECODE_VWORKERS"); /* experiment: decode on K x the workers */
-        st->decode_vworkers = dvw ? (int)strtol(dvw, NULL, 10) : 0;
-        if (st->decode_vworkers > KVA__MAX_WORKER_FACTOR) st->decode_vworkers = KVA__MAX_WORKER_FACTOR;
         const char* npt = getenv("KVATTN_BENCH_NO_PAGED_TMA"); /* A/B: paged K/V by cp.async (ragged keeps TMA) */
         st->no_paged_tma = npt && npt[0] == '1' && npt[1] == '\0';
         const char* nh = getenv("KVATTN_BENCH_NO_L2_HINT"); /* A/B: decode K/V copies without the L2 evict-first policy */

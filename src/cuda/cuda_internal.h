@@ -155,7 +155,6 @@ typedef struct kva__cuda_state {
     int no_bounds_check;    /* KVATTN_BENCH_NO_BOUNDS_CHECK=1: kernels built without the page-index check */
     int no_wgmma;           /* KVATTN_BENCH_NO_WGMMA=1: the mma.sync prefill mainloop on sm_90 too (benchmark A/B) */
     int no_tma;             /* KVATTN_BENCH_NO_TMA=1: the Hopper prefill kernel copies K/V without TMA (benchmark A/B) */
-    int decode_vworkers;    /* KVATTN_BENCH_DECODE_VWORKERS=K (experiment): decode plans on K x the workers */
     int decode_all_workers; /* KVATTN_BENCH_DECODE_ALL_WORKERS=1: small decode batches keep every worker (A/B) */
     int no_paged_tma;       /* KVATTN_BENCH_NO_PAGED_TMA=1: paged K/V by cp.async, ragged keeps TMA (benchmark A/B) */
     int64_t l2_bytes;       /* L2 cache size (CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE; 0 if unknown) */

@@ -568,7 +568,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         for (int64_t i = 0; i < s.ntiles; ++i) tokens += s.tiles[i].hi - s.tiles[i].lo;
         const int32_t w = ctx->ops->plan_workers(ctx, &nd, op, s.ntiles * (int64_t)nd.num_kv_heads,
                                                  tokens * (int64_t)nd.num_kv_heads);
-        if (w >= 1 && w != pd->num_workers) pd->num_workers = w;
+        if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
     }
     const int64_t H = nd.num_kv_heads;
     int32_t L = kva__choose_chunk(ctx, pd, params, &s);
