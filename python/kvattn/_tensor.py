@@ -269,12 +269,20 @@ def fill_tensor(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int] = Non
     nd = x.ndim
     if nd < 1 or nd > F.KVA_MAX_DIMS:
         raise ValueError("kvattn: %s has %d dims (1 to 4 supported)" % (what, nd))
+    torch_x = is_torch(x)
     st = strides_of(x, what)
     shp = x.shape
     if int(shp[-1]) > 1 and st[-1] != 1:
         raise ValueError("kvattn: %s must have a contiguous last dimension (element stride 1), got strides %s"
                          % (what, st))
-    t.data = data_ptr(x) or None
+    if torch_x:  # one type test for the whole call
+        t.data = x.data_ptr() or None
+        if dtype is None:
+            dtype = torch_dtype_map().get(x.dtype)
+            if dtype is None:
+                dtype = dtype_of(x, what)  # raises with the message
+    else:
+        t.data = data_ptr(x) or None
     t.dtype = dtype_of(x, what) if dtype is None else dtype
     t.ndim = nd
     pad = (0,) * (F.KVA_MAX_DIMS - nd)
