@@ -229,18 +229,7 @@ static void wl_setup(kva_context* ctx, const wl* w, void* dsrc, size_t src_bytes
     size_t db = 0, hb = 0;
     if (w->graph) KV(kva_workspace_bound(ctx, &d, KVA_OP_BATCH_DECODE, B, B, &db, &hb));
     else KV(kva_plan_workspace_size(ctx, &d, KVA_OP_BATCH_DECODE, &pp, &db, &hb));
-    R->ws.device_bytes = db;
-    R->ws.host_bytes = hb;
-    CU(cudaMalloc(&R->ws.device, db));
-    CU(cudaMallocHost(&R->ws.host, hb));
-    float pt[15];
-    for (int i = 0; i < 15; ++i) {
-        double t0 = now_s();
-        KV(kva_plan_make(ctx, &d, KVA_OP_BATCH_DECODE, &pp, &R->ws, &R->plan, s));
-        pt[i] = (float)((now_s() - t0) * 1e6);
-    }
-    qsort(pt, 15, sizeof(float), cmp_f);
-    R->plan_us = pt[7];
+    R->plan_us = bench_plan_median_us(ctx, &d, KVA_OP_BATCH_DECODE, &pp, db, hb, &R->ws, &R->plan, s);
     kva_run_args_init(&R->a);
     R->a.q = kva_tensor_make(R->q, KVA_DTYPE_BF16, 3, B, HQ, D, 0);
     R->a.o = kva_tensor_make(R->o, KVA_DTYPE_BF16, 3, B, HQ, D, 0);

@@ -278,9 +278,7 @@ def fill_tensor(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int] = Non
     if torch_x:  # one type test for the whole call
         t.data = x.data_ptr() or None
         if dtype is None:
-            dtype = torch_dtype_map().get(x.dtype)
-            if dtype is None:
-                dtype = dtype_of(x, what)  # raises with the message
+            dtype = torch_dtype_map().get(x.dtype)  # None: dtype_of below raises with the message
     else:
         t.data = data_ptr(x) or None
     t.dtype = dtype_of(x, what) if dtype is None else dtype
