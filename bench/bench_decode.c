@@ -409,6 +409,7 @@ int main(int argc, char** argv) {
     int iters = 30, quick = 0, bc_ab = 1;
     const char* ab_env = "KVATTN_BENCH_NO_BOUNDS_CHECK";
     const char* ab_only = NULL;
+    int ab_layout = 0; /* --ab-layout: the A/B's second arm runs the same plan on the same pools read as HND */
     const char* trace_only = NULL;
     const char* csv = NULL;
     const char* only = NULL;
@@ -421,12 +422,13 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "--no-bounds-check-ab") && i + 1 < argc) bc_ab = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ab-env") && i + 1 < argc) ab_env = argv[++i];
         else if (!strcmp(argv[i], "--ab-only") && i + 1 < argc) ab_only = argv[++i];
+        else if (!strcmp(argv[i], "--ab-layout")) ab_layout = 1;
         else if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace_only = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
         else {
             fprintf(stderr,
                     "usage: %s [--iters N] [--csv FILE] [--only SUBSTR] [--hbm TB/s] [--quick] "
-                    "[--no-bounds-check-ab 0|1] [--ab-env VAR] [--ab-only 'A|B'] [--trace 'A|B']\n",
+                    "[--no-bounds-check-ab 0|1] [--ab-env VAR] [--ab-only 'A|B'] [--ab-layout] [--trace 'A|B']\n",
                     argv[0]);
             return 2;
         }
@@ -542,16 +544,22 @@ int main(int argc, char** argv) {
                             (ab_only ? matches(ab_only, w)
                                      : ((!strcmp(w->group, "D1") && w->batch == 64 && w->lens[0] == 8192) ||
                                         !strcmp(w->group, "D5")));
-        const int is_bc = !strcmp(ab_env, "KVATTN_BENCH_NO_BOUNDS_CHECK");
+        const int is_bc = !ab_layout && !strcmp(ab_env, "KVATTN_BENCH_NO_BOUNDS_CHECK");
         if (bc_this) {
             wl_run N;
-            wl_setup(ctx_nochk, w, dsrc, src_bytes, s, &N, &R);
+            kva_context* cb = ab_layout ? ctx : ctx_nochk;
+            wl_setup(cb, w, dsrc, src_bytes, s, &N, &R);
+            if (ab_layout) { /* same pools and page table read as HND [page][head][token][dim] */
+                const int64_t np = R.a.paged.num_pages;
+                KV(kva_paged_kv_init(&N.a.paged, N.k, N.v, w->kv, KVA_LAYOUT_HND, np, w->page_size, w->hkv, w->d, w->d));
+                N.a.paged.indices = N.dind;
+            }
             const int n2 = iters < 40 ? 40 : iters;
             float* ta = (float*)malloc(sizeof(float) * (size_t)n2);
             float* tb = (float*)malloc(sizeof(float) * (size_t)n2);
             for (int it = -3; it < n2; ++it) {
                 float x = time_once(ctx, &R, NULL, s, it);
-                float y = time_once(ctx_nochk, &N, NULL, s, it + 7);
+                float y = time_once(cb, &N, NULL, s, it + 7);
                 if (it >= 0) {
                     ta[it] = x;
                     tb[it] = y;
@@ -569,7 +577,7 @@ int main(int argc, char** argv) {
                 snprintf(bc_lines[nbc++], sizeof bc_lines[0],
                          "A/B %s: %-22s %-10s default %8.1f us, with it %8.1f us: default is %+.2f%% (medians of %d "
                          "interleaved cold launches)",
-                         ab_env, w->name, w->label, a_us, b_us, 100.0 * (a_us - b_us) / b_us, n2);
+                         ab_layout ? "HND layout" : ab_env, w->name, w->label, a_us, b_us, 100.0 * (a_us - b_us) / b_us, n2);
             printf("%s\n", bc_lines[nbc - 1]);
             char nm[128];
             snprintf(nm, sizeof nm, "%s [no bounds check]", w->name);
