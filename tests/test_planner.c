@@ -246,7 +246,6 @@ static int check_plan(const kva_attention_desc* d, const batch* b, const kva_pla
            still inside the longest valid prefix; then every later item must be no longer than the one before. */
         int in_prefix = !decode;
         int64_t pgroup = -1;
-        int in_cut = 1; /* packed decode plans: the pieces of cut units (partial >= 0) first, then whole units */
         for (int32_t k = wi[w]; k < wi[w + 1]; ++k) {
             const kva__work_item* x = &it[k];
             int ib = x->req >= 0 && x->req < b->B;
@@ -265,11 +264,7 @@ static int check_plan(const kva_attention_desc* d, const batch* b, const kva_pla
             }
             int64_t c = (int64_t)(x->kv_end - x->kv_start) + 2 * (int64_t)x->rows;
             const int64_t grp = (int64_t)x->req * H + x->kv_head;
-            if (pd->packed) {
-                P_EXPECT(decode, "%s: a packed plan for a prefill op", what);
-                if (x->partial < 0) in_cut = 0;
-                else P_EXPECT(in_cut, "%s: worker %d: piece of a cut unit (item %d) after a whole unit", what, w, k);
-            } else if (in_prefix && (grp > pgroup || (grp == pgroup && c <= prev))) {
+            if (in_prefix && (grp > pgroup || (grp == pgroup && c <= prev))) {
                 pgroup = grp;
             } else {
                 in_prefix = 0;
@@ -279,7 +274,7 @@ static int check_plan(const kva_attention_desc* d, const batch* b, const kva_pla
             prev = c;
             cw += c;
             if (c > max_item) max_item = c;
-            if (pd->kv_chunk_size > 0 && !pd->packed) P_EXPECT(x->kv_end - x->kv_start <= pd->kv_chunk_size, "%s: item %d has %d tokens > chunk %d", what, k, x->kv_end - x->kv_start, pd->kv_chunk_size);
+            if (pd->kv_chunk_size > 0) P_EXPECT(x->kv_end - x->kv_start <= pd->kv_chunk_size, "%s: item %d has %d tokens > chunk %d", what, k, x->kv_end - x->kv_start, pd->kv_chunk_size);
         }
         total += cw;
         if (cw > maxw) maxw = cw;
@@ -296,18 +291,8 @@ static int check_plan(const kva_attention_desc* d, const batch* b, const kva_pla
         double lb = (double)total / W;
         if ((double)max_item > lb) lb = (double)max_item;
         double bound = 4.0 / 3.0 * lb + (double)max_item;
-        if (pd->packed) {
-            /* packing: every share is the mean of what remains; a worker misses it by less than a minimum chunk plus
-               an alignment step and one unit's row cost, and the later shares absorb the misses (harmonic growth) */
-            int32_t maxrows = 0;
-            for (int32_t k = 0; k < NI; ++k)
-                if (it[k].rows > maxrows) maxrows = it[k].rows;
-            const double miss = (double)KVA__MIN_KV_CHUNK + 16.0 + 4.0 * maxrows;
-            bound = (double)total / W + miss * (2.0 + log((double)W));
-            P_EXPECT(NI > W, "%s: packed plan with %d items on %d workers", what, NI, W);
-        }
-        P_EXPECT((double)maxw <= bound, "%s: max worker cost %lld > bound %.1f (total %lld, W %d, largest %lld%s)", what,
-                 (long long)maxw, bound, (long long)total, W, (long long)max_item, pd->packed ? ", packed" : "");
+        P_EXPECT((double)maxw <= bound, "%s: max worker cost %lld > bound %.1f (total %lld, W %d, largest %lld)", what,
+                 (long long)maxw, bound, (long long)total, W, (long long)max_item);
         double ratio = (double)maxw / lb;
         if (ratio > g_worst_ratio) g_worst_ratio = ratio;
         /* a sharper lower bound on the optimum: among the W+1 largest items two share a worker */

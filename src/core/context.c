@@ -56,8 +56,6 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
         if (v >= 16 && v <= (1L << 20)) ctx->min_kv_chunk = (int32_t)v;
         const char* lpt = getenv("KVATTN_BENCH_PLAN_LPT"); /* benchmark A/B only */
         ctx->plan_lpt_only = lpt && lpt[0] == '1';
-        const char* np = getenv("KVATTN_BENCH_NO_PACK"); /* benchmark A/B only */
-        ctx->plan_no_pack = np && np[0] == '1';
     }
     pthread_mutex_init(&ctx->variant_mu, NULL);
 
@@ -101,7 +99,7 @@ KVA_API kva_status kva_context_destroy(kva_context* context) {
     kva__variants_destroy_all(context); /* before the backend: their kernels or shared objects are its */
     if (context->ops && context->ops->destroy) context->ops->destroy(context);
     pthread_mutex_destroy(&context->variant_mu);
-    for (int i = 0; i < (int)(sizeof context->plan_scratch / sizeof context->plan_scratch[0]); ++i) free(context->plan_scratch[i]);
+    for (int i = 0; i < 8; ++i) free(context->plan_scratch[i]);
     free(context);
     return KVA_OK;
 }

@@ -68,12 +68,10 @@ struct kva_context {
                                  $KVATTN_BENCH_MIN_KV_CHUNK at context creation) */
     int plan_lpt_only;        /* benchmark A/B ($KVATTN_BENCH_PLAN_LPT=1 at context creation): prefill plans use the
                                  LPT order instead of the locality order */
-    int plan_no_pack;         /* benchmark A/B ($KVATTN_BENCH_NO_PACK=1 at context creation): decode plans with more
-                                 items than workers use equal chunks + LPT instead of packing (planner.c) */
     /* Planner scratch buffers, reused across plans (a plan that finds them busy uses its own). */
     int plan_scratch_busy;    /* taken with __atomic_exchange_n */
-    void* plan_scratch[10];
-    size_t plan_scratch_cap[10];
+    void* plan_scratch[8];
+    size_t plan_scratch_cap[8];
     /* Live user variants of this context (src/core/variant.c): plans and runs look them up here, so a destroyed
        variant or one of another context is reported instead of dereferenced. */
     pthread_mutex_t variant_mu;
@@ -176,7 +174,6 @@ typedef struct kva__plan_data {
     int32_t cap_partials;
     int32_t max_batch_size;  /* capacity of the request table */
     int32_t fixed_split_size;
-    int32_t packed;          /* decode plan made by packing (planner.c): kv_chunk_size is the first worker's share */
     int64_t max_total_qo_rows;
     int64_t custom_mask_bytes; /* total bytes of the packed custom mask the plan expects */
     int64_t max_worker_cost;

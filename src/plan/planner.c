@@ -10,8 +10,6 @@
  *   assignment: chunks sorted longest first (cost = len + 2 * rows), each given to the least-loaded worker
  *           (min-heap, ties to the lowest worker id): deterministic for the same lengths;
  *   merge map: the chunks of a split tile write consecutive partial slots; one merge task per split tile.
- * Decode plans with more (tile, KV head) units than workers are packed instead (kva__pack): each worker gets an
- * equal share of the cost, cutting units where a share ends.
  * Everything is written at fixed offsets into the caller's workspace (see internal.h).
  */
 #include <limits.h>
@@ -35,8 +33,7 @@ typedef struct kva__tile {
 /* Scratch for one planning call: growable buffers, borrowed from the context when free (no allocation and no
  * page faults in the steady state), else owned by the call. */
 enum { KVA__S_LEN, KVA__S_TILES, KVA__S_ITEMS, KVA__S_COST, KVA__S_ORDER, KVA__S_OWNER, KVA__S_WORKERS, KVA__S_SEQ,
-       KVA__S_PACK, KVA__S_NUM };
-_Static_assert(KVA__S_NUM <= (int)(sizeof(((kva_context*)0)->plan_scratch) / sizeof(void*)), "planner scratch slots");
+       KVA__S_NUM };
 
 typedef struct kva__plan_scratch {
     void** buf;
@@ -463,120 +460,6 @@ static bool kva__locality_order(const kva__plan_scratch* s, const uint32_t* unit
     return true;
 }
 
-
-/* ---------------------------------------------------------------------------------------------- */
-/* Decode packing.
- *
- * With more (tile, KV head) units than workers, whole-unit LPT leaves the load quantised: 512 equal units on 264
- * workers give 248 workers two units and 16 workers one, a makespan 3 % over the mean (likewise 1024 or 2048 units);
- * equal chunks quantise the same way (1024 or 1536 equal chunks on 264 workers). Packing walks the units head by
- * head (tiles in order within a head) and fills worker after worker up to an equal share of the remaining cost (cost = tokens + 2 x
- * rows per piece), cutting a unit where a share ends, at a multiple of KVA__CHUNK_ALIGN tokens and never leaving a
- * piece shorter than the minimum chunk; where no such cut exists the worker takes a little more or less than its
- * share, whichever misses by the least, and the later shares (recomputed from what remains) absorb it. At most
- * W - 1 units are cut; the pieces of a cut unit write consecutive partial slots in KV order and get one merge task.
- * In a worker's list the pieces of cut units come first, so their merges run while other CTAs still stream rather
- * than at the end of the kernel. Deterministic for the same lengths.
- * The head-major walk matters for NHD pools, where a page holds every KV head of its tokens: worker j of each head's
- * run of workers covers the same tiles, so the CTAs streaming at one time read all heads of the same pages (DRAM
- * row locality). A tile-major walk gave each worker all heads of its requests in turn, one head's 256-byte slices
- * of many pages at a time, and ran 3-6 % slower than unpacked plans at 256 x 2k and 64 x 2k MHA (H200). */
-
-typedef struct kva__piece {
-    int32_t tile, head, ks, ke, worker;
-    int32_t part; /* index of the piece in its unit */
-    int32_t npart; /* pieces of its unit */
-} kva__piece;
-
-/* Returns the number of pieces (written to out, which holds n_units + W entries). */
-static int64_t kva__pack(const kva__plan_scratch* s, int64_t H, int32_t W, int64_t minp, kva__piece* out,
-                         int64_t* n_merge, int64_t* n_partials, int64_t* max_load, int64_t* first_cap) {
-    int64_t rem = 0; /* unassigned cost: tokens left + 2 x rows per unit not yet finished */
-    for (int64_t i = 0; i < s->ntiles; ++i)
-        rem += H * ((int64_t)(s->tiles[i].hi - s->tiles[i].lo) + 2 * (int64_t)s->tiles[i].rows);
-    const int64_t A = KVA__CHUNK_ALIGN;
-    int32_t w = 0;
-    int64_t load = 0, cap = kva__ceil_div64(rem, W), n = 0, nm = 0, np = 0, mx = 0;
-    *first_cap = cap;
-#define KVA__NEXT_WORKER()                                                                                   \
-    do {                                                                                                     \
-        if (load > mx) mx = load;                                                                            \
-        ++w;                                                                                                 \
-        load = 0;                                                                                            \
-        cap = kva__ceil_div64(rem, (int64_t)(W - w));                                                        \
-    } while (0)
-    for (int64_t h = 0; h < H; ++h) {
-        for (int64_t ti = 0; ti < s->ntiles; ++ti) {
-            const kva__tile* t = &s->tiles[ti];
-            const int64_t rows2 = 2 * (int64_t)t->rows;
-            const int64_t first = n;
-            int64_t pos = t->lo;
-            const int64_t hi = t->hi;
-            for (;;) {
-                const int64_t r = hi - pos, room = cap - load - rows2;
-                int64_t take = r;
-                bool close = false;
-                if (w < W - 1 && r > room) {
-                    if (load > 0 && room <= 0) { /* share used up */
-                        KVA__NEXT_WORKER();
-                        continue;
-                    }
-                    /* the options, by how far they miss the share (later shares absorb the miss): take the rest;
-                       cut at the last legal point at or below the share's end; cut at the first legal point above
-                       it; or (a worker with some load) close now. Legal cuts are aligned and leave no piece shorter
-                       than minp. Ties go to fewer pieces. */
-                    int64_t best = r - room;
-                    int64_t c_lo = (pos + room) / A * A, lim = (hi - minp) / A * A;
-                    if (c_lo > lim) c_lo = lim;
-                    if (c_lo - pos >= minp && room - (c_lo - pos) < best) {
-                        best = room - (c_lo - pos);
-                        take = c_lo - pos;
-                        close = true;
-                    }
-                    int64_t c_hi = kva__ceil_div64(pos + room, A) * A, c_min = kva__ceil_div64(pos + minp, A) * A;
-                    if (c_hi < c_min) c_hi = c_min;
-                    if (hi - c_hi >= minp && c_hi - pos - room < best) {
-                        best = c_hi - pos - room;
-                        take = c_hi - pos;
-                        close = true;
-                    }
-                    if (load > 0 && room < best) {
-                        KVA__NEXT_WORKER();
-                        continue;
-                    }
-                }
-                out[n].tile = (int32_t)ti;
-                out[n].head = (int32_t)h;
-                out[n].ks = (int32_t)pos;
-                out[n].ke = (int32_t)(pos + take);
-                out[n].worker = w;
-                ++n;
-                pos += take;
-                rem -= take;
-                load += take + rows2;
-                if (pos >= hi) rem -= rows2;
-                if ((close || load >= cap) && w < W - 1) KVA__NEXT_WORKER();
-                if (pos >= hi) break;
-            }
-            const int32_t cnt = (int32_t)(n - first);
-            for (int64_t k = first; k < n; ++k) {
-                out[k].part = (int32_t)(k - first);
-                out[k].npart = cnt;
-            }
-            if (cnt > 1) {
-                ++nm;
-                np += cnt;
-            }
-        }
-    }
-#undef KVA__NEXT_WORKER
-    if (load > mx) mx = load;
-    *n_merge = nm;
-    *n_partials = np;
-    *max_load = mx;
-    return n;
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 /* Entry points                                                                                    */
 
@@ -698,28 +581,8 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         L = kva__choose_chunk(ctx, pd, params, &s);
         kva__split_tiles(&s, L, params->fixed_split_size > 0, &nsplit_tiles, &nsplit_chunks, &nchunks_tile);
     }
-    int64_t n_items = nchunks_tile * H, n_merge = nsplit_tiles * H, n_partials = nsplit_chunks * H;
+    const int64_t n_items = nchunks_tile * H, n_merge = nsplit_tiles * H, n_partials = nsplit_chunks * H;
     pd->kv_chunk_size = nsplit_tiles > 0 ? L : 0;
-    /* decode with more (tile, KV head) units than workers: packing instead of equal chunks + LPT (kva__pack) */
-    const bool pack = op == KVA_OP_BATCH_DECODE && params->fixed_split_size <= 0 && !params->disable_split_kv &&
-                      !ctx->plan_no_pack && s.ntiles * H > (int64_t)pd->num_workers;
-    kva__piece* pieces = NULL;
-    int64_t pack_max_load = 0;
-    if (pack) {
-        const int64_t units = s.ntiles * H;
-        pieces = (kva__piece*)kva__scratch_get(&s, KVA__S_PACK, sizeof(kva__piece) * (size_t)(units + pd->num_workers));
-        if (!pieces) {
-            st = kva__set_error(KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory (%lld work items)", (long long)units);
-            goto done;
-        }
-        const int64_t minp = ctx->min_kv_chunk > 0 ? ctx->min_kv_chunk : KVA__MIN_KV_CHUNK;
-        int64_t cap0 = 0;
-        n_items = kva__pack(&s, H, pd->num_workers, minp, pieces, &n_merge, &n_partials, &pack_max_load, &cap0);
-        /* reported chunk size: the first worker's share, rounded like a chunk (0 when no unit was cut) */
-        int64_t share = kva__ceil_div64(cap0 > minp ? cap0 : minp, KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
-        pd->kv_chunk_size = n_merge > 0 ? (int32_t)(share < INT32_MAX / 2 ? share : INT32_MAX / 2) : 0;
-        pd->packed = 1;
-    }
     if (n_items > INT32_MAX / 2 || n_partials > INT32_MAX / 2) {
         st = kva__set_error(KVA_ERR_UNSUPPORTED, "plan: %lld work items exceed the supported maximum",
                             (long long)n_items);
@@ -770,81 +633,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
     pd->ws_device_addr = (uint64_t)(uintptr_t)ws->device;
     pd->ws_host_addr = (uint64_t)(uintptr_t)ws->host;
 
-    if (pack) {
-        /* packed decode plan: pieces are in worker order; per worker, the pieces of cut units first */
-        const int32_t W = pd->num_workers;
-        char* base = (char*)(host_staging ? ws->host : ws->device);
-        kva__merge_task* merge = (kva__merge_task*)(base + pd->off_merge);
-        kva__work_item* dst = (kva__work_item*)(base + pd->off_items);
-        int32_t* windptr = (int32_t*)(base + pd->off_worker_indptr);
-        int32_t* slot_of = (int32_t*)kva__scratch_get(&s, KVA__S_OWNER, sizeof(int32_t) * (size_t)(n_items > 0 ? n_items : 1));
-        if (!slot_of) {
-            st = kva__set_error(KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory (%lld work items)", (long long)n_items);
-            goto done;
-        }
-        int64_t slot = 0, mt = 0, total_cost = 0, unit_base = 0;
-        for (int32_t w = 0; w <= W; ++w) windptr[w] = 0;
-        for (int64_t i = 0; i < n_items; ++i) { /* walk order: a unit's pieces are consecutive, in KV order */
-            const kva__piece* pc = &pieces[i];
-            const kva__tile* t = &s.tiles[pc->tile];
-            windptr[pc->worker + 1]++;
-            total_cost += (int64_t)(pc->ke - pc->ks) + 2 * (int64_t)t->rows;
-            slot_of[i] = -1;
-            if (pc->npart > 1) {
-                if (pc->part == 0) {
-                    unit_base = slot;
-                    merge[mt].req = t->req;
-                    merge[mt].kv_head = pc->head;
-                    merge[mt].row_start = t->row_start;
-                    merge[mt].rows = t->rows;
-                    merge[mt].partial_first = (int32_t)slot;
-                    merge[mt].num_partials = pc->npart;
-                    ++mt;
-                    slot += pc->npart;
-                }
-                slot_of[i] = (int32_t)(unit_base + pc->part);
-            }
-        }
-        for (int32_t w = 0; w < W; ++w) windptr[w + 1] += windptr[w];
-        int64_t q = 0;
-        for (int64_t i = 0, k = 0; i < n_items; i = k) {
-            const int32_t w = pieces[i].worker;
-            for (k = i; k < n_items && pieces[k].worker == w; ++k) {}
-            for (int pass = 0; pass < 2; ++pass)
-                for (int64_t j = i; j < k; ++j) {
-                    const kva__piece* pc = &pieces[j];
-                    if ((pc->npart > 1) != (pass == 0)) continue;
-                    const kva__tile* t = &s.tiles[pc->tile];
-                    kva__work_item* it = &dst[q++];
-                    it->req = t->req;
-                    it->kv_head = pc->head;
-                    it->row_start = t->row_start;
-                    it->rows = t->rows;
-                    it->kv_start = pc->ks;
-                    it->kv_end = pc->ke;
-                    it->partial = slot_of[j];
-                    it->pad_ = 0;
-                }
-        }
-        pd->max_worker_cost = pack_max_load;
-        pd->total_cost = total_cost;
-        kva__request* req = (kva__request*)(base + pd->off_requests);
-        for (int32_t b = 0; b < B; ++b) {
-            req[b].qo_start = params->qo_indptr ? params->qo_indptr[b] : b;
-            req[b].qo_len = s.qo_len[b];
-            req[b].kv_start = params->kv_indptr[b];
-            req[b].kv_len = s.kv_len[b];
-            req[b].mask_offset = s.mask_off[b];
-        }
-        kva__counts* counts = (kva__counts*)(base + pd->off_counts);
-        memset(counts, 0, sizeof *counts);
-        counts->batch_size = B;
-        counts->num_items = pd->num_items;
-        counts->num_merge = pd->num_merge;
-        counts->num_partials = pd->num_partials;
-        counts->total_qo_rows = total_rows;
-        memset(base, 0, KVA__STATUS_BYTES);
-    } else {
+    {
         /* Units are (tile, chunk) pairs; each stands for num_kv_heads identical work items (one per KV head), so
            the sort runs over units and the heads of a unit are assigned consecutively. */
         const int64_t U = nchunks_tile, N = n_items;
