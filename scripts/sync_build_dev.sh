@@ -16,4 +16,5 @@ for f in kva_bench_prefill bench_prefill kva_cuda_prefill_jit_test kva_bench_for
     [ -x build-cuda/$f ] && cp -a build-cuda/$f build-dev/ || true
 done
 cp build-cuda/kva_cuda_gen/kva_aot_sm90a.fatbin build-dev/kva_cuda_gen/
+[ -x build-cuda/tools/hbm_read ] && mkdir -p build-dev/tools && cp -a build-cuda/tools/hbm_read build-dev/tools/ || true
 du -sh build-dev
