@@ -15,7 +15,9 @@
  * (checked - unchecked) / unchecked of the medians.
  *
  * usage: kva_bench_decode [--iters N] [--csv FILE] [--only 'A|B' (substrings of name, group or shape)] [--quick]
- *                         [--no-bounds-check-ab 0|1]
+ *                         [--no-bounds-check-ab 0|1] [--ab-env VAR[=VALUE]] [--ab-only 'A|B'] [--ab-layout] [--trace 'A|B']
+ * --ab-env: the A/B's second arm is a context created with VAR set; --ab-layout: the second arm runs the same plan
+ * on the same pools read as HND (no second context).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
@@ -459,7 +461,7 @@ int main(int argc, char** argv) {
     KV(kva_context_create(&opt, &ctx));
     printf("kvattn workers: %d\n", kva_context_num_workers(ctx));
     kva_context* ctx_nochk = NULL;
-    if (bc_ab) { /* kernels without the page-index check, for the A/B cost of the check (benchmark only) */
+    if (bc_ab && !ab_layout) { /* kernels without the page-index check, for the A/B cost of the check (benchmark only) */
         char ab_name[128];
         snprintf(ab_name, sizeof ab_name, "%s", ab_env);
         char* eq = strchr(ab_name, '=');
@@ -540,7 +542,7 @@ int main(int argc, char** argv) {
             cudaGraphDestroy(graph);
         }
         /* bounds-check A/B: D1 64 x 8k, D5 page 16 and page 1 */
-        const int bc_this = ctx_nochk && nbc < 8 && !w->graph &&
+        const int bc_this = (ctx_nochk || (bc_ab && ab_layout)) && nbc < 8 && !w->graph &&
                             (ab_only ? matches(ab_only, w)
                                      : ((!strcmp(w->group, "D1") && w->batch == 64 && w->lens[0] == 8192) ||
                                         !strcmp(w->group, "D5")));
