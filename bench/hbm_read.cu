@@ -12,7 +12,12 @@
  * flush's dirty lines in L2 instead of paying their write-back inside the timed window.
  * Loads: ld.global.nc.L1::no_allocate.v4, UNROLL in flight per thread, 256 threads, 2 CTAs per SM.
  *
- * usage: hbm_read [MB of K+V ...]   (default 134 1074 2147)
+ * --floor: the fixed cost of a small call under the same protocol, no bandwidth: an empty kernel (264 x 128 threads,
+ * without and with 113 KB of dynamic shared memory, like the decode kernel) and a kernel whose CTAs each chase
+ * N dependent pointers through cold memory, timed as an eager launch and as a CUDA-graph replay after the flush,
+ * and as back-to-back graph replays (warm).
+ *
+ * usage: hbm_read [--floor] [MB of K+V ...]   (default 134 1074 2147; with --floor alone, only the floor)
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -124,10 +129,119 @@ __global__ void __launch_bounds__(THREADS) k_paged(const char* k, const char* v,
     if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
+__global__ void k_empty(unsigned* out) {
+    extern __shared__ char sm_[];
+    if (threadIdx.x == 0 && out == nullptr) sm_[0] = 0;
+}
+/* thread 0 of each CTA follows `n` dependent links through `chain` (one per 4 KB, CTA-specific start) */
+__global__ void k_chase(const unsigned* chain, unsigned nlinks, int n, unsigned* out) {
+    extern __shared__ char sm_[];
+    if (threadIdx.x != 0) return;
+    unsigned i = (blockIdx.x * 7919u) % nlinks;
+    for (int k = 0; k < n; ++k) {
+        asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(i) : "l"(chain + (size_t)i * 1024));
+    }
+    out[blockIdx.x] = i;
+    (void)sm_;
+}
+
+/* instruction fetch: 4096 ALU instructions (64 KB of code) run once in straight-line code, against the same count
+   run as a 64-instruction loop body (hot in the instruction cache); 8 independent register chains */
+#define CODE_BLK                                                                                                   \
+    asm volatile("lop3.b32 %0, %0, %1, %2, 0x96;\n\tshf.l.wrap.b32 %1, %1, %3, 5;\n\tlop3.b32 %2, %2, %3, %4, 0x96;\n\t" \
+                 "shf.l.wrap.b32 %3, %3, %5, 7;\n\tlop3.b32 %4, %4, %5, %6, 0x96;\n\tshf.l.wrap.b32 %5, %5, %7, 9;\n\t"  \
+                 "lop3.b32 %6, %6, %7, %0, 0x96;\n\tshf.l.wrap.b32 %7, %7, %0, 11;"                                     \
+                 : "+r"(x0), "+r"(x1), "+r"(x2), "+r"(x3), "+r"(x4), "+r"(x5), "+r"(x6), "+r"(x7));
+#define CODE_R8(x) x x x x x x x x
+__global__ void k_code_line(unsigned* out) {
+    unsigned x0 = threadIdx.x, x1 = blockIdx.x, x2 = x0 * 3u, x3 = x1 ^ 7u, x4 = x0 + 5u, x5 = x1 * 9u, x6 = ~x0, x7 = ~x1;
+    CODE_R8(CODE_R8(CODE_R8(CODE_BLK)))
+    if ((x0 ^ x1 ^ x2 ^ x3 ^ x4 ^ x5 ^ x6 ^ x7) == 0x12345678u) out[blockIdx.x] = x0;
+}
+__global__ void k_code_loop(unsigned* out) {
+    unsigned x0 = threadIdx.x, x1 = blockIdx.x, x2 = x0 * 3u, x3 = x1 ^ 7u, x4 = x0 + 5u, x5 = x1 * 9u, x6 = ~x0, x7 = ~x1;
+#pragma unroll 1
+    for (int i = 0; i < 64; ++i) { CODE_R8(CODE_BLK) }
+    if ((x0 ^ x1 ^ x2 ^ x3 ^ x4 ^ x5 ^ x6 ^ x7) == 0x12345678u) out[blockIdx.x] = x0;
+}
+
+static void floor_probe(void* flush, size_t flush_bytes, unsigned* out, int sms, cudaEvent_t e0, cudaEvent_t e1) {
+    const unsigned nlinks = 16384; /* 64 MB: more than the L2 */
+    unsigned* chain;
+    CU(cudaMalloc(&chain, (size_t)nlinks * 4096));
+    std::vector<unsigned> hc((size_t)nlinks * 1024, 0);
+    unsigned long long s = 0x9e3779b97f4a7c15ull;
+    for (unsigned i = 0; i < nlinks; ++i) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        hc[(size_t)i * 1024] = (unsigned)(s % nlinks);
+    }
+    CU(cudaMemcpy(chain, hc.data(), hc.size() * 4, cudaMemcpyHostToDevice));
+    const int smem_big = 113 * 1024;
+    CU(cudaFuncSetAttribute(k_empty, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_big));
+    CU(cudaFuncSetAttribute(k_chase, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_big));
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    struct cfg { const char* name; int chase; int smem; };
+    const cfg cfgs[] = {{"empty, no smem", -1, 0}, {"empty, 113 KB smem", -1, smem_big}, {"chase 1", 1, smem_big},
+                        {"chase 2", 2, smem_big}, {"chase 4", 4, smem_big}, {"chase 8", 8, smem_big},
+                        {"code 64 KB straight", -2, 0}, {"code 64 KB as loop", -3, 0}};
+    const int grid = 2 * sms;
+    printf("floor (grid %d x 128 threads; cold = after a 512 MB memset; medians of 30):\n", grid);
+    for (const cfg& c : cfgs) {
+        auto launch = [&](cudaStream_t q) {
+            if (c.chase == -2) k_code_line<<<grid, 128, 0, q>>>(out);
+            else if (c.chase == -3) k_code_loop<<<grid, 128, 0, q>>>(out);
+            else if (c.chase < 0) k_empty<<<grid, 128, c.smem, q>>>(out);
+            else k_chase<<<grid, 128, c.smem, q>>>(chain, nlinks, c.chase, out);
+        };
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        launch(st);
+        CU(cudaStreamEndCapture(st, &g));
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        double med[2];
+        for (int mode = 0; mode < 2; ++mode) { /* 0 eager launch, 1 graph replay */
+            std::vector<float> t;
+            for (int it = -3; it < 30; ++it) {
+                CU(cudaMemsetAsync(flush, it & 0xff, flush_bytes, st));
+                CU(cudaEventRecord(e0, st));
+                if (mode) CU(cudaGraphLaunch(ge, st));
+                else launch(st);
+                CU(cudaEventRecord(e1, st));
+                CU(cudaEventSynchronize(e1));
+                float ms;
+                CU(cudaEventElapsedTime(&ms, e0, e1));
+                if (it >= 0) t.push_back(ms * 1000.0f);
+            }
+            std::sort(t.begin(), t.end());
+            med[mode] = t[t.size() / 2];
+        }
+        const int reps = 200;
+        CU(cudaEventRecord(e0, st));
+        for (int r = 0; r < reps; ++r) CU(cudaGraphLaunch(ge, st));
+        CU(cudaEventRecord(e1, st));
+        CU(cudaEventSynchronize(e1));
+        float ms;
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        CU(cudaGetLastError());
+        printf("  %-20s cold eager %6.2f us   cold graph %6.2f us   warm graph back to back %6.2f us\n", c.name, med[0],
+               med[1], ms * 1000.0 / reps);
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+    }
+    CU(cudaStreamDestroy(st));
+    cudaFree(chain);
+}
+
 int main(int argc, char** argv) {
     std::vector<double> mbs;
-    for (int i = 1; i < argc; ++i) mbs.push_back(atof(argv[i]));
-    if (mbs.empty()) mbs = {134.2, 1073.7, 2147.5};
+    bool do_floor = false;
+    for (int i = 1; i < argc; ++i) {
+        if (!strcmp(argv[i], "--floor")) do_floor = true;
+        else mbs.push_back(atof(argv[i]));
+    }
+    if (mbs.empty() && !do_floor) mbs = {134.2, 1073.7, 2147.5};
     cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
     const double nominal = strstr(prop.name, "H200") ? 4.8 : strstr(prop.name, "H100") ? 3.35 : 0.0;
@@ -141,6 +255,7 @@ int main(int argc, char** argv) {
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     const int H = 8, sms = prop.multiProcessorCount;
+    if (do_floor) floor_probe(flush, flush_bytes, out, sms, e0, e1);
     for (double mb : mbs) {
         const size_t page_bytes = (size_t)16 * H * 256;
         const int npages = (int)(mb * 1e6 / 2 / page_bytes);

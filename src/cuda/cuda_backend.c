@@ -196,6 +196,23 @@ static int kva__prepare_fused_merge(kva__plan_data* plan, const kva_workspace* w
     return 1;
 }
 
+/* Plans with one CTA per SM (kva__cuda_plan_workers) whose workers each stream at least 512 K/V rows run the
+   tensor-core decode kernel with 8 warps instead of 4 (head dim 128, 16-bit KV: the prebuilt "_w8" kernels). The SM
+   then keeps twice the K/V bytes in flight and hides each warp's per-subtile instruction latency behind another's,
+   without splitting the units further (which costs partials and merges). Interleaved A/B, H200
+   (docs/kernels/decode.md): D1 16 x 4k +2.7 %, 1 x 32k +1.5 %, D4 uniform 16 x [512, 1024] +4.6 % faster,
+   16 x 1k and D4 zipf within noise; 1 x 4k (248 rows per worker) 2.1 % slower, hence the row floor. Graph-mode plans
+   keep every worker and 4 warps. KVATTN_BENCH_TC_WARPS=4 / 8: never / whenever it fits (A/B). */
+static int kva__cuda_want_8_warps(const kva__cuda_state* st, const kva__plan_data* plan, const kva__kkey* k) {
+    if (k->family != KVA__KF_DECODE_TC || st->tc_warps == 4 || plan->graph_mode || plan->num_workers > st->num_sms ||
+        plan->num_workers <= 0)
+        return 0;
+    if (st->tc_warps == 8) return 1;
+    const int64_t rows_per_worker =
+        plan->total_kv_tokens * (int64_t)plan->desc.num_kv_heads / (int64_t)plan->num_workers;
+    return k->dqk == 128 && (k->kt == KVA_DTYPE_F16 || k->kt == KVA_DTYPE_BF16) && rows_per_worker >= 512;
+}
+
 static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, const kva_workspace* ws, void* stream) {
     kva__cuda_state* st = kva__st(ctx);
     int pushed;
@@ -214,9 +231,20 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     if (status == KVA_OK && c.key.family == KVA__KF_PREFILL && !st->no_wgmma)
         kva__cuda_prefill_upgrade(&c.key, &c.smem, st->cc, st->max_smem_optin,
                                   plan->desc.pos_encoding == KVA_POS_ALIBI && !(plan->desc.logits_soft_cap > 0.0f));
+    if (status == KVA_OK && kva__cuda_want_8_warps(st, plan, &c.key)) {
+        kva__kkey k8 = c.key;
+        k8.warps = 8;
+        const size_t s8 = kva__kkey_smem(&k8);
+        if (s8 <= (size_t)st->max_smem_optin) {
+            c.key = k8;
+            c.smem = s8;
+        }
+    }
     if (status == KVA_OK && st->no_bounds_check) c.key.nochk |= 1;
     if (status == KVA_OK && st->pf_exp && c.key.family == KVA__KF_PREFILL) c.key.nochk |= st->pf_exp << 4;
     if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
+    if (status == KVA_OK && st->tc_generic_merge && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 8;
+    if (status == KVA_OK && st->tc_exp && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= st->tc_exp << 8;
     if (status == KVA_OK && st->no_l2_hint &&
         (c.key.family == KVA__KF_DECODE || c.key.family == KVA__KF_DECODE_TC)) c.key.nochk |= 4;
     if (status == KVA_OK) status = kva__cuda_kernel(ctx, st, &c.key, &index);
@@ -495,8 +523,9 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     kva_status status = KVA_OK;
     const bool graph = pd->graph_mode != 0;
     const unsigned grid = (unsigned)pd->num_workers; /* one persistent CTA per planner worker */
-    const unsigned threads =
-        ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key) : (unsigned)KVK_THREADS;
+    const unsigned threads = ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key)
+                             : ke->key.family == KVA__KF_DECODE_TC && ke->key.warps == 8 ? 256u
+                                                                                        : (unsigned)KVK_THREADS;
     if (var) { /* the variant's kernels take their parameters after the built-in block */
         kvk_vattn_params vpp;
         vpp.base = p;
@@ -848,6 +877,12 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_tma = nt && nt[0] == '1' && nt[1] == '\0';
         const char* daw = getenv("KVATTN_BENCH_DECODE_ALL_WORKERS"); /* A/B: small decode batches on every worker */
         st->decode_all_workers = daw && daw[0] == '1' && daw[1] == '\0';
+        const char* tw = getenv("KVATTN_BENCH_TC_WARPS"); /* A/B: 4 or 8 warps in one-CTA-per-SM decode plans */
+        st->tc_warps = tw && (!strcmp(tw, "4") || !strcmp(tw, "8")) ? tw[0] - '0' : 0;
+        const char* gm = getenv("KVATTN_BENCH_TC_GENERIC_MERGE"); /* A/B of the fused merge's small-task path */
+        st->tc_generic_merge = gm && gm[0] == '1' && gm[1] == '\0';
+        const char* te = getenv("KVATTN_BENCH_TC_EXP"); /* A/B experiments in the tensor-core decode kernel */
+        st->tc_exp = te ? (int)(strtol(te, NULL, 0) & 0xff) : 0;
         const char* npt = getenv("KVATTN_BENCH_NO_PAGED_TMA"); /* A/B: paged K/V by cp.async (ragged keeps TMA) */
         st->no_paged_tma = npt && npt[0] == '1' && npt[1] == '\0';
         const char* nh = getenv("KVATTN_BENCH_NO_L2_HINT"); /* A/B: decode K/V copies without the L2 evict-first policy */

@@ -28,12 +28,15 @@ typedef struct kva__kkey {
     int32_t rope;       /* 0 / 1 */
     int32_t nochk;      /* benchmark-only builds: bit 0 no page-index bounds check (KVATTN_BENCH_NO_BOUNDS_CHECK),
                            bit 1 timestamp trace (KVATTN_BENCH_TRACE_PTR, tensor-core kernel), bit 2 decode K/V
-                           copies without the L2 evict-first policy (KVATTN_BENCH_NO_L2_HINT); bits 4+: prefill
-                           experiment (KVATTN_BENCH_PF_EXP, timing only: results may be wrong) */
+                           copies without the L2 evict-first policy (KVATTN_BENCH_NO_L2_HINT), bit 3 the fused
+                           merge without its small-task path (KVATTN_BENCH_TC_GENERIC_MERGE); bits 4+: prefill
+                           experiment (KVATTN_BENCH_PF_EXP, timing only: results may be wrong); bits 8+: tensor-core
+                           decode A/B experiment (KVATTN_BENCH_TC_EXP) */
     int32_t mainloop;   /* tensor-core attention family: 0 mma.sync (kva_pf_*), 1 Hopper warpgroup MMA (kva_pfw_*,
                            sm_90a, 256 threads; kva__cuda_prefill_upgrade picks it) */
     int32_t alibi_fold; /* Hopper mainloop: 1 = ALiBi's per-key bias folded into the S accumulators (KVA_ALIBI_FOLD;
                            "_afold" names; taken for ALiBi without soft cap) */
+    int32_t warps;      /* tensor-core decode family: 0 = 4 warps, 8 = 8 warps ("_w8": plans with one CTA per SM) */
     int32_t var_hooks;  /* user variant (CUDA-core or mma.sync prefill family): KVA_VARIANT_* bits | 0x100 if use_softmax; 0 = none */
     uint64_t var_hash;  /* the variant's hash (kva_variant.hash); 0 = built-in */
     const char* var_src; /* the variant's NVRTC source (not part of the key's identity: var_hash is) */
@@ -156,6 +159,11 @@ typedef struct kva__cuda_state {
     int no_wgmma;           /* KVATTN_BENCH_NO_WGMMA=1: the mma.sync prefill mainloop on sm_90 too (benchmark A/B) */
     int no_tma;             /* KVATTN_BENCH_NO_TMA=1: the Hopper prefill kernel copies K/V without TMA (benchmark A/B) */
     int decode_all_workers; /* KVATTN_BENCH_DECODE_ALL_WORKERS=1: small decode batches keep every worker (A/B) */
+    int tc_warps;           /* KVATTN_BENCH_TC_WARPS=4|8: warps of the tensor-core decode kernel in plans with one CTA
+                               per SM (A/B; 0 = the default choice) */
+    int tc_exp;             /* KVATTN_BENCH_TC_EXP=n: A/B experiments n compiled into the tensor-core decode kernel */
+    int tc_generic_merge;   /* KVATTN_BENCH_TC_GENERIC_MERGE=1: the tensor-core decode kernel's fused merge always
+                               through kva_merge_task_rows (A/B of the small-task path) */
     int no_paged_tma;       /* KVATTN_BENCH_NO_PAGED_TMA=1: paged K/V by cp.async, ragged keeps TMA (benchmark A/B) */
     int64_t l2_bytes;       /* L2 cache size (CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE; 0 if unknown) */
     int no_l2_hint;         /* KVATTN_BENCH_NO_L2_HINT=1: decode kernels built without the K/V L2 evict-first policy */

@@ -148,7 +148,8 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
 
 size_t kva__kkey_smem(const kva__kkey* k) {
     if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_smem(k);
-    if (k->family == KVA__KF_DECODE_TC) return (size_t)KVK_TC_SMEM(k->dqk, KVK_DEC_ES(k->kt), k->rows);
+    if (k->family == KVA__KF_DECODE_TC)
+        return (size_t)KVK_TC_SMEM_NW(k->dqk, KVK_DEC_ES(k->kt), k->rows, k->warps == 8 ? 8 : 4);
     if (k->family == KVA__KF_DECODE) return (size_t)KVK_DEC_SMEM(k->dqk, k->dvo, KVK_DEC_ES(k->kt), k->rows);
     return 0;
 }
@@ -194,10 +195,13 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
     }
     if (k->family == KVA__KF_PREFILL)
         kva__cuda_prefill_name(k, buf, size);
-    else if (k->family == KVA__KF_DECODE_TC)
-        snprintf(buf, size, "kva_tc_d%d_q%s_kv%s_o%s_r%d%s%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
-                 kva__dt(k->ot), (int)k->rows, (k->nochk & 1) ? "_nochk" : "", (k->nochk & 2) ? "_trace" : "",
-                 (k->nochk & 4) ? "_nohint" : "");
+    else if (k->family == KVA__KF_DECODE_TC) {
+        char x[16] = "";
+        if (k->nochk >> 8) snprintf(x, sizeof x, "_x%d", (int)(k->nochk >> 8));
+        snprintf(buf, size, "kva_tc_d%d_q%s_kv%s_o%s_r%d%s%s%s%s%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, k->warps == 8 ? "_w8" : "", (k->nochk & 1) ? "_nochk" : "",
+                 (k->nochk & 2) ? "_trace" : "", (k->nochk & 4) ? "_nohint" : "", (k->nochk & 8) ? "_gmerge" : "", x);
+    }
     else if (k->var_hash)
         snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (unsigned long long)k->var_hash, (k->nochk & 1) ? "_nochk" : "",
@@ -229,6 +233,11 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1");
     if ((k->nochk & 2) && max > n) snprintf(defs[n++], 128, "-DKVA_TC_TRACE=1");
     if ((k->nochk & 4) && max > n) snprintf(defs[n++], 128, "-DKVA_KV_L2_HINT=0"); /* benchmark A/B only */
+    if (k->family == KVA__KF_DECODE_TC && k->warps == 8 && max > n) snprintf(defs[n++], 128, "-DKVA_TC_NW=8");
+    if (k->family == KVA__KF_DECODE_TC && (k->nochk & 8) && max > n)
+        snprintf(defs[n++], 128, "-DKVA_TC_GENERIC_MERGE=1"); /* benchmark A/B only */
+    if (k->family == KVA__KF_DECODE_TC && (k->nochk >> 8) && max > n)
+        snprintf(defs[n++], 128, "-DKVA_TC_EXP=%d", (int)(k->nochk >> 8)); /* benchmark A/B only */
     if (k->var_hash && max > n) snprintf(defs[n++], 128, "-DKVA_VMERGE_NAME=%s_merge", name);
     return n;
 }
@@ -409,6 +418,22 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                         }
                         ++n;
                     }
+            }
+    /* 8-warp tensor-core kernels (kva__cuda_want_8_warps): head dim 128, 16-bit KV */
+    for (int b = 0; b < 2; ++b)
+        for (int e = 0; e < 3; ++e)
+            for (int r = 0; r < 4; ++r) {
+                if (n < max) {
+                    kva__kkey* k = &keys[n];
+                    memset(k, 0, sizeof *k);
+                    k->family = KVA__KF_DECODE_TC;
+                    k->dqk = k->dvo = 128;
+                    k->qt = k->kt = qts[b];
+                    k->ot = ots[e];
+                    k->rows = rows[r];
+                    k->warps = 8;
+                }
+                ++n;
             }
     return n;
 }

@@ -122,6 +122,7 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 
 /* ---- geometry ---- */
 #undef TC_NW
+#undef TC_THREADS
 #undef TC_ES
 #undef TC_FP8
 #undef TC_D
@@ -142,7 +143,15 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #undef TC_QPAIR
 #undef TC_CP16
 
+#ifdef KVA_TC_NW /* warps per CTA: 4 (default) or 8 (plans with one CTA per SM; "_w8" kernels) */
+#define TC_NW KVA_TC_NW
+#else
 #define TC_NW 4
+#endif
+#if TC_NW != 4 && TC_NW != 8
+#error "KVA_TC_NW must be 4 or 8"
+#endif
+#define TC_THREADS (32 * TC_NW)
 #define TC_ES KVK_DEC_ES(KVA_KT)
 #define TC_FP8 (TC_ES == 1)
 #define TC_D KVA_DQK
@@ -210,6 +219,12 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #ifndef KVA_TC_TRACE
 #define KVA_TC_TRACE 0
 #endif
+#ifndef KVA_TC_EXP /* benchmark A/B experiments (KVATTN_BENCH_TC_EXP) */
+#define KVA_TC_EXP 0
+#endif
+#ifndef KVA_TC_GENERIC_MERGE /* benchmark A/B: the fused merge always through kva_merge_task_rows */
+#define KVA_TC_GENERIC_MERGE 0
+#endif
 /* trace slot i of this CTA (first item only): the SM clock after `dep` is available (thread 0) */
 #undef TC_TR
 #if KVA_TC_TRACE
@@ -223,7 +238,7 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
     } while (0)
 #endif
 
-extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(const kvk_attn_params p) {
+extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(const kvk_attn_params p) {
     extern __shared__ __align__(128) char kva_smem[];
     const int tid = threadIdx.x;
     const int lane = tid & 31;
@@ -253,14 +268,14 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
     {
         const unsigned n = (unsigned)(p.off_partial_o - p.off_counts);
         const unsigned per = ((n + gridDim.x - 1u) / gridDim.x + 127u) & ~127u;
-        for (unsigned o = (unsigned)tid * 128u; o < per; o += KVK_THREADS * 128u) {
+        for (unsigned o = (unsigned)tid * 128u; o < per; o += TC_THREADS * 128u) {
             const unsigned a = per * blockIdx.x + o;
             if (a < n) kva_prefetch_l2(p.ws + p.off_counts + a);
         }
         if (!ragged && p.num_entries > 0) {
             const unsigned long long nb = (unsigned long long)p.num_entries * 4ull;
             const unsigned long long per2 = ((nb + gridDim.x - 1u) / gridDim.x + 127u) & ~127ull;
-            for (unsigned long long o = (unsigned long long)tid * 128u; o < per2; o += KVK_THREADS * 128u) {
+            for (unsigned long long o = (unsigned long long)tid * 128u; o < per2; o += TC_THREADS * 128u) {
                 const unsigned long long a = per2 * blockIdx.x + o;
                 if (a < nb) kva_prefetch_l2((const char*)p.indices + a);
             }
@@ -472,11 +487,25 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
 #pragma unroll
         for (int s = 0; s < TC_ST; ++s) TC_FETCH(pro[s]);
         TC_TR(11, 0);
+        /* 4 warps: one TC_ISSUE instance for every stage (not unrolled). A small call whose kernel code is not in
+           the SM's instruction caches (other kernels ran in between, as in a model's decode step) mostly waits for
+           its code: interleaved A/B, H200, 11-18 % faster at D1 1 x 1k, 1 x 4k, D7 1 x 1k, fp8 1 x 32k, where the
+           unrolled issue was 0-2 % faster only with the code cached (docs/kernels/decode.md) */
+#if (KVA_TC_EXP & 1) || TC_NW == 8 /* 8 warps: unrolled (faster where the code is cached; those plans are large) */
 #pragma unroll
         for (int s = 0; s < TC_ST; ++s) {
             TC_ISSUE(pro[s], s);
             kva_cp_async_commit();
         }
+#else
+#pragma unroll 1
+        for (int s = 0; s < TC_ST; ++s) {
+            TC_ISSUE(pro[0], s);
+            kva_cp_async_commit();
+#pragma unroll
+            for (int j = 0; j + 1 < TC_ST; ++j) pro[j] = pro[j + 1];
+        }
+#endif
     }
     TC_TR(3, 0);
     tc_rec nrec;
@@ -861,8 +890,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
             }
             TC_TR(12, 0);
 #pragma unroll
-            for (int dd = 0; dd < (TC_D + KVK_THREADS - 1) / KVK_THREADS; ++dd) {
-                const int d = tid + KVK_THREADS * dd;
+            for (int dd = 0; dd < (TC_D + TC_THREADS - 1) / TC_THREADS; ++dd) {
+                const int d = tid + TC_THREADS * dd;
                 if (d < TC_D) {
                     float cv[TC_NW][TC_R];
 #pragma unroll
@@ -928,17 +957,77 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_KERNEL_NAME(con
             __syncthreads();
             TC_TR(8, s_flag[0]);
             if (s_flag[0]) {
-                kvk_merge_task tk;
-                tk.req = item.req;
-                tk.kv_head = item.kv_head;
-                tk.row_start = item.row_start;
-                tk.rows = item.rows;
-                tk.partial_first = s_flag[1];
-                tk.num_partials = s_flag[2];
-                kva_merge_task_rows(&tk, rq.qo_start, (const float*)(p.ws + p.off_partial_o),
-                                    (const float*)(p.ws + p.off_partial_lse), p.tile_q, TC_D, p.group_size, sigmoid,
-                                    p.o, KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
-                                    p.lse_stride_head, warp, TC_NW, lane, TC_MERGE_BATCH);
+#if KVA_TC_TRACE
+                if (tid == 0 && p.trace && tr_on)
+                    p.trace[blockIdx.x * 16 + 13] = kva_clock_dep(__float_as_uint(
+                        __ldcg((const float*)(p.ws + p.off_partial_lse) + (long long)s_flag[1] * p.tile_q)));
+#endif
+#if TC_D <= 128 && !KVA_TC_GENERIC_MERGE
+                if (s_flag[2] <= TC_MERGE_BATCH) {
+                    /* a task of at most TC_MERGE_BATCH partials (small calls): kva_merge_task_rows' arithmetic in
+                       the same order, without its loops over batches, weight chunks and head-dim sweeps */
+                    const int n = s_flag[2];
+                    const long long pf = s_flag[1];
+                    const float* const plse = (const float*)(p.ws + p.off_partial_lse);
+                    const float* const pov = (const float*)(p.ws + p.off_partial_o);
+                    const long long ostep = (long long)p.tile_q * TC_D;
+                    for (int r = warp; r < item.rows; r += TC_NW) {
+                        const float* const orow = pov + (pf * p.tile_q + r) * TC_D + lane * 4;
+                        float4 v[TC_MERGE_BATCH];
+#pragma unroll
+                        for (int k = 0; k < TC_MERGE_BATCH; ++k)
+                            v[k] = (k < n && lane * 4 < TC_D) ? __ldcg((const float4*)(orow + k * ostep))
+                                                             : make_float4(0.f, 0.f, 0.f, 0.f);
+                        const float l = lane < n ? __ldcg(plse + (pf + lane) * p.tile_q + r) : neg_inf;
+                        const bool lf = lane < n && __float_as_uint(l) == KVK_FAULT_LSE_BITS;
+                        const int fault = __any_sync(0xffffffffu, lf);
+                        const float mx = kva_warp_max(lf ? neg_inf : l);
+                        const float m_use = mx == neg_inf ? 0.0f : mx;
+                        const float w = lane < n ? (sigmoid ? 1.0f : kva_exp2(l - m_use)) : 0.0f;
+                        const float wsum = 0.0f + kva_warp_sum(w);
+                        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+                        if (!fault) {
+#pragma unroll
+                            for (int k = 0; k < TC_MERGE_BATCH; ++k) {
+                                const float wk = __shfl_sync(0xffffffffu, w, k);
+                                if (k < n) {
+                                    acc.x = fmaf(wk, v[k].x, acc.x);
+                                    acc.y = fmaf(wk, v[k].y, acc.y);
+                                    acc.z = fmaf(wk, v[k].z, acc.z);
+                                    acc.w = fmaf(wk, v[k].w, acc.w);
+                                }
+                            }
+                        }
+                        float scale = sigmoid ? 1.0f : (wsum > 0.0f ? kva_rcp(wsum) : 0.0f);
+                        if (fault) scale = 0.0f;
+                        const int pr = item.row_start + r;
+                        const int i = pr / p.group_size;
+                        const int qh = item.kv_head * p.group_size + pr % p.group_size;
+                        const long long ob = (rq.qo_start + i) * p.o_stride_row + (long long)qh * p.o_stride_head;
+                        if (lane * 4 < TC_D)
+                            kva_store4(p.o, ob + lane * 4, KVA_OT, acc.x * scale, acc.y * scale, acc.z * scale,
+                                       acc.w * scale);
+                        if (lane == 0 && p.lse) {
+                            float l_out = sigmoid ? 0.0f : (wsum > 0.0f ? m_use + kva_log2(wsum) : neg_inf);
+                            if (fault) l_out = neg_inf;
+                            p.lse[(rq.qo_start + i) * p.lse_stride_row + (long long)qh * p.lse_stride_head] = l_out;
+                        }
+                    }
+                } else
+#endif
+                {
+                    kvk_merge_task tk;
+                    tk.req = item.req;
+                    tk.kv_head = item.kv_head;
+                    tk.row_start = item.row_start;
+                    tk.rows = item.rows;
+                    tk.partial_first = s_flag[1];
+                    tk.num_partials = s_flag[2];
+                    kva_merge_task_rows(&tk, rq.qo_start, (const float*)(p.ws + p.off_partial_o),
+                                        (const float*)(p.ws + p.off_partial_lse), p.tile_q, TC_D, p.group_size, sigmoid,
+                                        p.o, KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
+                                        p.lse_stride_head, warp, TC_NW, lane, TC_MERGE_BATCH);
+                }
             }
         }
         __syncthreads(); /* s_comb, s_md, s_flag are reused by the next item */

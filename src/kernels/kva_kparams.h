@@ -47,8 +47,11 @@ typedef uint64_t kvk_u64;
    a cross-warp combine buffer [4][d][rows] f32; 256 + 16 * stages + 16 bytes of row factors and flags. */
 #define KVK_TC_STAGES(d, es) \
     (24576 / (32 * (d) * (es)) < 3 ? 3 : (24576 / (32 * (d) * (es)) > 8 ? 8 : 24576 / (32 * (d) * (es))))
-#define KVK_TC_SMEM(d, es, rows) \
-    (4 * KVK_TC_STAGES(d, es) * 32 * (d) * (es) + 4 * (d) * (rows) * 4 + 256 + 16 * KVK_TC_STAGES(d, es) + 16)
+#define KVK_TC_SMEM(d, es, rows) KVK_TC_SMEM_NW(d, es, rows, 4)
+/* the same kernel with nw warps (4 or 8): every per-warp region scales with nw */
+#define KVK_TC_SMEM_NW(d, es, rows, nw)                                                                     \
+    ((nw) * KVK_TC_STAGES(d, es) * 32 * (d) * (es) + (nw) * (d) * (rows) * 4 + 64 * (nw) +                  \
+     4 * (nw) * KVK_TC_STAGES(d, es) + 16)
 
 /* runtime flags of the attention kernels */
 #define KVK_FLAG_ALIBI 1u       /* ALiBi bias (slopes from alibi_slopes, or the standard ones) */
