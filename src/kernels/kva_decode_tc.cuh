@@ -1,5 +1,6 @@
 /*
- * kva_decode_tc.cuh - the tensor-core decode kernel (mma.sync m16n8k16, sm_80+): a persistent CTA of 4 warps
+ * kva_decode_tc.cuh - the tensor-core decode kernel (mma.sync m16n8k16, sm_80+): a persistent CTA of 4 warps (8 with
+ * KVA_TC_NW=8: plans with one CTA per SM)
  * executes its worker's list of work items (src/core/internal.h): up to 8 packed query rows of one (request, KV
  * head) against a KV range. Used for batch decode and small-tile prefill whenever q and KV share a 16-bit dtype,
  * or KV is fp8 (head dim 128), without fused RoPE; kva_decode.cuh (CUDA cores) covers the rest.
