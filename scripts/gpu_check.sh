@@ -4,7 +4,7 @@
 # Run from the repository root with the build directory (compiled elsewhere with -DKVA_CUDA=ON) carried. build-cuda
 # itself is larger than the 64 MB a `run` call carries; scripts/sync_build_dev.sh copies what this script runs
 # into build-dev (about 20 MB), the default when present:
-#     cmake --build build-cuda -j2 && bash scripts/sync_build_dev.sh     # here
+#     cmake --build build-cuda -j2 && SYNC_LEAN=1 bash scripts/sync_build_dev.sh     # here
 #     bash scripts/gpu_check.sh            # on the GPU machine, carry ["build-dev"]; results under $OUT (or ./gpu_out)
 # Steps (each with its own time limit; the whole script stays under ~8 minutes):
 #   1. device, driver, toolkit and torch versions
