@@ -202,12 +202,17 @@ static int kva__prepare_fused_merge(kva__plan_data* plan, const kva_workspace* w
    without splitting the units further (which costs partials and merges). Interleaved A/B, H200
    (docs/kernels/decode.md): D1 16 x 4k +2.7 %, 1 x 32k +1.5 %, D4 uniform 16 x [512, 1024] +4.6 % faster,
    16 x 1k and D4 zipf within noise; 1 x 4k (248 rows per worker) 2.1 % slower, hence the row floor. Graph-mode plans
-   keep every worker and 4 warps. KVATTN_BENCH_TC_WARPS=4 / 8: never / whenever it fits (A/B). */
+   keep every worker and 4 warps. KVATTN_BENCH_TC_WARPS=4 / 8: never / whenever it fits (A/B; 8 also in contexts of
+   one CTA per SM, where it then differs in rounding from graph replays of the same plan). */
 static int kva__cuda_want_8_warps(const kva__cuda_state* st, const kva__plan_data* plan, const kva__kkey* k) {
     if (k->family != KVA__KF_DECODE_TC || st->tc_warps == 4 || plan->graph_mode || plan->num_workers > st->num_sms ||
         plan->num_workers <= 0)
         return 0;
     if (st->tc_warps == 8) return 1;
+    /* only where kva__cuda_plan_workers took one worker per SM out of two: a context of one CTA per SM
+       (KVATTN_CUDA_CTAS_PER_SM=1) plans graph mode on the same workers, and graph plans keep 4 warps, so eager plans
+       there keep them too and the two agree bitwise */
+    if (st->ctas_per_sm < 2) return 0;
     const int64_t rows_per_worker =
         plan->total_kv_tokens * (int64_t)plan->desc.num_kv_heads / (int64_t)plan->num_workers;
     return k->dqk == 128 && (k->kt == KVA_DTYPE_F16 || k->kt == KVA_DTYPE_BF16) && rows_per_worker >= 512;
