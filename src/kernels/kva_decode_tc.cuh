@@ -555,6 +555,9 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     if (it_begin < it_end) TC_LOAD_Q(cn_item, cn_rq);
 
     for (int it = it_begin; it < it_end; ++it) {
+#if KVA_TC_TRACE
+        tr_on = it == it_begin + ((KVA_TC_EXP & 2) ? 1 : 0); /* TC_EXP bit 1: trace the worker's second item */
+#endif
         const kvk_work_item item = cn_item;
         const kvk_request rq = cn_rq;
         /* next item's header: its record now, its request after the first subtile */
@@ -848,9 +851,16 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
             const int rows = item.rows < TC_R ? item.rows : TC_R;
             float ew[TC_R][TC_NW], rsc[TC_R];
             long long obase[TC_R];
+#if KVA_TC_EXP & 4 /* A/B: every thread computes every row's factors */
 #pragma unroll
             for (int r = 0; r < TC_R; ++r) {
-                float mw[TC_NW], dw[TC_NW];
+#else
+            /* lane r of each warp computes row r's factors (the same arithmetic), then the warp broadcasts them:
+               a quarter to an eighth of the instructions on this serial stretch of a small call */
+            {
+                const int r = lane < TC_R ? lane : 0;
+#endif
+                float mw[TC_NW], dw[TC_NW], e_[TC_NW];
                 float M = neg_inf;
 #pragma unroll
                 for (int w = 0; w < TC_NW; ++w) {
@@ -863,8 +873,8 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                 float dsum = 0.0f;
 #pragma unroll
                 for (int w = 0; w < TC_NW; ++w) {
-                    ew[r][w] = sigmoid ? 1.0f : kva_exp2(mw[w] - Mu);
-                    dsum += ew[r][w] * dw[w];
+                    e_[w] = sigmoid ? 1.0f : kva_exp2(mw[w] - Mu);
+                    dsum += e_[w] * dw[w];
                 }
                 float sc = p.v_scale * TC_KFIX, l;
                 if (sigmoid) {
@@ -877,17 +887,30 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                     sc = 0.0f;
                     l = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : neg_inf;
                 }
-                rsc[r] = sc;
                 const int pr = item.row_start + r;
                 const int i = (int)kva_fastdiv((unsigned)pr, p.g_mul, p.g_shift);
                 const int qh = item.kv_head * p.group_size + (pr - i * p.group_size);
-                obase[r] = to_partial ? ((long long)item.partial * p.tile_q + r) * TC_D
-                                      : (rq.qo_start + i) * p.o_stride_row + (long long)qh * p.o_stride_head;
+                const long long ob = to_partial ? ((long long)item.partial * p.tile_q + r) * TC_D
+                                                : (rq.qo_start + i) * p.o_stride_row + (long long)qh * p.o_stride_head;
                 if (tid == r && r < rows) {
                     if (to_partial) pl[(long long)item.partial * p.tile_q + r] = l;
                     else if (p.lse)
                         p.lse[(rq.qo_start + i) * p.lse_stride_row + (long long)qh * p.lse_stride_head] = l;
                 }
+#if KVA_TC_EXP & 4
+#pragma unroll
+                for (int w = 0; w < TC_NW; ++w) ew[r][w] = e_[w];
+                rsc[r] = sc;
+                obase[r] = ob;
+#else
+#pragma unroll
+                for (int rr = 0; rr < TC_R; ++rr) {
+#pragma unroll
+                    for (int w = 0; w < TC_NW; ++w) ew[rr][w] = __shfl_sync(0xffffffffu, e_[w], rr);
+                    rsc[rr] = __shfl_sync(0xffffffffu, sc, rr);
+                    obase[rr] = __shfl_sync(0xffffffffu, ob, rr);
+                }
+#endif
             }
             TC_TR(12, 0);
 #pragma unroll
@@ -1033,9 +1056,6 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         }
         __syncthreads(); /* s_comb, s_md, s_flag are reused by the next item */
         TC_TR(9, 0);
-#if KVA_TC_TRACE
-        tr_on = 0;
-#endif
     }
     KVA_CP_ASYNC_WAIT(0);
 #if KVA_TC_TRACE
