@@ -284,6 +284,15 @@ static void csv_row(FILE* f, const wl* w, const char* name, const wl_run* R, dou
     fflush(f);
 }
 
+/* one kva_run captured into a CUDA graph (D7 rows) */
+static void capture_run(kva_context* ctx, wl_run* R, cudaStream_t s, cudaGraph_t* graph, cudaGraphExec_t* exec) {
+    CU(cudaStreamSynchronize(s));
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    KV(kva_run(ctx, &R->plan, &R->ws, &R->a));
+    CU(cudaStreamEndCapture(s, graph));
+    CU(cudaGraphInstantiate(exec, *graph, 0));
+}
+
 /* Kernel timeline of one cold launch (tensor-core kernel built with KVA_TC_TRACE through NVRTC): per CTA, the SM
    clock at points of its first item (see kva_decode_tc.cuh) and the global timer at start and end. */
 static void trace_workload(const kva_context_options* opt, const wl* w, const wl_run* R, void* dsrc, size_t src_bytes,
@@ -312,13 +321,7 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
     /* D7 workloads: the graph-mode plan, replayed from a captured graph as the timed rows do */
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
-    if (w->graph) {
-        CU(cudaStreamSynchronize(s));
-        CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-        KV(kva_run(ctx, &T.plan, &T.ws, &T.a));
-        CU(cudaStreamEndCapture(s, &graph));
-        CU(cudaGraphInstantiate(&exec, graph, 0));
-    }
+    if (w->graph) capture_run(ctx, &T, s, &graph, &exec);
     for (int rep = 0; rep < 5; ++rep) {
         /* reps 0-2 warm up; rep 3: cold L2 (flushed), as timed; rep 4: right after rep 3, no flush (warm caches) */
         CU(cudaMemsetAsync(dtr, 0, sizeof(unsigned long long) * nslot * maxw, s));
@@ -520,13 +523,7 @@ int main(int argc, char** argv) {
         float* times = (float*)malloc(sizeof(float) * (size_t)iters);
         cudaGraphExec_t exec = NULL;
         cudaGraph_t graph = NULL;
-        if (w->graph) {
-            CU(cudaStreamSynchronize(s));
-            CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-            KV(kva_run(ctx, &R.plan, &R.ws, &R.a));
-            CU(cudaStreamEndCapture(s, &graph));
-            CU(cudaGraphInstantiate(&exec, graph, 0));
-        }
+        if (w->graph) capture_run(ctx, &R, s, &graph, &exec);
         for (int it = -3; it < iters; ++it) {
             float t = time_once(ctx, &R, exec, s, it);
             if (it >= 0) times[it] = t;

@@ -397,43 +397,32 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                             }
                             ++n;
                         }
-    /* tensor-core kernels: q = KV (16-bit), or fp8 KV at head dim 128; no RoPE */
+    /* tensor-core kernels: q = KV (16-bit), or fp8 KV at head dim 128; no RoPE; 4 warps, and 8 warps at head dim 128
+       with 16-bit KV (kva__cuda_want_8_warps) */
     for (int a = 0; a < 3; ++a)
         for (int b = 0; b < 2; ++b)
             for (int c = 0; c < 4; ++c) {
                 const int fp8 = kts[c] == KVA_DTYPE_E4M3 || kts[c] == KVA_DTYPE_E5M2;
                 if (!fp8 && kts[c] != qts[b]) continue;
                 if (fp8 && dims[a] != 128) continue;
-                for (int e = 0; e < 3; ++e)
-                    for (int r = 0; r < 4; ++r) {
-                        if (n < max) {
-                            kva__kkey* k = &keys[n];
-                            memset(k, 0, sizeof *k);
-                            k->family = KVA__KF_DECODE_TC;
-                            k->dqk = k->dvo = dims[a];
-                            k->qt = qts[b];
-                            k->kt = kts[c];
-                            k->ot = ots[e];
-                            k->rows = rows[r];
+                for (int w = 4; w <= 8; w += 4) {
+                    if (w == 8 && (fp8 || dims[a] != 128)) continue;
+                    for (int e = 0; e < 3; ++e)
+                        for (int r = 0; r < 4; ++r) {
+                            if (n < max) {
+                                kva__kkey* k = &keys[n];
+                                memset(k, 0, sizeof *k);
+                                k->family = KVA__KF_DECODE_TC;
+                                k->dqk = k->dvo = dims[a];
+                                k->qt = qts[b];
+                                k->kt = kts[c];
+                                k->ot = ots[e];
+                                k->rows = rows[r];
+                                k->warps = w == 8 ? 8 : 0;
+                            }
+                            ++n;
                         }
-                        ++n;
-                    }
-            }
-    /* 8-warp tensor-core kernels (kva__cuda_want_8_warps): head dim 128, 16-bit KV */
-    for (int b = 0; b < 2; ++b)
-        for (int e = 0; e < 3; ++e)
-            for (int r = 0; r < 4; ++r) {
-                if (n < max) {
-                    kva__kkey* k = &keys[n];
-                    memset(k, 0, sizeof *k);
-                    k->family = KVA__KF_DECODE_TC;
-                    k->dqk = k->dvo = 128;
-                    k->qt = k->kt = qts[b];
-                    k->ot = ots[e];
-                    k->rows = rows[r];
-                    k->warps = 8;
                 }
-                ++n;
             }
     return n;
 }
