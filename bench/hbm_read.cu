@@ -17,8 +17,17 @@
  * N dependent pointers through cold memory, timed as an eager launch and as a CUDA-graph replay after the flush,
  * and as back-to-back graph replays (warm).
  *
- * usage: hbm_read [--floor] [MB of K+V ...]   (default 134 1074 2147; with --floor alone, only the floor)
+ * Asynchronous copies into shared memory (sm_90, "async" rows): one thread per CTA keeps S stages of 8 KB (4 KB of K
+ * and 4 KB of V) in flight and re-issues a stage as soon as its mbarrier completes; S x 8 KB x CTAs per SM is the
+ * amount in flight per SM. Patterns:
+ *   tma-nhd : the NHD pool through 4-d tensor maps {128, 16, H, pages}, boxes {64, 16, 1, 1} with the 128-byte
+ *             swizzle (2 boxes per page slice of K, 2 of V), CTA (head, chunk) as in nhd
+ *   bulk-row: the NHD pool through 1-d bulk copies, one 256 B copy per row (16 rows per page slice of K, 16 of V)
+ *   bulk-ctg: contiguous slices through 1-d bulk copies of 4 KB
+ *
+ * usage: hbm_read [--floor] [--async-only] [MB of K+V ...]   (default 134 1074 2147; --floor alone: only the floor)
  */
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -129,6 +138,125 @@ __global__ void __launch_bounds__(THREADS) k_paged(const char* k, const char* v,
     if (acc == 0x12345678u) out[blockIdx.x] = acc;
 }
 
+/* ---- asynchronous copies (sm_90): mbarrier-completed TMA / bulk copies issued by one warp per CTA ---- */
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__global__ void __launch_bounds__(32) k_async(const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv,
+                                             const char* k, const char* v, size_t half, const int* pages, int npages,
+                                             int H, int pat, int S, int G, int nsw, unsigned* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(1024) char sm_[];
+    /* stage bytes; bulk-row: 16 token rows of G heads each for K and V, rows padded by 16 B */
+    const int SB = pat == 0 || pat == 3 ? 8192 * G : pat == 1 ? 32 * (G * 256 + 16) : 8192;
+    unsigned long long* bar = (unsigned long long*)(sm_ + (size_t)S * SB);
+    const int HG = H / G; /* head groups */
+    const int nchunks = pat == 2 ? gridDim.x : gridDim.x / HG;
+    const int head = pat == 2 ? 0 : (blockIdx.x % HG) * G;
+    const int chunk = pat == 2 ? blockIdx.x : blockIdx.x / HG;
+    long long n, i0;
+    if (pat == 2) { /* 8 KB items: 4 KB of K and 4 KB of V at the same offset */
+        const long long items = (long long)(half / 4096);
+        i0 = items * chunk / nchunks, n = items * (chunk + 1) / nchunks - i0;
+    } else {
+        i0 = (long long)npages * chunk / nchunks, n = (long long)npages * (chunk + 1) / nchunks - i0;
+    }
+    const int lane = threadIdx.x;
+    if (lane == 0) {
+        for (int s = 0; s < S; ++s)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar + s)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    unsigned long long pol;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    auto issue = [&](long long it, int s) {
+        const unsigned b = smem_u32(bar + s), dst = smem_u32(sm_ + (size_t)s * SB);
+        if (lane == 0)
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(pat == 1 ? 32 * G * 256 : SB)
+                         : "memory");
+        __syncwarp();
+        if (pat != 1 && lane != 0) return;
+        if (pat == 3) { /* whole pages (G = H): 4 KB pieces */
+            const size_t base = (size_t)pages[i0 + it] * 16 * H * 256;
+            for (int q = 0; q < SB / 8192; ++q) {
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 4096, [%2];"
+                             ::"r"(dst + q * 4096), "l"(k + base + q * 4096), "r"(b) : "memory");
+                asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 4096, [%2];"
+                             ::"r"(dst + SB / 2 + q * 4096), "l"(v + base + q * 4096), "r"(b) : "memory");
+            }
+        } else if (pat == 0 && nsw == 2) { /* map {d, H, tokens, pages}: box {64, G, 16, 1} */
+            const int pg = pages[i0 + it];
+            for (int h2 = 0; h2 < 2; ++h2) {
+                asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                             ::"r"(dst + h2 * (SB / 4)), "l"(&mk), "r"(h2 * 64), "r"(head), "r"(0), "r"(pg), "r"(b) : "memory");
+                asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                             ::"r"(dst + SB / 2 + h2 * (SB / 4)), "l"(&mv), "r"(h2 * 64), "r"(head), "r"(0), "r"(pg), "r"(b) : "memory");
+            }
+        } else if (pat == 0) {
+            const int pg = pages[i0 + it];
+            for (int h2 = 0; h2 < 2 - nsw; ++h2) {
+                asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                             ::"r"(dst + h2 * (SB / 4)), "l"(&mk), "r"(h2 * 64), "r"(0), "r"(head), "r"(pg), "r"(b) : "memory");
+                asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                             ::"r"(dst + SB / 2 + h2 * (SB / 4)), "l"(&mv), "r"(h2 * 64), "r"(0), "r"(head), "r"(pg), "r"(b) : "memory");
+            }
+        } else if (pat == 1) { /* lanes 0-15: K rows, 16-31: V rows; one bulk copy of G x 256 B each */
+            const size_t base = (size_t)pages[i0 + it] * 16 * H * 256;
+            const int t = lane & 15;
+            const size_t off = base + (size_t)(t * H + head) * 256;
+            const unsigned rb = (unsigned)(G * 256 + 16);
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                         ::"r"(dst + (lane >> 4) * 16 * rb + t * rb), "l"((lane < 16 ? k : v) + off), "r"(G * 256), "r"(b),
+                         "l"(pol) : "memory");
+        } else {
+            const size_t off = (size_t)(i0 + it) * 4096;
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 4096, [%2];"
+                         ::"r"(dst), "l"(k + off), "r"(b) : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 4096, [%2];"
+                         ::"r"(dst + 4096), "l"(v + off), "r"(b) : "memory");
+        }
+    };
+    for (int s = 0; s < S && s < n; ++s) issue(s, s);
+    unsigned acc = 0;
+    for (long long it = 0; it < n; ++it) {
+        const int s = (int)(it % S);
+        const unsigned par = (unsigned)((it / S) & 1);
+        unsigned done = 0;
+        while (!done)
+            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                         : "=r"(done) : "r"(smem_u32(bar + s)), "r"(par) : "memory");
+        acc ^= *(volatile unsigned*)(sm_ + (size_t)s * SB + (it & 63) * 4);
+        __syncwarp();
+        if (it + S < n) issue(it + S, s);
+    }
+    if (acc == 0x12345678u) out[blockIdx.x] = acc;
+#endif
+}
+
+typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                              const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+/* {128 elements, 16 tokens, H heads, pages} over an NHD pool of 16-bit elements, box {64, 16, G, 1} with the 128 B
+   swizzle, or {128, 16, G, 1} without swizzle (nsw) */
+static void nhd_map(encode_fn enc, CUtensorMap* m, void* base, int H, int npages, int G, int nsw, int promo) {
+    cuuint64_t dims[4] = {128, 16, (cuuint64_t)H, (cuuint64_t)npages};
+    cuuint64_t st[3] = {(cuuint64_t)H * 256, 256, (cuuint64_t)16 * H * 256};
+    cuuint32_t box[4] = {nsw == 1 ? 128u : 64u, 16, (cuuint32_t)G, 1};
+    const cuuint32_t es[4] = {1, 1, 1, 1};
+    if (nsw == 2) { /* {d, heads, tokens, pages} */
+        dims[1] = (cuuint64_t)H, dims[2] = 16, st[0] = 256, st[1] = (cuuint64_t)H * 256;
+        box[1] = (cuuint32_t)G, box[2] = 16;
+    }
+    const CUtensorMapL2promotion pr[3] = {CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_128B};
+    const CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, st, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           nsw == 1 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, pr[promo],
+                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", (int)r);
+        exit(1);
+    }
+}
+
 __global__ void k_empty(unsigned* out) {
     extern __shared__ char sm_[];
     if (threadIdx.x == 0 && out == nullptr) sm_[0] = 0;
@@ -236,9 +364,10 @@ static void floor_probe(void* flush, size_t flush_bytes, unsigned* out, int sms,
 
 int main(int argc, char** argv) {
     std::vector<double> mbs;
-    bool do_floor = false;
+    bool do_floor = false, async_only = false;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--floor")) do_floor = true;
+        else if (!strcmp(argv[i], "--async-only")) async_only = true;
         else mbs.push_back(atof(argv[i]));
     }
     if (mbs.empty() && !do_floor) mbs = {134.2, 1073.7, 2147.5};
@@ -276,7 +405,7 @@ int main(int argc, char** argv) {
         CU(cudaMalloc(&dp, sizeof(int) * npages));
         CU(cudaMemcpy(dp, hp.data(), sizeof(int) * npages, cudaMemcpyHostToDevice));
         const char* names[] = {"contig", "nhd", "hnd", "nhdall"};
-        for (int hint = 0; hint <= 1; ++hint)
+        for (int hint = 0; hint <= 1 && !async_only; ++hint)
         for (int ctas_per_sm = 1; ctas_per_sm <= 2; ++ctas_per_sm) {
             CU(cudaMemcpyToSymbol(g_hint, &hint, sizeof hint));
             for (int pat = 0; pat < 4; ++pat) {
@@ -301,6 +430,53 @@ int main(int argc, char** argv) {
                 printf("%8.1f MB  %-7s%-3s %d CTA/SM (%4d CTAs)  %9.1f us  %6.3f TB/s  %5.1f %% of nominal\n", 2.0 * half / 1e6,
                        names[pat], hint ? "+ef" : "", ctas_per_sm, grid, us, tbs, nominal > 0 ? 100.0 * tbs / nominal : 0.0);
             }
+        }
+        if (prop.major >= 9) {
+            void* fn = nullptr;
+            cudaDriverEntryPointQueryResult q;
+            CU(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+            if (!fn || q != cudaDriverEntryPointSuccess) {
+                fprintf(stderr, "no cuTensorMapEncodeTiled\n");
+                exit(1);
+            }
+            const char* anames[] = {"tma-nhd", "bulk-row", "bulk-ctg", "bulk-pg"};
+            /* {pattern, heads per CTA, map form (0: box {64, 16 tokens, G}, swizzled; 1: box {128, 16, G}, not
+               swizzled; 2: box {64, G, 16 tokens}, swizzled), CTAs per SM, KB in flight per CTA, L2 promotion
+               (0: 256 B, 1: none, 2: 128 B)} */
+            const int cfg[][6] = {{0, 1, 0, 2, 48, 0}, {0, 1, 0, 2, 48, 1}, {0, 1, 0, 2, 48, 2}, {0, 1, 0, 2, 96, 1},
+                                  {0, 1, 0, 1, 96, 1}, {0, 1, 1, 2, 48, 1}, {0, 2, 0, 2, 48, 1}, {0, 4, 0, 2, 96, 1},
+                                  {0, 8, 0, 1, 192, 0}, {0, 8, 0, 1, 192, 1}, {3, 8, 0, 1, 128, 0}, {2, 1, 0, 2, 48, 0}};
+            for (const auto& c : cfg) {
+                    const int pat = c[0], G = c[1], nsw = c[2], cps = c[3];
+                    const int SB = pat == 0 || pat == 3 ? 8192 * G : pat == 1 ? 32 * (G * 256 + 16) : 8192;
+                    const int S = c[4] * 1024 / SB;
+                    CUtensorMap mk, mv;
+                    nhd_map((encode_fn)fn, &mk, k, H, npages, G, nsw, c[5]);
+                    nhd_map((encode_fn)fn, &mv, v, H, npages, G, nsw, c[5]);
+                    const int smem = S * SB + S * 8;
+                    CU(cudaFuncSetAttribute(k_async, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                    int grid = sms * cps;
+                    const int HG = H / G;
+                    if (pat < 2) grid = grid / HG * HG;
+                    std::vector<float> t;
+                    for (int it = -2; it < 20; ++it) {
+                        CU(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
+                        CU(cudaEventRecord(e0));
+                        k_async<<<grid, 32, smem>>>(mk, mv, k, v, half, dp, npages, H, pat, S, G, nsw, out);
+                        CU(cudaEventRecord(e1));
+                        CU(cudaEventSynchronize(e1));
+                        float ms;
+                        CU(cudaEventElapsedTime(&ms, e0, e1));
+                        if (it >= 0) t.push_back(ms * 1000.0f);
+                    }
+                    CU(cudaGetLastError());
+                    std::sort(t.begin(), t.end());
+                    const double us = t[t.size() / 2];
+                    const double tbs = 2.0 * half / (us * 1e-6) / 1e12;
+                    printf("%8.1f MB  %-8s G%d%s p%d %d CTA/SM (%4d CTAs) %2d x %2d KB  %9.1f us  %6.3f TB/s  %5.1f %% of nominal\n",
+                           2.0 * half / 1e6, anames[pat], G, nsw == 1 ? " nsw" : nsw == 2 ? " hfo" : "    ", c[5], cps, grid, S, SB / 1024, us, tbs,
+                           nominal > 0 ? 100.0 * tbs / nominal : 0.0);
+                }
         }
         cudaFree(k);
         cudaFree(v);
