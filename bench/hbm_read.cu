@@ -17,13 +17,17 @@
  * N dependent pointers through cold memory, timed as an eager launch and as a CUDA-graph replay after the flush,
  * and as back-to-back graph replays (warm).
  *
- * Asynchronous copies into shared memory (sm_90, "async" rows): one thread per CTA keeps S stages of 8 KB (4 KB of K
- * and 4 KB of V) in flight and re-issues a stage as soon as its mbarrier completes; S x 8 KB x CTAs per SM is the
- * amount in flight per SM. Patterns:
- *   tma-nhd : the NHD pool through 4-d tensor maps {128, 16, H, pages}, boxes {64, 16, 1, 1} with the 128-byte
- *             swizzle (2 boxes per page slice of K, 2 of V), CTA (head, chunk) as in nhd
- *   bulk-row: the NHD pool through 1-d bulk copies, one 256 B copy per row (16 rows per page slice of K, 16 of V)
+ * Asynchronous copies into shared memory (sm_90, "async" rows): one warp per CTA keeps S stages (of 8 KB x G: K and
+ * V) in flight and re-issues a stage as soon as its mbarrier completes; S x stage bytes x CTAs per SM is the amount
+ * in flight per SM. Patterns:
+ *   tma-nhd : the NHD pool through 4-d tensor maps {128, 16, H, pages}, boxes {64, 16, G, 1} with the 128-byte
+ *             swizzle (2 boxes per page slice of K, 2 of V), CTA (head group, chunk) as in nhd
+ *   bulk-row: the NHD pool through 1-d bulk copies of one token's G heads (G x 256 B), 16 K + 16 V copies per page
+ *             issued by 32 lanes, rows padded by 16 B in shared memory
+ *   bulk-pg : whole pages (all heads) through 1-d bulk copies of 4 KB (a ceiling only: no MMA-friendly layout)
  *   bulk-ctg: contiguous slices through 1-d bulk copies of 4 KB
+ * Tensor-map rows also vary the L2 promotion (p0 256 B, p1 none, p2 128 B) and the box form (nsw: {128, 16, G}
+ * without swizzle; hfo: {64, G, 16} over a {d, heads, tokens, pages} map).
  *
  * usage: hbm_read [--floor] [--async-only] [MB of K+V ...]   (default 134 1074 2147; --floor alone: only the floor)
  */
