@@ -26,27 +26,13 @@
  *             issued by 32 lanes, rows padded by 16 B in shared memory
  *   bulk-pg : whole pages (all heads) through 1-d bulk copies of 4 KB (a ceiling only: no MMA-friendly layout)
  *   bulk-ctg: contiguous slices through 1-d bulk copies of 4 KB
- * Tensor-map rows also vary the L2 promotion (p0 256 B, p1 none, p2 128 B) and the box form (nsw: {128, 16, G}
- * without swizzle; hfo: {64, G, 16} over a {d, heads, tokens, pages} map).
+ * Tensor-map rows also vary the L2 promotion (p0 256 B, p1 none, p2 128 B) and the box form (form 1, "nsw": {128, 16, G}
+ * without swizzle; form 2, "hfo": {64, G, 16} over a {d, heads, tokens, pages} map).
  *
  * usage: hbm_read [--floor] [--async-only] [MB of K+V ...]   (default 134 1074 2147; --floor alone: only the floor)
  */
-#include <cuda.h>
-#include <cuda_runtime.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <algorithm>
-#include <vector>
-
-#define CU(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "cuda_tool.cuh"
 
 #define UNROLL 8
 #define THREADS 256
@@ -144,13 +130,17 @@ __global__ void __launch_bounds__(THREADS) k_paged(const char* k, const char* v,
 
 /* ---- asynchronous copies (sm_90): mbarrier-completed TMA / bulk copies issued by one warp per CTA ---- */
 __device__ __forceinline__ unsigned smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+/* bytes of one stage: G heads x 16 tokens of K and V (tma-nhd, bulk-pg), 32 padded rows of G heads (bulk-row), 8 KB
+   (bulk-ctg) */
+__host__ __device__ constexpr int stage_bytes(int pat, int G) {
+    return pat == 0 || pat == 3 ? 8192 * G : pat == 1 ? 32 * (G * 256 + 16) : 8192;
+}
 __global__ void __launch_bounds__(32) k_async(const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv,
                                              const char* k, const char* v, size_t half, const int* pages, int npages,
-                                             int H, int pat, int S, int G, int nsw, unsigned* out) {
+                                             int H, int pat, int S, int G, int form, unsigned* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(1024) char sm_[];
-    /* stage bytes; bulk-row: 16 token rows of G heads each for K and V, rows padded by 16 B */
-    const int SB = pat == 0 || pat == 3 ? 8192 * G : pat == 1 ? 32 * (G * 256 + 16) : 8192;
+    const int SB = stage_bytes(pat, G);
     unsigned long long* bar = (unsigned long long*)(sm_ + (size_t)S * SB);
     const int HG = H / G; /* head groups */
     const int nchunks = pat == 2 ? gridDim.x : gridDim.x / HG;
@@ -187,7 +177,7 @@ __global__ void __launch_bounds__(32) k_async(const __grid_constant__ CUtensorMa
                 asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 4096, [%2];"
                              ::"r"(dst + SB / 2 + q * 4096), "l"(v + base + q * 4096), "r"(b) : "memory");
             }
-        } else if (pat == 0 && nsw == 2) { /* map {d, H, tokens, pages}: box {64, G, 16, 1} */
+        } else if (pat == 0 && form == 2) { /* map {d, H, tokens, pages}: box {64, G, 16, 1} */
             const int pg = pages[i0 + it];
             for (int h2 = 0; h2 < 2; ++h2) {
                 asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
@@ -197,7 +187,7 @@ __global__ void __launch_bounds__(32) k_async(const __grid_constant__ CUtensorMa
             }
         } else if (pat == 0) {
             const int pg = pages[i0 + it];
-            for (int h2 = 0; h2 < 2 - nsw; ++h2) {
+            for (int h2 = 0; h2 < 2 - form; ++h2) {
                 asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
                              ::"r"(dst + h2 * (SB / 4)), "l"(&mk), "r"(h2 * 64), "r"(0), "r"(head), "r"(pg), "r"(b) : "memory");
                 asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
@@ -236,24 +226,21 @@ __global__ void __launch_bounds__(32) k_async(const __grid_constant__ CUtensorMa
 #endif
 }
 
-typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                              const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 /* {128 elements, 16 tokens, H heads, pages} over an NHD pool of 16-bit elements, box {64, 16, G, 1} with the 128 B
-   swizzle, or {128, 16, G, 1} without swizzle (nsw) */
-static void nhd_map(encode_fn enc, CUtensorMap* m, void* base, int H, int npages, int G, int nsw, int promo) {
+   swizzle (form 0), {128, 16, G, 1} without swizzle (form 1), or {64, G, 16, 1} over {d, heads, tokens, pages} (form 2) */
+static void nhd_map(encode_fn enc, CUtensorMap* m, void* base, int H, int npages, int G, int form, int promo) {
     cuuint64_t dims[4] = {128, 16, (cuuint64_t)H, (cuuint64_t)npages};
     cuuint64_t st[3] = {(cuuint64_t)H * 256, 256, (cuuint64_t)16 * H * 256};
-    cuuint32_t box[4] = {nsw == 1 ? 128u : 64u, 16, (cuuint32_t)G, 1};
+    cuuint32_t box[4] = {form == 1 ? 128u : 64u, 16, (cuuint32_t)G, 1};
     const cuuint32_t es[4] = {1, 1, 1, 1};
-    if (nsw == 2) { /* {d, heads, tokens, pages} */
+    if (form == 2) { /* {d, heads, tokens, pages} */
         dims[1] = (cuuint64_t)H, dims[2] = 16, st[0] = 256, st[1] = (cuuint64_t)H * 256;
         box[1] = (cuuint32_t)G, box[2] = 16;
     }
     const CUtensorMapL2promotion pr[3] = {CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
                                           CU_TENSOR_MAP_L2_PROMOTION_L2_128B};
     const CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, base, dims, st, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           nsw == 1 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, pr[promo],
+                           form == 1 ? CU_TENSOR_MAP_SWIZZLE_NONE : CU_TENSOR_MAP_SWIZZLE_128B, pr[promo],
                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         fprintf(stderr, "cuTensorMapEncodeTiled failed (%d)\n", (int)r);
@@ -334,20 +321,10 @@ static void floor_probe(void* flush, size_t flush_bytes, unsigned* out, int sms,
         CU(cudaGraphInstantiate(&ge, g, 0));
         double med[2];
         for (int mode = 0; mode < 2; ++mode) { /* 0 eager launch, 1 graph replay */
-            std::vector<float> t;
-            for (int it = -3; it < 30; ++it) {
-                CU(cudaMemsetAsync(flush, it & 0xff, flush_bytes, st));
-                CU(cudaEventRecord(e0, st));
+            med[mode] = cold_median_us(flush, flush_bytes, e0, e1, st, 3, 30, [&] {
                 if (mode) CU(cudaGraphLaunch(ge, st));
                 else launch(st);
-                CU(cudaEventRecord(e1, st));
-                CU(cudaEventSynchronize(e1));
-                float ms;
-                CU(cudaEventElapsedTime(&ms, e0, e1));
-                if (it >= 0) t.push_back(ms * 1000.0f);
-            }
-            std::sort(t.begin(), t.end());
-            med[mode] = t[t.size() / 2];
+            });
         }
         const int reps = 200;
         CU(cudaEventRecord(e0, st));
@@ -415,34 +392,17 @@ int main(int argc, char** argv) {
             for (int pat = 0; pat < 4; ++pat) {
                 int grid = sms * ctas_per_sm;
                 if (pat == 1 || pat == 2) grid = grid / H * H;
-                std::vector<float> t;
-                for (int it = -2; it < 20; ++it) {
-                    CU(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
-                    CU(cudaEventRecord(e0));
+                const double us = cold_median_us(flush, flush_bytes, e0, e1, 0, 2, 20, [&] {
                     if (pat == 0) k_contig<<<grid, THREADS>>>(k, v, half, out);
                     else k_paged<<<grid, THREADS>>>(k, v, dp, npages, H, pat - 1, out);
-                    CU(cudaEventRecord(e1));
-                    CU(cudaEventSynchronize(e1));
-                    float ms;
-                    CU(cudaEventElapsedTime(&ms, e0, e1));
-                    if (it >= 0) t.push_back(ms * 1000.0f);
-                }
-                CU(cudaGetLastError());
-                std::sort(t.begin(), t.end());
-                const double us = t[t.size() / 2];
+                });
                 const double tbs = 2.0 * half / (us * 1e-6) / 1e12;
                 printf("%8.1f MB  %-7s%-3s %d CTA/SM (%4d CTAs)  %9.1f us  %6.3f TB/s  %5.1f %% of nominal\n", 2.0 * half / 1e6,
                        names[pat], hint ? "+ef" : "", ctas_per_sm, grid, us, tbs, nominal > 0 ? 100.0 * tbs / nominal : 0.0);
             }
         }
         if (prop.major >= 9) {
-            void* fn = nullptr;
-            cudaDriverEntryPointQueryResult q;
-            CU(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-            if (!fn || q != cudaDriverEntryPointSuccess) {
-                fprintf(stderr, "no cuTensorMapEncodeTiled\n");
-                exit(1);
-            }
+            const encode_fn enc = tensor_map_encoder();
             const char* anames[] = {"tma-nhd", "bulk-row", "bulk-ctg", "bulk-pg"};
             /* {pattern, heads per CTA, map form (0: box {64, 16 tokens, G}, swizzled; 1: box {128, 16, G}, not
                swizzled; 2: box {64, G, 16 tokens}, swizzled), CTAs per SM, KB in flight per CTA, L2 promotion
@@ -451,34 +411,23 @@ int main(int argc, char** argv) {
                                   {0, 1, 0, 1, 96, 1}, {0, 1, 1, 2, 48, 1}, {0, 2, 0, 2, 48, 1}, {0, 4, 0, 2, 96, 1},
                                   {0, 8, 0, 1, 192, 0}, {0, 8, 0, 1, 192, 1}, {3, 8, 0, 1, 128, 0}, {2, 1, 0, 2, 48, 0}};
             for (const auto& c : cfg) {
-                    const int pat = c[0], G = c[1], nsw = c[2], cps = c[3];
-                    const int SB = pat == 0 || pat == 3 ? 8192 * G : pat == 1 ? 32 * (G * 256 + 16) : 8192;
+                    const int pat = c[0], G = c[1], form = c[2], cps = c[3];
+                    const int SB = stage_bytes(pat, G);
                     const int S = c[4] * 1024 / SB;
                     CUtensorMap mk, mv;
-                    nhd_map((encode_fn)fn, &mk, k, H, npages, G, nsw, c[5]);
-                    nhd_map((encode_fn)fn, &mv, v, H, npages, G, nsw, c[5]);
+                    nhd_map(enc, &mk, k, H, npages, G, form, c[5]);
+                    nhd_map(enc, &mv, v, H, npages, G, form, c[5]);
                     const int smem = S * SB + S * 8;
                     CU(cudaFuncSetAttribute(k_async, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
                     int grid = sms * cps;
                     const int HG = H / G;
                     if (pat < 2) grid = grid / HG * HG;
-                    std::vector<float> t;
-                    for (int it = -2; it < 20; ++it) {
-                        CU(cudaMemsetAsync(flush, it & 0xff, flush_bytes));
-                        CU(cudaEventRecord(e0));
-                        k_async<<<grid, 32, smem>>>(mk, mv, k, v, half, dp, npages, H, pat, S, G, nsw, out);
-                        CU(cudaEventRecord(e1));
-                        CU(cudaEventSynchronize(e1));
-                        float ms;
-                        CU(cudaEventElapsedTime(&ms, e0, e1));
-                        if (it >= 0) t.push_back(ms * 1000.0f);
-                    }
-                    CU(cudaGetLastError());
-                    std::sort(t.begin(), t.end());
-                    const double us = t[t.size() / 2];
+                    const double us = cold_median_us(flush, flush_bytes, e0, e1, 0, 2, 20, [&] {
+                        k_async<<<grid, 32, smem>>>(mk, mv, k, v, half, dp, npages, H, pat, S, G, form, out);
+                    });
                     const double tbs = 2.0 * half / (us * 1e-6) / 1e12;
                     printf("%8.1f MB  %-8s G%d%s p%d %d CTA/SM (%4d CTAs) %2d x %2d KB  %9.1f us  %6.3f TB/s  %5.1f %% of nominal\n",
-                           2.0 * half / 1e6, anames[pat], G, nsw == 1 ? " nsw" : nsw == 2 ? " hfo" : "    ", c[5], cps, grid, S, SB / 1024, us, tbs,
+                           2.0 * half / 1e6, anames[pat], G, form == 1 ? " nsw" : form == 2 ? " hfo" : "    ", c[5], cps, grid, S, SB / 1024, us, tbs,
                            nominal > 0 ? 100.0 * tbs / nominal : 0.0);
                 }
         }

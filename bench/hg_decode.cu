@@ -18,25 +18,11 @@
  *
  * usage: hg_decode [--promo N] [--check-only]   (N: 0 L2 promotion 256 B, 1 none (default), 2 128 B)
  */
-#include <cuda.h>
 #include <cuda_bf16.h>
-#include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <algorithm>
-#include <vector>
-
-#define CU(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "cuda_tool.cuh"
 
 #define D 128
 struct Item {
@@ -369,9 +355,6 @@ __global__ void k_merge(const Params p, const Task* tasks, int G) {
     }
 }
 
-typedef CUresult (*encode_fn)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
-                              const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
-                              CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 static encode_fn g_enc;
 static void make_map(CUtensorMap* m, void* base, int P, int H, int npages, int G, int promo) {
     const cuuint64_t dims[4] = {D, (cuuint64_t)P, (cuuint64_t)H, (cuuint64_t)npages};
@@ -489,10 +472,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     const double nominal = strstr(prop.name, "H200") ? 4.8 : strstr(prop.name, "H100") ? 3.35 : 0.0;
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult qr;
-    CU(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr));
-    g_enc = (encode_fn)fn;
+    g_enc = tensor_map_encoder();
     const int sms = prop.multiProcessorCount;
     printf("hg_decode: %s, %d SMs, L2 promotion %s; GQA 32/8, D 128, bf16, page 16 (NHD), cold L2, median of 30\n",
            prop.name, sms, promo == 0 ? "256 B" : promo == 1 ? "none" : "128 B");
@@ -665,20 +645,7 @@ int main(int argc, char** argv) {
                        sh.B == 3 ? "{4133, 17, 1030}" : "1000 each", 0x2545F4914F6CDD1Dull, bad ? "FAIL" : "ok", worst);
                 fails += bad != 0;
             } else {
-                std::vector<float> t;
-                for (int it = -3; it < 30; ++it) {
-                    CU(cudaMemsetAsync(flush, it & 0xff, flush_bytes, st));
-                    CU(cudaEventRecord(e0, st));
-                    run();
-                    CU(cudaEventRecord(e1, st));
-                    CU(cudaEventSynchronize(e1));
-                    float ms;
-                    CU(cudaEventElapsedTime(&ms, e0, e1));
-                    if (it >= 0) t.push_back(ms * 1000.0f);
-                }
-                CU(cudaGetLastError());
-                std::sort(t.begin(), t.end());
-                const double us = t[t.size() / 2];
+                const double us = cold_median_us(flush, flush_bytes, e0, e1, st, 3, 30, run);
                 printf("D1 %4d x %-6d %-30s %9.1f us  %6.3f TB/s  %5.1f %% of nominal  (%zu items, %zu merges)\n", sh.B,
                        sh.kv, name, us, bytes / us / 1e6, nominal > 0 ? 100.0 * bytes / us / 1e6 / nominal : 0.0,
                        pl.items.size(), pl.tasks.size());
