@@ -313,6 +313,7 @@ typedef struct kva_plan_info {
     int32_t num_merge_tasks;
     int32_t num_partials;
     int32_t graph_mode;
+    int32_t kv_head_group;   /* KV heads per work item (1; more where the backend reads groups of heads together) */
     int64_t max_worker_cost; /* planner cost of the most loaded worker */
     int64_t total_cost;
     size_t device_bytes;     /* workspace bytes this plan uses */

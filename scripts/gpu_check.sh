@@ -75,6 +75,14 @@ if [ -x "$BUILD/tests/test_ops" ]; then
         run_step "test_ops $suite [cuda]" $limit 25 "$BUILD/tests/test_ops" --backend cuda --suite "$suite"
     done
 fi
+if [ -x "$BUILD/tests/test_ops" ]; then
+    # the head-group decode kernel wherever it is supported (the default takes it only for calls of >= 256 MB)
+    for suite in decode split fuzz; do
+        echo "--- test_ops --suite $suite, KVATTN_CUDA_DECODE_HG=1"
+        run_step "test_ops $suite [cuda, head groups]" 200 10 env KVATTN_CUDA_DECODE_HG=1 "$BUILD/tests/test_ops" \
+            --backend cuda --suite "$suite"
+    done
+fi
 for t in test_errors test_api test_formats test_variants; do
     if [ -x "$BUILD/tests/$t" ]; then
         echo "--- $t"

@@ -231,6 +231,7 @@ class kva_plan_info(Structure):
         ("num_merge_tasks", c_int32),
         ("num_partials", c_int32),
         ("graph_mode", c_int32),
+        ("kv_head_group", c_int32),
         ("max_worker_cost", c_int64),
         ("total_cost", c_int64),
         ("device_bytes", c_size_t),

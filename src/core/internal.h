@@ -85,7 +85,7 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
 /* Plan data: the public kva_plan's opaque bytes. Everything a backend needs at run time.           */
 
 #define KVA__PLAN_MAGIC 0x6b76617474706c6eull /* "kvattpln" */
-#define KVA__PLAN_VERSION 1
+#define KVA__PLAN_VERSION 2
 #define KVA__WS_ALIGN 256          /* alignment of every region in the workspace */
 #define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
 #define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
@@ -165,6 +165,8 @@ typedef struct kva__plan_data {
     int32_t max_kv_len;
     int32_t num_workers;
     int32_t tile_q;
+    int32_t kv_head_group;   /* G >= 1: a unit (tile, work item, merge task) spans KV heads kv_head * G .. + G - 1 and
+                                their G x g query heads as packed rows (kv_head is the group's index); 1 = one head */
     int32_t kv_chunk_size;   /* 0 = no split */
     int32_t num_items;
     int32_t num_merge;
@@ -264,6 +266,11 @@ typedef struct kva__backend_ops {
        the lengths. */
     int32_t (*plan_workers)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int64_t units,
                             int64_t tokens);
+    /* KV heads per unit for a plan outside graph mode (NULL: 1), given the validated params and the sum of the KV
+       lengths; a result G > 1 must divide num_kv_heads and may set *workers (1 <= *workers <= ctx->num_workers) to
+       the worker count of its kernel. */
+    int32_t (*kv_head_group)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
+                             const kva_plan_params* params, int64_t total_kv, int32_t* workers);
 } kva__backend_ops;
 
 /* CPU backend (src/cpu). init sets ctx->ops, ctx->backend_state, ctx->num_workers. */

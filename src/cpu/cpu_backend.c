@@ -154,6 +154,7 @@ static const kva__backend_ops kva__cpu_ops = {
     kva__cpu_variant_compile,
     kva__cpu_variant_release,
     NULL, /* plan_workers: every thread */
+    NULL, /* kv_head_group: one KV head per unit */
 };
 
 #if defined(KVA__CPU_HAVE_AVX2)

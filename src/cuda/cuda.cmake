@@ -20,7 +20,8 @@ else()
   find_program(KVA_NVCC nvcc HINTS ${CUDAToolkit_BIN_DIR} REQUIRED)
 endif()
 
-set(KVA_KERNEL_FILES kva_kparams.h kva_common.cuh kva_decode.cuh kva_decode_tc.cuh kva_util.cuh kva_variant.cuh)
+set(KVA_KERNEL_FILES kva_kparams.h kva_common.cuh kva_decode.cuh kva_decode_tc.cuh kva_decode_hg.cuh kva_util.cuh
+    kva_variant.cuh)
 # the tensor-core attention family (kva_prefill.cuh): kernel files, AOT instances, host glue, test, benchmark
 include(${KVA_CUDA_DIR}/prefill.cmake)
 list(APPEND KVA_KERNEL_FILES ${KVA_PREFILL_KERNEL_FILES})
@@ -96,6 +97,22 @@ foreach(cfg "1;f16" "2;bf16")
            "#define KVA_ROPE 0\n#define KVA_TC_NW 8\n#include \"kva_decode_tc.cuh\"\n"
            "#undef KVA_KERNEL_NAME\n#undef KVA_DQK\n#undef KVA_DVO\n#undef KVA_QT\n#undef KVA_KT\n#undef KVA_OT\n"
            "#undef KVA_ROWS\n#undef KVA_ROPE\n#undef KVA_TC_NW\n#endif\n\n")
+  endforeach()
+endforeach()
+# head-group decode instances (kva__cuda_kv_head_group: large batch-decode plans on devices of compute capability 9.0;
+# TMA, so sm_80 builds leave them out): head dim 128, q = KV = o in f16 or bf16, 2 and 4 heads per item
+foreach(cfg "1;f16" "2;bf16")
+  list(GET cfg 0 t)
+  list(GET cfg 1 dn)
+  foreach(hg 2 4)
+    set(name "kva_hg_d128_q${dn}_kv${dn}_o${dn}_g${hg}")
+    list(APPEND kva_aot_list ${name})
+    string(APPEND kva_aot_cu "#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900\n"
+           "#define KVA_KERNEL_NAME ${name}\n#define KVA_DQK 128\n#define KVA_DVO 128\n"
+           "#define KVA_QT ${t}\n#define KVA_KT ${t}\n#define KVA_OT ${t}\n#define KVA_HG ${hg}\n"
+           "#include \"kva_decode_hg.cuh\"\n"
+           "#undef KVA_KERNEL_NAME\n#undef KVA_DQK\n#undef KVA_DVO\n#undef KVA_QT\n#undef KVA_KT\n#undef KVA_OT\n"
+           "#undef KVA_HG\n#endif\n\n")
   endforeach()
 endforeach()
 string(APPEND kva_aot_cu "${KVA_PREFILL_AOT_CU}")

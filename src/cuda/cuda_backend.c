@@ -35,6 +35,8 @@ _Static_assert(sizeof(kvk_merge_states_params) <= 4000, "merge_states params mus
 /* backend_data slots of a plan */
 enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2, KVA__BD_FUSED = 3 };
 #define KVA__BD_MAGIC_VALUE 0x6b7661637564616eull /* "kvacudan" */
+/* K/V megabytes from which batch-decode plans take the head-group kernel by default (kva__cuda_kv_head_group) */
+#define KVA__HG_MIN_MB 256
 
 static kva__cuda_state* kva__st(const kva_context* ctx) { return (kva__cuda_state*)ctx->backend_state; }
 
@@ -113,6 +115,32 @@ static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attentio
         st->ctas_per_sm < 2 || units > st->num_sms || tokens > 4096ll * st->num_sms)
         return ctx->num_workers;
     return st->num_sms;
+}
+
+/* Head-group decode (kva_decode_hg.cuh): units of G KV heads whose K/V the kernel reads as TMA boxes over the G heads
+   of 16 tokens. On an NHD pool that reads at 90-92 % of nominal where one head per load (kva_decode_tc.cuh) reads at
+   88-89 % (bench/results/read_probe_2026-11-21_session12.md). G = 4 (one CTA per SM, 192 KB of stages) where the
+   KV heads divide by 4, else 2 (two CTAs per SM). Taken for batch decode outside graph mode (the kernel family must
+   not change between a graph's plans) and outside batch-invariant mode (fixed_split_size: a request's rounding
+   must not depend on the rest of the batch), on devices of compute capability 9.0, for calls that read at least
+   hg_min_bytes of K/V (KVATTN_CUDA_DECODE_HG=1: every call in the kernel's scope; =0: never). */
+static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
+                                       const kva_plan_params* params, int64_t total_kv, int32_t* workers) {
+    const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
+    if (!st || st->decode_hg == 0 || op != KVA_OP_BATCH_DECODE || st->cc != 90 || !st->cu->TensorMapEncodeTiled ||
+        params->fixed_split_size > 0 || params->num_pages < 1 || params->num_pages > INT32_MAX ||
+        kva__cuda_prefill_prefer_for_decode(desc))
+        return 1;
+    const int32_t H = desc->num_kv_heads;
+    int32_t G = st->hg_heads ? st->hg_heads : (H % 4 == 0 ? 4 : 2);
+    kva__kkey k;
+    if (!kva__cuda_hg_key(desc, params->page_size, G, &k) || kva__kkey_smem(&k) > (size_t)st->max_smem_optin) return 1;
+    const int64_t bytes = total_kv * (int64_t)H * (desc->head_dim_qk + desc->head_dim_vo) *
+                          (int64_t)kva_dtype_size(desc->kv_dtype);
+    if (st->decode_hg < 0 && bytes < st->hg_min_bytes) return 1;
+    const int32_t per_sm = G == 4 ? 1 : st->ctas_per_sm;
+    *workers = st->num_sms * per_sm;
+    return G;
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -225,7 +253,14 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     kva_status status = kva__not_capturing(st, (CUstream)stream, "plan");
     kva__kchoice c;
     int index = -1;
-    if (status == KVA_OK)
+    if (status == KVA_OK && plan->kv_head_group > 1) {
+        memset(&c, 0, sizeof c);
+        if (!kva__cuda_hg_key(&plan->desc, plan->page_size, plan->kv_head_group, &c.key))
+            status = kva__set_error(KVA_ERR_INTERNAL, "plan: no head-group decode kernel for %d heads per unit",
+                                    (int)plan->kv_head_group);
+        c.smem = kva__kkey_smem(&c.key);
+        c.tile_q = plan->tile_q;
+    } else if (status == KVA_OK)
         status = kva__cuda_select_dev(&plan->desc, (kva_op)plan->op, plan->tile_q, 0, 0.0, st->max_smem_optin, &c);
     if (status == KVA_OK && c.key.family == KVA__KF_DECODE_TC && c.smem > (size_t)st->max_smem_optin) {
         /* e.g. head dim 256 on a device with less than 227 KB of shared memory per block */
@@ -257,7 +292,8 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
         plan->backend_data[KVA__BD_KERNEL] = (uint64_t)(index + 1);
         plan->backend_data[KVA__BD_SMEM] = (uint64_t)c.smem;
         plan->backend_data[KVA__BD_MAGIC] = KVA__BD_MAGIC_VALUE;
-        plan->backend_data[KVA__BD_FUSED] = c.key.family == KVA__KF_DECODE_TC && !st->no_fused_merge &&
+        plan->backend_data[KVA__BD_FUSED] = (c.key.family == KVA__KF_DECODE_TC || c.key.family == KVA__KF_DECODE_HG) &&
+                                            !st->no_fused_merge &&
                                             plan->int_region_end > 0 && kva__prepare_fused_merge(plan, ws);
         if (plan->int_region_end > 0) {
             if (!ws->host || !ws->device)
@@ -297,12 +333,17 @@ static kva_status kva__check_rows_tensor(const char* name, const kva_tensor* t, 
  * - paged: 4-d {head dim, page rows, KV heads, pages}, box {64, R, 1, 1} with R = min(page_size, 128), for page sizes
  *   16, 32, 64, 128 and multiples of 128: one box per page and column block of a page-aligned tile (8 pages x 2
  *   blocks at page size 16). The map depends on the pool only, so graph mode keeps it. */
+/* Head-group decode (hg = heads per unit, > 1): paged only, box {64, 16, hg, 1} (16 tokens of hg heads; page sizes
+ * that are multiples of 16), L2 promotion none unless KVATTN_BENCH_HG_L2_PROMO says otherwise (TMA boxes of half a
+ * 256-byte row read 7-8 % slower on an H200 with the 256-byte promotion: docs/kernels/decode.md, session 12). */
 static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* pd, const kva_run_args* a,
-                              const kvk_attn_params* p, kvk_tma* tm) {
+                              const kvk_attn_params* p, kvk_tma* tm, int hg) {
     const kva__cu_api* cu = st->cu;
     const kva_attention_desc* d = &pd->desc;
     const bool ragged = pd->op == KVA_OP_BATCH_PREFILL_RAGGED;
-    if (!cu->TensorMapEncodeTiled || st->no_tma || (ragged && pd->graph_mode) || (!ragged && st->no_paged_tma)) return 0;
+    if (!cu->TensorMapEncodeTiled) return 0;
+    if (!hg && (st->no_tma || (ragged && pd->graph_mode) || (!ragged && st->no_paged_tma))) return 0;
+    if (hg && ragged) return 0;
     if (d->kv_dtype != KVA_DTYPE_BF16 && d->kv_dtype != KVA_DTYPE_F16) return 0;
     const CUtensorMapDataType dt = d->kv_dtype == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -321,6 +362,16 @@ static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* p
         kst[0] = (cuuint64_t)p->k_stride_head * 2, kst[1] = (cuuint64_t)p->k_stride_token * 2;
         vst[0] = (cuuint64_t)p->v_stride_head * 2, vst[1] = (cuuint64_t)p->v_stride_token * 2;
         box[0] = 64, box[1] = 1, box[2] = 128;
+    } else if (hg) {
+        const int64_t ps = p->page_size, np = p->num_pages;
+        if (ps < 16 || ps % 16 != 0 || np < 1 || np > (int64_t)INT32_MAX || H % hg != 0) return 0;
+        rank = 4;
+        dims[0] = (cuuint64_t)D, dims[1] = (cuuint64_t)ps, dims[2] = (cuuint64_t)H, dims[3] = (cuuint64_t)np;
+        kst[0] = (cuuint64_t)p->k_stride_token * 2, kst[1] = (cuuint64_t)p->k_stride_head * 2;
+        kst[2] = (cuuint64_t)p->k_stride_page * 2;
+        vst[0] = (cuuint64_t)p->v_stride_token * 2, vst[1] = (cuuint64_t)p->v_stride_head * 2;
+        vst[2] = (cuuint64_t)p->v_stride_page * 2;
+        box[0] = 64, box[1] = 16, box[2] = (cuuint32_t)hg, box[3] = 1;
     } else {
         const int64_t ps = p->page_size, np = p->num_pages;
         /* from 16 rows a page: the TMA unit takes about 70 SM cycles a box on an H100 (page size 1, one box per
@@ -340,11 +391,14 @@ static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* p
     _Static_assert(sizeof(CUtensorMap) == sizeof tm->k, "CUtensorMap is 128 bytes");
     const void* const base[2] = {p->k, p->v};
     const cuuint64_t* const st2[2] = {kst, vst};
+    static const CUtensorMapL2promotion hg_promo[3] = {CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B};
+    const CUtensorMapL2promotion promo = hg ? hg_promo[st->hg_promo] : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
     CUtensorMap m[2];
     for (int i = 0; i < 2; ++i)
         if (cu->TensorMapEncodeTiled(&m[i], dt, (cuuint32_t)rank, (void*)base[i], dims, st2[i], box, es,
-                                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+                                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promo,
+                                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
             return 0;
     memcpy(tm->k, &m[0], sizeof tm->k);
     memcpy(tm->v, &m[1], sizeof tm->v);
@@ -483,7 +537,18 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     const bool pfw = ke->key.family == KVA__KF_PREFILL && ke->key.mainloop == 1;
     kvk_tma tm;
     memset(&tm, 0, sizeof tm);
-    if (pfw && !var && kva__cuda_tma_maps(st, pd, a, &p, &tm)) p.flags |= KVK_FLAG_TMA;
+    if (pfw && !var && kva__cuda_tma_maps(st, pd, a, &p, &tm, 0)) p.flags |= KVK_FLAG_TMA;
+    const bool hg = ke->key.family == KVA__KF_DECODE_HG;
+    if (hg && pd->num_items > 0) {
+        /* the plan's work items are head-group units: only this kernel runs them */
+        KVA_RETURN_IF(!kva__cuda_tma_maps(st, pd, a, &p, &tm, (int)pd->kv_head_group), KVA_ERR_UNSUPPORTED,
+                      "run: the plan reads K/V by tensor maps (head-group decode), and cuTensorMapEncodeTiled refused "
+                      "the pool (k_data %p, v_data %p, strides k %lld/%lld/%lld v %lld/%lld/%lld, %lld pages); plan "
+                      "with KVATTN_CUDA_DECODE_HG=0 for this pool",
+                      p.k, p.v, (long long)p.k_stride_page, (long long)p.k_stride_token, (long long)p.k_stride_head,
+                      (long long)p.v_stride_page, (long long)p.v_stride_token, (long long)p.v_stride_head,
+                      (long long)p.num_pages);
+    }
     const float log2e = 1.4426950408889634f;
     p.q_scale = d->sm_scale * a->k_scale * ((flags & KVK_FLAG_TRANSFORM) ? 1.0f : log2e);
     p.v_scale = a->v_scale;
@@ -508,7 +573,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     mp.lse_stride_head = p.lse_stride_head;
     mp.dvo = d->head_dim_vo;
     mp.o_dtype = d->o_dtype;
-    mp.group_size = pd->group_size;
+    mp.group_size = pd->group_size * pd->kv_head_group; /* packed rows per unit head (merge tasks index units) */
     mp.tile_q = pd->tile_q;
     mp.sigmoid = d->score_mode == KVA_SCORE_SIGMOID || (var && !var->use_softmax);
     kvk_vparams vpar;
@@ -530,7 +595,8 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     const unsigned grid = (unsigned)pd->num_workers; /* one persistent CTA per planner worker */
     const unsigned threads = ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key)
                              : ke->key.family == KVA__KF_DECODE_TC && ke->key.warps == 8 ? 256u
-                                                                                        : (unsigned)KVK_THREADS;
+                             : hg ? (unsigned)KVK_HG_THREADS(ke->key.rows)
+                                  : (unsigned)KVK_THREADS;
     if (var) { /* the variant's kernels take their parameters after the built-in block */
         kvk_vattn_params vpp;
         vpp.base = p;
@@ -549,7 +615,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     }
     if (graph || pd->num_items > 0)
         status = kva__launch_n(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
-                               pfw ? (void*)&tm : NULL, "run: launching the attention kernel");
+                               (pfw || hg) ? (void*)&tm : NULL, "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
         unsigned mgrid = (unsigned)pd->num_workers;
         if (!graph && pd->num_merge < pd->num_workers) mgrid = (unsigned)pd->num_merge;
@@ -819,6 +885,7 @@ static const kva__backend_ops kva__cuda_ops = {
     .variant_compile = kva__cuda_variant_compile,
     .variant_release = kva__cuda_variant_release,
     .plan_workers = kva__cuda_plan_workers,
+    .kv_head_group = kva__cuda_kv_head_group,
 };
 
 /* The util module: prebuilt if the fatbin loaded, else NVRTC. */
@@ -897,6 +964,14 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         if (st->pf_exp)
             kva__log(ctx, KVA_LOG_WARN, "kvattn: KVATTN_BENCH_PF_EXP=%d: prefill kernels built with timing experiments; "
                                         "results are NOT valid", st->pf_exp);
+        const char* hgv = getenv("KVATTN_CUDA_DECODE_HG"); /* 0: never, 1: wherever supported (tests, A/B) */
+        st->decode_hg = hgv && (hgv[0] == '0' || hgv[0] == '1') && hgv[1] == '\0' ? hgv[0] - '0' : -1;
+        const char* hgh = getenv("KVATTN_BENCH_HG_HEADS"); /* A/B: 2 or 4 heads per head-group item */
+        st->hg_heads = hgh && (!strcmp(hgh, "2") || !strcmp(hgh, "4")) ? hgh[0] - '0' : 0;
+        const char* hgp = getenv("KVATTN_BENCH_HG_L2_PROMO"); /* A/B: 0 none, 1 128 B, 2 256 B */
+        st->hg_promo = hgp && hgp[0] >= '0' && hgp[0] <= '2' && hgp[1] == '\0' ? hgp[0] - '0' : 0;
+        const char* hgm = getenv("KVATTN_BENCH_HG_MIN_MB"); /* A/B: K/V megabytes from which head groups are taken */
+        st->hg_min_bytes = (hgm && *hgm ? strtoll(hgm, NULL, 10) : KVA__HG_MIN_MB) * 1000000ll;
         const char* tp = getenv("KVATTN_BENCH_TRACE_PTR"); /* benchmark: kernel timestamps into this buffer */
         st->trace_ptr = tp && *tp ? strtoull(tp, NULL, 0) : 0ull;
         if (st->no_bounds_check)

@@ -17,7 +17,8 @@
 typedef enum kva__kfamily {
     KVA__KF_DECODE = 1, /* kva_decode.cuh: CUDA-core attention over <= 8 packed rows */
     KVA__KF_UTIL = 2,   /* kva_util.cuh: merges and append (one module) */
-    KVA__KF_DECODE_TC = 4 /* kva_decode_tc.cuh: tensor-core attention over <= 8 packed rows (3: cuda_prefill.h) */
+    KVA__KF_DECODE_TC = 4, /* kva_decode_tc.cuh: tensor-core attention over <= 8 packed rows (3: cuda_prefill.h) */
+    KVA__KF_DECODE_HG = 5  /* kva_decode_hg.cuh: decode over groups of `rows` (2 or 4) KV heads, TMA (sm_90) */
 } kva__kfamily;
 
 typedef struct kva__kkey {
@@ -64,6 +65,12 @@ kva_status kva__cuda_select(const kva_attention_desc* d, kva_op op, int32_t tile
  * kva__cuda_select(d, op, t, mp, out) is kva__cuda_select_dev(d, op, t, mp, mp, 0, out). */
 kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t tile_q, int32_t max_packed,
                                 double avg_packed, int max_smem_optin, kva__kchoice* out);
+
+/* The head-group decode kernel (kva_decode_hg.cuh) for a batch-decode plan of `heads` (2 or 4) KV heads per unit:
+ * 1 and the key when the descriptor and page size are in its scope (sm_90 device, 16-bit q = KV, head dim 64 or 128,
+ * GQA group <= 8, softmax without soft cap, ALiBi, RoPE or a user variant, page size a multiple of 16), else 0. The
+ * caller checks the device (compute capability 9.0, tensor maps, shared memory). */
+int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t heads, kva__kkey* out);
 
 /* Dynamic shared memory of an attention kernel key (0 for the util module) */
 size_t kva__kkey_smem(const kva__kkey* k);
@@ -169,6 +176,12 @@ typedef struct kva__cuda_state {
     int no_l2_hint;         /* KVATTN_BENCH_NO_L2_HINT=1: decode kernels built without the K/V L2 evict-first policy */
     int pf_exp;             /* KVATTN_BENCH_PF_EXP=n: timing experiments n compiled into the prefill kernels (KVP_EXP) */
     int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
+    int decode_hg;          /* KVATTN_CUDA_DECODE_HG: -1 (default) head-group decode plans where they pay
+                               (kva__cuda_kv_head_group), 0 never, 1 wherever supported */
+    int hg_heads;           /* KVATTN_BENCH_HG_HEADS=2|4: heads per head-group item (A/B; 0 = the default choice) */
+    int hg_promo;           /* KVATTN_BENCH_HG_L2_PROMO=0|1|2: L2 promotion of the head-group tensor maps: none,
+                               128 B, 256 B (A/B; default none) */
+    int64_t hg_min_bytes;   /* KVATTN_BENCH_HG_MIN_MB: K/V bytes from which the default choice takes head groups */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */
     char name[256];
     char arch[16];          /* NVRTC target, e.g. "sm_90a" */

@@ -146,8 +146,34 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
     return KVA_OK;
 }
 
+int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t heads, kva__kkey* out) {
+    if (heads != 2 && heads != 4) return 0;
+    if (!kva__is16(d->q_dtype) || d->kv_dtype != d->q_dtype || d->head_dim_qk != d->head_dim_vo ||
+        (d->head_dim_qk != 64 && d->head_dim_qk != 128))
+        return 0;
+    if (!(d->o_dtype == KVA_DTYPE_F32 || kva__is16(d->o_dtype))) return 0;
+    if (d->num_kv_heads < 1 || d->num_qo_heads % d->num_kv_heads != 0 || d->num_qo_heads / d->num_kv_heads > 8 ||
+        d->num_kv_heads % heads != 0)
+        return 0;
+    if (d->variant || d->pos_encoding != KVA_POS_NONE || d->logits_soft_cap > 0.0f ||
+        d->score_mode != KVA_SCORE_SOFTMAX || d->mask_mode == KVA_MASK_CUSTOM)
+        return 0;
+    if (page_size < 16 || page_size % 16 != 0) return 0;
+    if (out) {
+        memset(out, 0, sizeof *out);
+        out->family = KVA__KF_DECODE_HG;
+        out->dqk = out->dvo = d->head_dim_qk;
+        out->qt = d->q_dtype;
+        out->kt = d->kv_dtype;
+        out->ot = d->o_dtype;
+        out->rows = heads;
+    }
+    return 1;
+}
+
 size_t kva__kkey_smem(const kva__kkey* k) {
     if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_smem(k);
+    if (k->family == KVA__KF_DECODE_HG) return (size_t)KVK_HG_SMEM(k->dqk, k->rows);
     if (k->family == KVA__KF_DECODE_TC)
         return (size_t)KVK_TC_SMEM_NW(k->dqk, KVK_DEC_ES(k->kt), k->rows, k->warps == 8 ? 8 : 4);
     if (k->family == KVA__KF_DECODE) return (size_t)KVK_DEC_SMEM(k->dqk, k->dvo, KVK_DEC_ES(k->kt), k->rows);
@@ -202,6 +228,9 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
                  kva__dt(k->ot), (int)k->rows, k->warps == 8 ? "_w8" : "", (k->nochk & 1) ? "_nochk" : "",
                  (k->nochk & 2) ? "_trace" : "", (k->nochk & 4) ? "_nohint" : "", (k->nochk & 8) ? "_gmerge" : "", x);
     }
+    else if (k->family == KVA__KF_DECODE_HG)
+        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, (k->nochk & 1) ? "_nochk" : "");
     else if (k->var_hash)
         snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (unsigned long long)k->var_hash, (k->nochk & 1) ? "_nochk" : "",
@@ -234,6 +263,7 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     if ((k->nochk & 2) && max > n) snprintf(defs[n++], 128, "-DKVA_TC_TRACE=1");
     if ((k->nochk & 4) && max > n) snprintf(defs[n++], 128, "-DKVA_KV_L2_HINT=0"); /* benchmark A/B only */
     if (k->family == KVA__KF_DECODE_TC && k->warps == 8 && max > n) snprintf(defs[n++], 128, "-DKVA_TC_NW=8");
+    if (k->family == KVA__KF_DECODE_HG && max > n) snprintf(defs[n++], 128, "-DKVA_HG=%d", (int)k->rows);
     if (k->family == KVA__KF_DECODE_TC && (k->nochk & 8) && max > n)
         snprintf(defs[n++], 128, "-DKVA_TC_GENERIC_MERGE=1"); /* benchmark A/B only */
     if (k->family == KVA__KF_DECODE_TC && (k->nochk >> 8) && max > n)
@@ -245,6 +275,7 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
 const char* kva__kkey_source(const kva__kkey* k) {
     if (k->family == KVA__KF_UTIL) return "#include \"kva_util.cuh\"\n";
     if (k->family == KVA__KF_DECODE_TC) return "#include \"kva_decode_tc.cuh\"\n";
+    if (k->family == KVA__KF_DECODE_HG) return "#include \"kva_decode_hg.cuh\"\n";
     if (k->var_hash && k->var_src) return k->var_src; /* a variant's (either family) */
     if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_source();
     return "#include \"kva_decode.cuh\"\n";
@@ -424,6 +455,23 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                         }
                 }
             }
+    /* head-group decode kernels (kva__cuda_hg_key): head dims 64 and 128, 16-bit q = KV, every output dtype, 2 or 4
+       heads per item */
+    for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 2; ++b)
+            for (int e = 0; e < 3; ++e)
+                for (int hg = 2; hg <= 4; hg += 2) {
+                    if (n < max) {
+                        kva__kkey* k = &keys[n];
+                        memset(k, 0, sizeof *k);
+                        k->family = KVA__KF_DECODE_HG;
+                        k->dqk = k->dvo = dims[a];
+                        k->qt = k->kt = qts[b];
+                        k->ot = ots[e];
+                        k->rows = hg;
+                    }
+                    ++n;
+                }
     return n;
 }
 
@@ -665,8 +713,9 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
         e.key = *k;
         char name[128];
         kva__kkey_name(k, name, sizeof name);
-        if ((k->family == KVA__KF_DECODE || k->family == KVA__KF_DECODE_TC || k->family == KVA__KF_PREFILL) &&
-            st->aot && kva__aot_has(name)) {
+        const int attn = k->family == KVA__KF_DECODE || k->family == KVA__KF_DECODE_TC ||
+                         k->family == KVA__KF_DECODE_HG || k->family == KVA__KF_PREFILL;
+        if (attn && st->aot && kva__aot_has(name)) {
             CUresult r = cu->ModuleGetFunction(&e.fn, st->aot, name);
             if (r != CUDA_SUCCESS) e.fn = NULL;
         }
@@ -693,7 +742,7 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
                 goto unlock;
             }
         }
-        if (k->family == KVA__KF_DECODE || k->family == KVA__KF_DECODE_TC || k->family == KVA__KF_PREFILL) {
+        if (attn) {
             size_t smem = kva__kkey_smem(k);
             CUresult r = cu->FuncSetAttribute(e.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
             if (r != CUDA_SUCCESS) {

@@ -54,6 +54,8 @@ static int npass, nfail, verbose, quick;
 /* Backend memory: device memory, or host memory with --cpu (checks the reference against the CPU backend) */
 
 static int cpu_mode;
+static int hg_device; /* compute capability 9.0: head-group decode plans are possible */
+static int hg_ctx;    /* the context under test was created with KVATTN_CUDA_DECODE_HG=1 */
 static void* dalloc(size_t n) {
     void* p = NULL;
     if (cpu_mode) {
@@ -557,6 +559,7 @@ typedef struct tcase {
     kva_mask_mode mask;
     int long_kv; /* one request of this length (split-KV) */
     int fixed_split, no_split;
+    int expect_hg; /* the plan must take the head-group kernel (kv_head_group > 1) on a device of compute capability 9.0 */
 } tcase;
 
 static void init_prob(prob* P, const tcase* c) {
@@ -624,14 +627,17 @@ static void run_case(kva_context* ctx, const tcase* c) {
             dsync();
             kva_plan_info info;
             kva_plan_get_info(&plan, &info);
+            if (c->expect_hg && hg_device)
+                CHECK(info.kv_head_group > 1, "%s: the plan should read KV heads in groups (kv_head_group %d)",
+                      c->name, info.kv_head_group);
             int bad = compare(&P, c->name, 0);
             CHECK(bad == 0, "%s: %d mismatches (items %d, merges %d, tile %d, chunk %d)", c->name, bad,
                   info.num_work_items, info.num_merge_tasks, info.tile_q, info.kv_chunk_size);
             kva_fault_report fr;
             CHECK(kva_read_faults(ctx, &W.w, &fr, NULL) == KVA_OK && !fr.faulted, "%s: no faults expected", c->name);
             if (verbose)
-                printf("  %s: ok (%d items, %d merges, tile %d, chunk %d)\n", c->name, info.num_work_items,
-                       info.num_merge_tasks, info.tile_q, info.kv_chunk_size);
+                printf("  %s: ok (%d items, %d merges, tile %d, chunk %d, heads per item %d)\n", c->name,
+                       info.num_work_items, info.num_merge_tasks, info.tile_q, info.kv_chunk_size, info.kv_head_group);
         }
     }
     ws_free(&W);
@@ -725,6 +731,65 @@ static void test_decode_matrix(kva_context* ctx) {
     c.op = KVA_OP_BATCH_PREFILL_RAGGED, c.hq = 4, c.hkv = 4, c.max_qo = 3, c.max_kv = 200;
     cs[n++] = c;
     int limit = quick ? 6 : n;
+    for (int i = 0; i < limit; ++i) run_case(ctx, &cs[i]);
+}
+
+/* The head-group decode kernel (kva_decode_hg.cuh), in a context created with KVATTN_CUDA_DECODE_HG=1 (every batch
+   decode plan in its scope takes it): group sizes 1-8, 2 and 4 heads per item, page sizes 16, 32, 48, NHD and HND,
+   f16 / bf16 with every output dtype, head dims 64 and 128, empty and one-token requests, unaligned chunk starts
+   (sliding window), split KV with the fused merge (and with the merge kernel: nofused). Cases outside its scope
+   must still plan and match (fixed split: batch-invariant mode keeps one head per item). */
+static void test_decode_hg(kva_context* ctx, int nofused) {
+    tcase cs[32];
+    int n = 0;
+    tcase c;
+    c = base_case("hg gqa32/8 bf16 p16 nhd");
+    c.expect_hg = 1, c.B = 9, c.max_kv = 1500;
+    cs[n++] = c;
+    c = base_case("hg g8 bf16 long split");
+    c.hq = 16, c.hkv = 2, c.B = 3, c.long_kv = quick ? 3000 : 20000, c.expect_hg = 1;
+    cs[n++] = c;
+    if (!nofused) {
+        c = base_case("hg mha f16 d64 p32 hnd o=f32");
+        c.hq = 8, c.hkv = 8, c.D = 64, c.qt = c.kt = KVA_DTYPE_F16, c.ot = KVA_DTYPE_F32, c.page_size = 32,
+        c.layout = KVA_LAYOUT_HND, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg g5 bf16 p16 o=f16");
+        c.hq = 10, c.hkv = 2, c.ot = KVA_DTYPE_F16, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg g7 f16 p48 hnd");
+        c.hq = 14, c.hkv = 2, c.qt = c.kt = c.ot = KVA_DTYPE_F16, c.page_size = 48, c.layout = KVA_LAYOUT_HND,
+        c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg g2 f16 p16 empties");
+        c.hq = 4, c.hkv = 2, c.qt = c.kt = c.ot = KVA_DTYPE_F16, c.empty_every = 3, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg g3 bf16 d64 hnd h8");
+        c.hq = 24, c.hkv = 8, c.D = 64, c.layout = KVA_LAYOUT_HND, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg len 1 only");
+        c.min_kv = 1, c.max_kv = 1, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg window 100");
+        c.window = 100, c.max_kv = 1200, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg causal g1 d128 long");
+        c.hq = 4, c.hkv = 4, c.mask = KVA_MASK_CAUSAL, c.long_kv = quick ? 2500 : 9000, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg no split long");
+        c.no_split = 1, c.long_kv = 5000, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg scope: fixed split 256");
+        c.fixed_split = 256, c.max_kv = 1500;
+        cs[n++] = c;
+        c = base_case("hg scope: page 8");
+        c.page_size = 8;
+        cs[n++] = c;
+        c = base_case("hg scope: softcap");
+        c.cap = 30.0f;
+        cs[n++] = c;
+    }
+    int limit = quick ? (n < 8 ? n : 8) : n;
     for (int i = 0; i < limit; ++i) run_case(ctx, &cs[i]);
 }
 
@@ -904,6 +969,8 @@ static void test_fault(kva_context* ctx, int split, int negative) {
     kva_plan_info info;
     kva_plan_get_info(&plan, &info);
     if (split) CHECK(info.num_merge_tasks > 0, "fault: the long request is split (%d merges)", info.num_merge_tasks);
+    if (hg_ctx && hg_device)
+        CHECK(info.kv_head_group > 1, "fault: the plan reads KV heads in groups (kv_head_group %d)", info.kv_head_group);
     kva_run_args a;
     fill_args(&P, &a, NULL, NULL);
     st = kva_run(ctx, &plan, &W.w, &a);
@@ -1268,6 +1335,13 @@ int main(int argc, char** argv) {
         return 1;
     }
     printf("kvattn CUDA selftest: %d workers%s\n", kva_context_num_workers(ctx), quick ? " (quick)" : "");
+    if (!cpu_mode) {
+        int dev = 0, major = 0, minor = 0;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess)
+            hg_device = major == 9 && minor == 0;
+    }
     test_decode_matrix(ctx);
     if (!cpu_mode) {
         test_fault(ctx, 0, 0);
@@ -1278,6 +1352,30 @@ int main(int argc, char** argv) {
     }
     test_append_and_merge(ctx);
     kva_context_destroy(ctx);
+    if (!cpu_mode) {
+        /* head-group decode: contexts that take it wherever it is supported, with the fused merge and without */
+        for (int nofused = 0; nofused < 2; ++nofused) {
+            setenv("KVATTN_CUDA_DECODE_HG", "1", 1);
+            if (nofused) setenv("KVATTN_BENCH_NO_FUSED_MERGE", "1", 1);
+            kva_context* hctx = NULL;
+            st = kva_context_create(&opt, &hctx);
+            unsetenv("KVATTN_CUDA_DECODE_HG");
+            unsetenv("KVATTN_BENCH_NO_FUSED_MERGE");
+            CHECK(st == KVA_OK, "context with KVATTN_CUDA_DECODE_HG=1: %s", kva_last_error_message());
+            if (st != KVA_OK) continue;
+            printf("head-group decode (%s merge)%s\n", nofused ? "kernel" : "fused",
+                   hg_device ? "" : ": not a compute capability 9.0 device, the plans keep one head per item");
+            hg_ctx = 1;
+            test_decode_hg(hctx, nofused);
+            if (!nofused) {
+                test_fault(hctx, 0, 0);
+                test_fault(hctx, 1, 0);
+                test_fault(hctx, 1, 1);
+            }
+            hg_ctx = 0;
+            kva_context_destroy(hctx);
+        }
+    }
     printf("%d passed, %d failed\n", npass, nfail);
     return nfail ? 1 : 0;
 }

@@ -101,6 +101,8 @@ static int same(const kva__kkey* a, const kva__kkey* b) { return memcmp(a, b, si
 
 /* covering set: a key is kept when it is D128/bf16/bf16/bf16 except along at most... (see file comment) */
 static int in_covering_set(const kva__kkey* k) {
+    if (k->family == KVA__KF_DECODE_HG) /* bf16 at every (dim, output, heads); f16 at 128 / f16 / 4 heads */
+        return k->qt == KVA_DTYPE_BF16 || (k->dqk == 128 && k->ot == KVA_DTYPE_F16 && k->rows == 4);
     if (k->family == KVA__KF_DECODE_TC && k->warps == 8) /* bf16 at every rows; f16 with f32 output at 8 rows */
         return (k->qt == KVA_DTYPE_BF16 && k->ot == KVA_DTYPE_BF16) || (k->ot == KVA_DTYPE_F32 && k->rows == 8);
     if (k->family == KVA__KF_DECODE_TC) {
@@ -159,6 +161,28 @@ static void test_nvrtc_variants(void) {
                                     if (!found) missing++;
                                 }
     CHECK(missing == 0, "%d selections name a key outside kva__kkey_enumerate", missing);
+    /* and every head-group key (kva__cuda_hg_key) */
+    int hg_keys = 0;
+    missing = 0;
+    for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 4; ++b)
+            for (int c = 0; c < 3; ++c)
+                for (int dd = 0; dd < 3; ++dd)
+                    for (int g = 1; g <= 9; ++g)
+                        for (int hg = 1; hg <= 8; ++hg)
+                            for (int ps = 8; ps <= 48; ps += 8) {
+                                kva_attention_desc d;
+                                kva_attention_desc_init(&d, 8 * g, 8, dims[dd], qts[a]);
+                                d.kv_dtype = kts[b];
+                                d.o_dtype = ots[c];
+                                kva__kkey k;
+                                if (!kva__cuda_hg_key(&d, ps, hg, &k)) continue;
+                                hg_keys++;
+                                int found = 0;
+                                for (int i = 0; i < n && !found; ++i) found = same(&keys[i], &k);
+                                if (!found) missing++;
+                            }
+    CHECK(hg_keys > 0 && missing == 0, "%d of %d head-group keys outside kva__kkey_enumerate", missing, hg_keys);
 
     static const char* archs[] = {"sm_80", "sm_90a"};
     jobs = (job*)calloc((size_t)n * 2, sizeof *jobs);
@@ -167,6 +191,7 @@ static void test_nvrtc_variants(void) {
         if (!full && !in_covering_set(&keys[i])) continue;
         for (int a = 0; a < 2; ++a) {
             if (keys[i].warps == 8 && a == 0) continue; /* 8-warp kernels need sm_90's shared memory */
+            if (keys[i].family == KVA__KF_DECODE_HG && a == 0) continue; /* TMA: sm_90 only */
             jobs[njobs].key = keys[i];
             jobs[njobs].arch = archs[a];
             njobs++;
@@ -192,6 +217,34 @@ static void test_nvrtc_variants(void) {
 static void test_select(void) {
     kva_attention_desc d;
     kva__kchoice c;
+    {
+        /* head-group decode scope (kva__cuda_hg_key) */
+        kva__kkey k;
+        kva_attention_desc_init(&d, 32, 8, 128, KVA_DTYPE_BF16);
+        CHECK(kva__cuda_hg_key(&d, 16, 4, &k) && k.family == KVA__KF_DECODE_HG && k.rows == 4 &&
+                  kva__kkey_smem(&k) <= 227 * 1024,
+              "hg: GQA 32/8 bf16 page 16, 4 heads per item (smem %zu)", kva__kkey_smem(&k));
+        CHECK(kva__cuda_hg_key(&d, 16, 2, &k) && k.rows == 2 && 2 * (kva__kkey_smem(&k) + 1024) <= 228 * 1024,
+              "hg: 2 heads per item, two CTAs per SM (smem %zu)", kva__kkey_smem(&k));
+        CHECK(kva__cuda_hg_key(&d, 48, 4, NULL) && !kva__cuda_hg_key(&d, 8, 4, NULL) &&
+                  !kva__cuda_hg_key(&d, 1, 4, NULL) && !kva__cuda_hg_key(&d, 24, 4, NULL),
+              "hg: page sizes that are multiples of 16 only");
+        CHECK(!kva__cuda_hg_key(&d, 16, 3, NULL) && !kva__cuda_hg_key(&d, 16, 8, NULL), "hg: 2 or 4 heads per item");
+        d.logits_soft_cap = 30.0f;
+        CHECK(!kva__cuda_hg_key(&d, 16, 4, NULL), "hg: no soft cap");
+        kva_attention_desc_init(&d, 32, 8, 128, KVA_DTYPE_BF16);
+        d.pos_encoding = KVA_POS_ALIBI;
+        CHECK(!kva__cuda_hg_key(&d, 16, 4, NULL), "hg: no ALiBi");
+        kva_attention_desc_init(&d, 32, 8, 128, KVA_DTYPE_BF16);
+        d.kv_dtype = KVA_DTYPE_E4M3;
+        CHECK(!kva__cuda_hg_key(&d, 16, 4, NULL), "hg: 16-bit KV only");
+        kva_attention_desc_init(&d, 72, 8, 128, KVA_DTYPE_F16);
+        CHECK(!kva__cuda_hg_key(&d, 16, 4, NULL), "hg: GQA groups up to 8");
+        kva_attention_desc_init(&d, 12, 6, 256, KVA_DTYPE_F16);
+        CHECK(!kva__cuda_hg_key(&d, 16, 2, NULL), "hg: head dims 64 and 128");
+        kva_attention_desc_init(&d, 12, 6, 64, KVA_DTYPE_F16);
+        CHECK(kva__cuda_hg_key(&d, 16, 2, NULL) && !kva__cuda_hg_key(&d, 16, 4, NULL), "hg: the heads divide by G");
+    }
     kva_attention_desc_init(&d, 32, 8, 128, KVA_DTYPE_BF16);
     CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, 4, &c) == KVA_OK, "GQA 32/8 bf16 decode");
     CHECK(c.tile_q == 4 && c.key.rows == 4, "g=4: tile %d rows %d", c.tile_q, c.key.rows);

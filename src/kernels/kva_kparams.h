@@ -53,6 +53,18 @@ typedef uint64_t kvk_u64;
     ((nw) * KVK_TC_STAGES(d, es) * 32 * (d) * (es) + (nw) * (d) * (rows) * 4 + 64 * (nw) +                  \
      4 * (nw) * KVK_TC_STAGES(d, es) + 16)
 
+/* geometry of the head-group decode kernel (kva_decode_hg.cuh, sm_90): a ring of stages of one 16-token subtile of
+   K and V for g heads (d / 64 TMA boxes of [g][16][128 B] each: d * g * 64 bytes), 192 KB at head dim 128 x 4 heads;
+   full and empty mbarriers and a fault word per stage, 16 bytes of merge flags; the combine buffer [g][32 lanes]
+   of 5 + d / 4 floats (odd: conflict-free); 1 KB of slack to align the stages to the 128-byte swizzle's period. */
+#define KVK_HG_STAGES(d) ((d) == 64 ? 12 : 6)
+#define KVK_HG_STAGE_BYTES(d, g) ((d) * (g) * 64)
+#define KVK_HG_COMB_FLOATS(d) (5 + (d) / 4)
+#define KVK_HG_OFF_COMB(d, g) \
+    ((KVK_HG_STAGES(d) * KVK_HG_STAGE_BYTES(d, g) + 20 * KVK_HG_STAGES(d) + 16 + 15) & ~15)
+#define KVK_HG_SMEM(d, g) (1024 + KVK_HG_OFF_COMB(d, g) + (g) * 32 * KVK_HG_COMB_FLOATS(d) * 4)
+#define KVK_HG_THREADS(g) (32 * (2 * (g) + 1))
+
 /* runtime flags of the attention kernels */
 #define KVK_FLAG_ALIBI 1u       /* ALiBi bias (slopes from alibi_slopes, or the standard ones) */
 #define KVK_FLAG_SOFTCAP 2u     /* logits soft cap */

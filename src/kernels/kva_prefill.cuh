@@ -233,57 +233,6 @@ KVA_DEV void kvp_wg_fence() { asm volatile("{ wgmma.fence.sync.aligned; }" ::: "
 KVA_DEV void kvp_wg_commit() { asm volatile("{ wgmma.commit_group.sync.aligned; }" ::: "memory"); }
 KVA_DEV void kvp_wg_wait0() { asm volatile("{ wgmma.wait_group.sync.aligned 0; }" ::: "memory"); }
 KVA_DEV void kvp_wg_wait1() { asm volatile("{ wgmma.wait_group.sync.aligned 1; }" ::: "memory"); }
-KVA_DEV void kvp_fence_proxy_async() { asm volatile("{ fence.proxy.async.shared::cta; }" ::: "memory"); }
-KVA_DEV void kvp_mbar_init(unsigned bar, unsigned count) {
-    asm volatile("{ mbarrier.init.shared::cta.b64 [%0], %1; }" ::"r"(bar), "r"(count) : "memory");
-}
-/* wait for the completion of the phase with this parity (a fresh barrier counts its "previous" phase, parity 1,
-   as complete) */
-KVA_DEV void kvp_mbar_wait(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        /* with a suspend-time hint: the waiting warps sleep in the barrier instead of spinning through issue slots
-           the computing warps need */
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity), "r"(1000000u)
-                     : "memory");
-    } while (!done);
-}
-KVA_DEV void kvp_mbar_arrive(unsigned bar) {
-    asm volatile("{ mbarrier.arrive.shared::cta.b64 _, [%0]; }" ::"r"(bar) : "memory");
-}
-/* one arrival on bar once all of this thread's earlier cp.async copies have landed (init count includes it) */
-KVA_DEV void kvp_mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("{ mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1; }" ::"r"(bar), "r"(bytes) : "memory");
-}
-/* TMA tile copies into shared memory, completing on an mbarrier (tensor map in kernel-parameter space) */
-KVA_DEV void kvp_tma_load3(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar) {
-    asm volatile("{ cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5]; }"
-                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar) : "memory");
-}
-KVA_DEV void kvp_tma_load4(unsigned dst, const void* map, int c0, int c1, int c2, int c3, unsigned bar) {
-    asm volatile("{ cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6]; }"
-                 ::"r"(dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar) : "memory");
-}
-KVA_DEV void kvp_cp_async_mbar_arrive(unsigned bar) {
-    asm volatile("{ cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0]; }" ::"r"(bar) : "memory");
-}
-/* named barrier that also returns whether any participating thread passed pred != 0 */
-KVA_DEV int kvp_named_sync_or(unsigned id, unsigned count, int pred) {
-    int r;
-    asm volatile("{ .reg .pred a, b; setp.ne.b32 a, %1, 0; bar.red.or.pred b, %2, %3, a; selp.s32 %0, 1, 0, b; }"
-                 : "=r"(r)
-                 : "r"(pred), "r"(id), "r"(count)
-                 : "memory");
-    return r;
-}
-KVA_DEV void kvp_named_arrive(unsigned id, unsigned count) {
-    asm volatile("{ bar.arrive %0, %1; }" ::"r"(id), "r"(count) : "memory");
-}
-KVA_DEV void kvp_named_sync(unsigned id, unsigned count) {
-    asm volatile("{ bar.sync %0, %1; }" ::"r"(id), "r"(count) : "memory");
-}
 #endif
 /* pins a register at this point of the program (accumulators and A fragments of an asynchronous MMA must not be
    read, written or reused by the compiler between the MMA's issue and its wait) */

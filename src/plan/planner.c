@@ -30,6 +30,11 @@ typedef struct kva__tile {
     int32_t slot_base; /* first partial slot of the tile's head 0 (split tiles), -1 otherwise */
 } kva__tile;
 
+/* A unit of the plan spans kv_head_group KV heads (1 unless the backend reads groups of heads together): the planner
+ * sees num_kv_heads / G heads of G x g packed rows each. */
+static int64_t kva__unit_heads(const kva__plan_data* pd) { return pd->desc.num_kv_heads / pd->kv_head_group; }
+static int32_t kva__unit_group(const kva__plan_data* pd) { return pd->group_size * pd->kv_head_group; }
+
 /* Scratch for one planning call: growable buffers, borrowed from the context when free (no allocation and no
  * page faults in the steady state), else owned by the call. */
 enum { KVA__S_LEN, KVA__S_TILES, KVA__S_ITEMS, KVA__S_COST, KVA__S_ORDER, KVA__S_OWNER, KVA__S_WORKERS, KVA__S_SEQ,
@@ -248,7 +253,7 @@ static void kva__layout(kva__plan_data* pd, const kva__caps* c, bool host_stagin
  *   tiles and at most W + (#split tiles) chunks among them; merge tasks <= W. */
 static kva__caps kva__bound_caps(const kva__plan_data* pd, int32_t max_batch, int64_t max_rows) {
     kva__caps c;
-    int64_t W = pd->num_workers, T = pd->tile_q, g = pd->group_size, H = pd->desc.num_kv_heads;
+    int64_t W = pd->num_workers, T = pd->tile_q, g = kva__unit_group(pd), H = kva__unit_heads(pd);
     int64_t tiles = H * (kva__ceil_div64(max_rows * g, T) + max_batch);
     c.batch = max_batch;
     int64_t items = tiles + 2 * W;
@@ -262,7 +267,7 @@ static kva__caps kva__bound_caps(const kva__plan_data* pd, int32_t max_batch, in
 /* Tiles and chunks                                                                                */
 
 static kva_status kva__make_tiles(const kva__plan_data* pd, int32_t B, kva__plan_scratch* s) {
-    const int32_t g = pd->group_size, T = pd->tile_q;
+    const int32_t g = kva__unit_group(pd), T = pd->tile_q;
     int64_t n = 0;
     for (int32_t b = 0; b < B; ++b) n += kva__ceil_div64((int64_t)s->qo_len[b] * g, T);
     s->ntiles = n;
@@ -324,7 +329,7 @@ static void kva__chunk_stats(const kva__plan_scratch* s, int64_t H, int64_t L, i
  * W items ends at its longest chunk; take it unless that is worse than the estimate for L (its longest chunk plus
  * its shortest, the least a second chunk on a worker adds). */
 static int64_t kva__refine_chunk(const kva__plan_data* pd, const kva__plan_scratch* s, int64_t L0) {
-    const int64_t W = pd->num_workers, H = pd->desc.num_kv_heads;
+    const int64_t W = pd->num_workers, H = kva__unit_heads(pd);
     int64_t items, longest, shortest;
     kva__chunk_stats(s, H, L0, &items, &longest, &shortest);
     if (items <= W || s->ntiles * H > W) return L0;
@@ -356,7 +361,7 @@ static int32_t kva__choose_chunk(const kva_context* ctx, const kva__plan_data* p
     if (p->fixed_split_size > 0) return p->fixed_split_size;
     int64_t total = 0;
     for (int64_t i = 0; i < s->ntiles; ++i) total += s->tiles[i].hi - s->tiles[i].lo;
-    total *= pd->desc.num_kv_heads;
+    total *= kva__unit_heads(pd);
     int64_t L = kva__ceil_div64(total, pd->num_workers);
     const int64_t min_chunk = ctx->min_kv_chunk > 0 ? ctx->min_kv_chunk : KVA__MIN_KV_CHUNK;
     if (L < min_chunk) L = min_chunk;
@@ -487,6 +492,7 @@ static void kva__init_plan_data(kva__plan_data* pd, kva_context* ctx, const kva_
     pd->desc = *nd;
     pd->variant_id = nd->variant ? nd->variant->id : 0;
     pd->group_size = nd->num_qo_heads / nd->num_kv_heads;
+    pd->kv_head_group = 1;
     pd->num_workers = ctx->num_workers > 0 ? ctx->num_workers : 1;
 }
 
@@ -515,7 +521,15 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
                                          &max_kv);
     if (st != KVA_OK) goto done;
     const int32_t B = params->batch_size;
-    const int32_t g = pd->group_size;
+    if (!graph && ctx->ops->kv_head_group) {
+        int32_t w = 0;
+        const int32_t G = ctx->ops->kv_head_group(ctx, &nd, op, params, total_kv, &w);
+        if (G > 1 && nd.num_kv_heads % G == 0) {
+            pd->kv_head_group = G;
+            if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
+        }
+    }
+    const int32_t g = kva__unit_group(pd);
 
     int64_t max_rows_bound = 0;
     if (graph) {
@@ -543,6 +557,8 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         /* Batch-invariant mode: the tile size must not depend on the other requests either (a request's tiles,
            their KV ranges and so every row's summation order follow from it). A fixed mid-size choice. */
         pd->tile_q = kva__tile_q(ctx, pd, op, 65.0, 128);
+    } else if (pd->kv_head_group > 1) {
+        pd->tile_q = g; /* decode: one tile of the group's G x g rows per request */
     } else {
         double avg = B > 0 ? (double)total_rows * g / (double)B : 0.0;
         pd->tile_q = kva__tile_q(ctx, pd, op, avg, max_qo * g);
@@ -563,14 +579,14 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
     st = kva__make_tiles(pd, B, &s);
     if (st != KVA_OK) goto done;
     const int32_t W0 = pd->num_workers;
-    if (!graph && ctx->ops->plan_workers) { /* the backend may plan a small batch on fewer workers */
+    if (!graph && pd->kv_head_group == 1 && ctx->ops->plan_workers) { /* the backend may plan a small batch on fewer workers */
         int64_t tokens = 0;
         for (int64_t i = 0; i < s.ntiles; ++i) tokens += s.tiles[i].hi - s.tiles[i].lo;
         const int32_t w = ctx->ops->plan_workers(ctx, &nd, op, s.ntiles * (int64_t)nd.num_kv_heads,
                                                  tokens * (int64_t)nd.num_kv_heads);
         if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
     }
-    const int64_t H = nd.num_kv_heads;
+    const int64_t H = kva__unit_heads(pd);
     int32_t L = kva__choose_chunk(ctx, pd, params, &s);
     int64_t nsplit_tiles = 0, nsplit_chunks = 0, nchunks_tile = 0;
     kva__split_tiles(&s, L, params->fixed_split_size > 0, &nsplit_tiles, &nsplit_chunks, &nchunks_tile);
@@ -864,6 +880,7 @@ KVA_API kva_status kva_plan_get_info(const kva_plan* plan, kva_plan_info* info) 
     info->num_merge_tasks = pd->num_merge;
     info->num_partials = pd->num_partials;
     info->graph_mode = pd->graph_mode;
+    info->kv_head_group = pd->kv_head_group;
     info->max_worker_cost = pd->max_worker_cost;
     info->total_cost = pd->total_cost;
     info->device_bytes = pd->device_bytes;

@@ -1,0 +1,448 @@
+/*
+ * kva_decode_hg.cuh - the head-group decode kernel (sm_90: TMA and mbarriers; mma.sync m16n8k16): a persistent CTA
+ * executes its worker's list of work items, each (request, group of HG consecutive KV heads, KV range) with the
+ * group's HG x g query rows (the planner's unit with kv_head_group = HG: src/plan/planner.c). Batch decode with
+ * q = KV of one 16-bit dtype, head dims 64 / 128, GQA groups g <= 8, page sizes that are multiples of 16.
+ *
+ * Why (docs/kernels/decode.md, session 12): on an NHD pool a load of one head reads 256-byte rows 2 KB apart, which
+ * the H100 and H200 serve at 87.6-88.9 % of nominal whatever the copy engine; a TMA box over HG >= 2 heads of the same
+ * 16 tokens reads at 90-92 %.
+ *
+ * One instance per inclusion, specialised by macros (the includer's or NVRTC -D options):
+ *   KVA_KERNEL_NAME, KVA_DQK (= KVA_DVO: 64 or 128), KVA_QT (= KVA_KT: f16 or bf16), KVA_OT, KVA_HG (2 or 4: heads per
+ *   item), KVA_NO_BOUNDS_CHECK (benchmark only).
+ *
+ * CTA: 2 HG consumer warps and one producer warp. The KV range of an item is cut into 16-token subtiles on the
+ * absolute token grid (the item's first and last subtiles may be partial: masked); a page size that is a multiple of
+ * 16 puts every subtile in one page. The producer warp walks the subtiles of its worker's items (lanes load 32 page
+ * indices at a time, lane 0 issues) and fills a ring of HG_S stages: per subtile and 64-column block, one TMA box
+ * {64 columns, 16 tokens, HG heads} of K and one of V (tensor maps over {head dim, page rows, KV heads, pages} from
+ * the host, 128-byte swizzle), completing on the stage's full mbarrier. Consumer warp w owns head w % HG of the group
+ * and the subtiles j with j % 2 == w / HG:
+ *   S^T[16 tok x 8 rows] = K[16 x D] . Q^T[D x 8]       A = K (ldmatrix), B = the head's g <= 8 query rows (registers)
+ *   online softmax on S^T in registers (base 2)
+ *   O^T[D x 8] += V^T[D x 16 tok] . P^T[16 x 8]         A = V^T (ldmatrix.trans), B = P^T (4 shuffles, 2 byte permutes)
+ * and releases the stage on its empty mbarrier (HG arrivals). The two warps of a head combine through shared memory.
+ *
+ * Faults: a page index outside the pool skips the copy, records (request, page) in the status word, and the item's
+ * rows get o = 0, lse = -inf (partials: KVK_FAULT_LSE_BITS, which the merge turns into o = 0, lse = -inf).
+ * Split KV: partial slots of HG x g rows; with KVK_FLAG_FUSED_MERGE the CTA that writes a task's last partial merges
+ * it (as in kva_decode_tc.cuh), else the merge kernel does.
+ */
+#include "kva_common.cuh"
+
+#ifndef KVA_KERNEL_NAME
+#error "KVA_KERNEL_NAME must be defined"
+#endif
+#if KVA_DQK != KVA_DVO || (KVA_DQK != 64 && KVA_DQK != 128)
+#error "the head-group decode kernel takes head dims 64 or 128 (qk = vo)"
+#endif
+#if KVA_QT != KVA_KT || (KVA_KT != KVK_F16 && KVA_KT != KVK_BF16)
+#error "the head-group decode kernel needs q and KV of the same 16-bit dtype"
+#endif
+#if KVA_HG != 2 && KVA_HG != 4
+#error "KVA_HG must be 2 or 4"
+#endif
+#ifndef KVA_NO_BOUNDS_CHECK
+#define KVA_NO_BOUNDS_CHECK 0
+#endif
+
+#ifndef KVA_HG_HELPERS
+#define KVA_HG_HELPERS
+KVA_DEV void kva_hg_ldsm4(unsigned a, unsigned* r) {
+    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+KVA_DEV void kva_hg_ldsm4t(unsigned a, unsigned* r) {
+    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+KVA_DEV void kva_hg_mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("{ mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3}; }"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+KVA_DEV void kva_hg_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("{ mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3}; }"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+KVA_DEV unsigned kva_hg_prmt(unsigned a, unsigned b, unsigned sel) {
+    unsigned r;
+    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+KVA_DEV void kva_hg_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
+#endif
+
+#undef HG_G
+#undef HG_NC
+#undef HG_THREADS
+#undef HG_D
+#undef HG_NCB
+#undef HG_BOX
+#undef HG_SB
+#undef HG_S
+#undef HG_KS
+#undef HG_MT
+#undef HG_CW
+#undef HG_MMA
+#undef HG_PACK
+#define HG_G KVA_HG
+#define HG_NC (2 * HG_G)               /* consumer warps (2 per head) */
+#define HG_THREADS KVK_HG_THREADS(HG_G) /* + the producer warp */
+#define HG_D KVA_DQK
+#define HG_NCB (HG_D / 64)             /* 64-column blocks (one TMA box each) */
+#define HG_BOX (HG_G * 16 * 128)       /* bytes of one box: [HG heads][16 tokens][128 B] */
+#define HG_SB KVK_HG_STAGE_BYTES(HG_D, HG_G) /* stage: K blocks, then V blocks (2 * HG_NCB * HG_BOX) */
+#define HG_S KVK_HG_STAGES(HG_D)
+#define HG_KS (HG_D / 16)
+#define HG_MT (HG_D / 16)
+#define HG_CW KVK_HG_COMB_FLOATS(HG_D) /* combine record per lane: m0 m1 l0 l1, acc, fault */
+#if KVA_KT == KVK_BF16
+#define HG_MMA kva_hg_mma_bf16
+#define HG_PACK kva_f32x2_to_bf16x2
+#else
+#define HG_MMA kva_hg_mma_f16
+#define HG_PACK kva_f32x2_to_f16x2
+#endif
+
+extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
+    KVA_KERNEL_NAME(const kvk_attn_params p, const __grid_constant__ kvk_tma tm) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) char kva_smem[];
+    /* the 128-byte swizzle repeats every 1024 bytes: stages start on a 1024-byte boundary (the host adds 1 KB) */
+    const unsigned sraw = kva_smem_addr(kva_smem);
+    const unsigned sbase = (sraw + 1023u) & ~1023u;
+    char* const smem = kva_smem + (sbase - sraw);
+    const unsigned full0 = sbase + (unsigned)(HG_S * HG_SB), empty0 = full0 + 8u * HG_S;
+    int* const s_fault = (int*)(smem + HG_S * HG_SB + 16 * HG_S);  /* [S]: the stage's subtile hit a bad page */
+    int* const s_flag = s_fault + HG_S;                             /* [4]: fused merge */
+    float* const s_comb = (float*)(smem + KVK_HG_OFF_COMB(HG_D, HG_G)); /* [HG][32][HG_CW] */
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
+    const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
+    const kvk_i32* windptr = (const kvk_i32*)(p.ws + p.off_worker_indptr);
+    const float neg_inf = KVA_NEG_INF;
+
+    if (tid == 0) {
+        for (int s = 0; s < HG_S; ++s) {
+            kvp_mbar_init(full0 + 8u * s, 1);
+            kvp_mbar_init(empty0 + 8u * s, HG_G);
+        }
+        asm volatile("{ fence.mbarrier_init.release.cluster; }" ::: "memory");
+    }
+    /* warm L2 with this CTA's slice of the plan's int region and of the page table (as kva_decode_tc.cuh) */
+    {
+        const unsigned n = (unsigned)(p.off_partial_o - p.off_counts);
+        const unsigned per = ((n + gridDim.x - 1u) / gridDim.x + 127u) & ~127u;
+        for (unsigned o = (unsigned)tid * 128u; o < per; o += HG_THREADS * 128u) {
+            const unsigned a = per * blockIdx.x + o;
+            if (a < n) kva_hg_prefetch_l2(p.ws + p.off_counts + a);
+        }
+        if (p.num_entries > 0) {
+            const unsigned long long nb = (unsigned long long)p.num_entries * 4ull;
+            const unsigned long long per2 = ((nb + gridDim.x - 1u) / gridDim.x + 127u) & ~127ull;
+            for (unsigned long long o = (unsigned long long)tid * 128u; o < per2; o += HG_THREADS * 128u) {
+                const unsigned long long a = per2 * blockIdx.x + o;
+                if (a < nb) kva_hg_prefetch_l2((const char*)p.indices + a);
+            }
+        }
+    }
+    __syncthreads();
+    const int it0 = windptr[blockIdx.x], it1 = windptr[blockIdx.x + 1];
+
+    if (warp == HG_NC) {
+        /* ================= producer ================= */
+        int c = 0;
+        for (int it = it0; it < it1; ++it) {
+            const kvk_work_item w = items[it];
+            const int t0 = w.kv_start & ~15;
+            const int nsub = w.kv_end > w.kv_start ? (w.kv_end - t0 + 15) >> 4 : 0;
+            if (nsub == 0) continue;
+            const int pbase = reqs[w.req].kv_start;
+            const int head0 = w.kv_head * HG_G;
+            for (int s0 = 0; s0 < nsub; s0 += 32) {
+                int pg = 0, sl = 0;
+                if (s0 + lane < nsub) {
+                    const int tok = t0 + 16 * (s0 + lane);
+                    const int e = (int)kva_fastdiv((unsigned)tok, p.ps_mul, p.ps_shift);
+                    pg = kva_ldg_i32(p.indices + pbase + e);
+                    sl = tok - e * p.page_size;
+                }
+                const int n = nsub - s0 < 32 ? nsub - s0 : 32;
+                for (int l = 0; l < n; ++l, ++c) {
+                    const int pgl = __shfl_sync(0xffffffffu, pg, l), sll = __shfl_sync(0xffffffffu, sl, l);
+                    if (lane == 0) {
+                        const int st = c % HG_S;
+                        if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
+                        const bool bad = !KVA_NO_BOUNDS_CHECK && (unsigned long long)(unsigned)pgl >=
+                                                                    (unsigned long long)p.num_pages;
+                        atomicExch(s_fault + st, bad ? 1 : 0); /* shared atomics: the consumers read it after the
+                                                                   full barrier, racecheck-clean */
+                        const unsigned fb = full0 + 8u * st, dst = sbase + (unsigned)(st * HG_SB);
+                        if (bad) {
+                            const unsigned long long k = ~(((unsigned long long)(unsigned)w.req << 32) |
+                                                           (unsigned long long)(unsigned)pgl);
+                            atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key, k);
+                            kvp_mbar_arrive(fb);
+                        } else {
+                            kvp_mbar_arrive_expect_tx(fb, (unsigned)HG_SB);
+#pragma unroll
+                            for (int cb = 0; cb < HG_NCB; ++cb) {
+                                kvp_tma_load4(dst + (unsigned)(cb * HG_BOX), tm.k, cb * 64, sll, head0, pgl, fb);
+                                kvp_tma_load4(dst + (unsigned)((HG_NCB + cb) * HG_BOX), tm.v, cb * 64, sll, head0, pgl,
+                                              fb);
+                            }
+                        }
+                    }
+                    __syncwarp();
+                }
+            }
+        }
+        return;
+    }
+
+    /* ================= consumers ================= */
+    const int h = warp % HG_G, part = warp / HG_G;
+    const int q4 = lane & 3, r8 = lane >> 2;
+    const int g = p.group_size;
+    /* K ldmatrix (A = K[16 tok x 16 cols]): token (lane & 7) + 8 ((lane >> 3) & 1), 16-byte chunk 2 ks + (lane >> 4);
+       V ldmatrix.trans (A = V^T): token (lane & 7) + 8 (lane >> 4), chunk 2 mt + ((lane >> 3) & 1). Row r of a box is
+       h * 16 + token; its 16-byte chunk c sits at chunk c ^ (r & 7) (128-byte swizzle) */
+    const int kt = (lane & 7) + 8 * ((lane >> 3) & 1), kc = lane >> 4;
+    const int vt = (lane & 7) + 8 * (lane >> 4), vc = (lane >> 3) & 1;
+    const unsigned krow = (unsigned)((h * 16 + kt) * 128), vrow = (unsigned)((h * 16 + vt) * 128);
+    float* const comb = s_comb + (h * 32 + lane) * HG_CW;
+    const bool fused = (p.flags & KVK_FLAG_FUSED_MERGE) != 0u;
+    int c = 0;
+    for (int it = it0; it < it1; ++it) {
+        const kvk_work_item w = items[it];
+        const kvk_request rq = reqs[w.req];
+        const int kv0 = w.kv_start, kv1 = w.kv_end;
+        const int t0 = kv0 & ~15;
+        const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
+        const int kvh = w.kv_head * HG_G + h;
+        /* Q^T fragments (B = Q^T[16 cols x 8 rows]): row r8 (query head kvh * g + r8), columns 16 ks + 2 q4 (+1), +8 */
+        unsigned qb[HG_KS][2];
+        {
+            const bool has = r8 < g;
+            const unsigned short* qr = (const unsigned short*)p.q + (long long)rq.qo_start * p.q_stride_row +
+                                       (long long)(kvh * g + (has ? r8 : 0)) * p.q_stride_head;
+#pragma unroll
+            for (int ks = 0; ks < HG_KS; ++ks) {
+                qb[ks][0] = has ? __ldg((const unsigned*)(qr + 16 * ks + 2 * q4)) : 0u;
+                qb[ks][1] = has ? __ldg((const unsigned*)(qr + 16 * ks + 8 + 2 * q4)) : 0u;
+            }
+        }
+        float m0 = neg_inf, m1 = neg_inf, l0 = 0.f, l1 = 0.f;
+        float acc[HG_MT][4];
+#pragma unroll
+        for (int mt = 0; mt < HG_MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+        int faulted = 0;
+        for (int j = 0; j < nsub; ++j, ++c) {
+            if ((j & 1) != part) continue;
+            const int st = c % HG_S;
+            kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
+            if (atomicAdd(s_fault + st, 0)) {
+                faulted = 1;
+                __syncwarp();
+                if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
+                continue;
+            }
+            const unsigned kbase = sbase + (unsigned)(st * HG_SB), vbase = kbase + (unsigned)(HG_NCB * HG_BOX);
+            float sa[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}; /* two independent MMA chains */
+#pragma unroll
+            for (int ks = 0; ks < HG_KS; ++ks) {
+                const int ch = 2 * ks + kc;
+                unsigned a[4];
+                kva_hg_ldsm4(kbase + (unsigned)((ch >> 3) * HG_BOX) + krow + 16u * (unsigned)((ch & 7) ^ (kt & 7)), a);
+                HG_MMA(sa[ks & 1], a, qb[ks][0], qb[ks][1]);
+            }
+            /* s[0]: token r8, row 2 q4; s[1]: token r8, row 2 q4 + 1; s[2], s[3]: token r8 + 8 */
+            const int tok = t0 + 16 * j + r8;
+            const bool edge = t0 + 16 * j < kv0 || t0 + 16 * j + 16 > kv1;
+            const bool v0 = tok >= kv0 && tok < kv1, v1 = tok + 8 >= kv0 && tok + 8 < kv1;
+            float s[4];
+            s[0] = v0 ? (sa[0][0] + sa[1][0]) * p.q_scale : neg_inf;
+            s[1] = v0 ? (sa[0][1] + sa[1][1]) * p.q_scale : neg_inf;
+            s[2] = v1 ? (sa[0][2] + sa[1][2]) * p.q_scale : neg_inf;
+            s[3] = v1 ? (sa[0][3] + sa[1][3]) * p.q_scale : neg_inf;
+            float x0 = fmaxf(s[0], s[2]), x1 = fmaxf(s[1], s[3]);
+#pragma unroll
+            for (int o = 4; o < 32; o <<= 1) {
+                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
+                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
+            }
+            const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+            const float b0 = n0 == neg_inf ? 0.f : n0, b1 = n1 == neg_inf ? 0.f : n1;
+            const float al0 = kva_exp2(m0 - b0), al1 = kva_exp2(m1 - b1);
+            m0 = n0;
+            m1 = n1;
+            const float p0 = kva_exp2(s[0] - b0), p1 = kva_exp2(s[1] - b1);
+            const float p2 = kva_exp2(s[2] - b0), p3 = kva_exp2(s[3] - b1);
+            l0 = l0 * al0 + (p0 + p2);
+            l1 = l1 * al1 + (p1 + p3);
+            if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+                for (int mt = 0; mt < HG_MT; ++mt) {
+                    acc[mt][0] *= al0;
+                    acc[mt][1] *= al1;
+                    acc[mt][2] *= al0;
+                    acc[mt][3] *= al1;
+                }
+            }
+            /* P^T as the B fragment: lane (r8, q4) needs P[row r8][tokens 2 q4, 2 q4 + 1, + 8, + 9] */
+            const unsigned X = HG_PACK(p0, p2), Y = HG_PACK(p1, p3);
+            const int sa_ = 8 * q4 + (r8 >> 1), sb_ = sa_ + 4;
+            const unsigned xa = __shfl_sync(0xffffffffu, X, sa_), ya = __shfl_sync(0xffffffffu, Y, sa_);
+            const unsigned xb = __shfl_sync(0xffffffffu, X, sb_), yb = __shfl_sync(0xffffffffu, Y, sb_);
+            const unsigned ra = (r8 & 1) ? ya : xa, rb = (r8 & 1) ? yb : xb;
+            const unsigned pb0 = kva_hg_prmt(ra, rb, 0x5410u), pb1 = kva_hg_prmt(ra, rb, 0x7632u);
+            /* tokens outside the item (partial first / last subtile): their V rows may hold anything (a pool slot never
+               written, NaN or Inf); P is 0 there, and 0 * NaN is NaN, so the A fragment's elements are zeroed. This
+               lane's A elements are tokens 2 q4, 2 q4 + 1 (a[0], a[1]) and 2 q4 + 8, + 9 (a[2], a[3]). */
+            unsigned mlo = 0xffffffffu, mhi = 0xffffffffu;
+            if (edge) {
+                const int tb = t0 + 16 * j + 2 * q4;
+                mlo = (tb >= kv0 && tb < kv1 ? 0xffffu : 0u) | (tb + 1 >= kv0 && tb + 1 < kv1 ? 0xffff0000u : 0u);
+                mhi = (tb + 8 >= kv0 && tb + 8 < kv1 ? 0xffffu : 0u) | (tb + 9 >= kv0 && tb + 9 < kv1 ? 0xffff0000u : 0u);
+            }
+#pragma unroll
+            for (int mt = 0; mt < HG_MT; ++mt) {
+                const int ch = 2 * mt + vc;
+                unsigned a[4];
+                kva_hg_ldsm4t(vbase + (unsigned)((ch >> 3) * HG_BOX) + vrow + 16u * (unsigned)((ch & 7) ^ (vt & 7)), a);
+                a[0] &= mlo;
+                a[1] &= mlo;
+                a[2] &= mhi;
+                a[3] &= mhi;
+                HG_MMA(acc[mt], a, pb0, pb1);
+            }
+            __syncwarp();
+            if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
+        }
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+        }
+        /* ---- the head's two warps: part 1 publishes, part 0 combines (named barrier 1 + h, 64 threads) ---- */
+        if (part == 1) {
+            comb[0] = m0, comb[1] = m1, comb[2] = l0, comb[3] = l1, comb[4] = (float)faulted;
+#pragma unroll
+            for (int mt = 0; mt < HG_MT; ++mt) {
+                comb[5 + 4 * mt] = acc[mt][0];
+                comb[6 + 4 * mt] = acc[mt][1];
+                comb[7 + 4 * mt] = acc[mt][2];
+                comb[8 + 4 * mt] = acc[mt][3];
+            }
+        }
+        kvp_named_sync(1u + (unsigned)h, 64u);
+        if (part == 0) {
+            const float mo0 = comb[0], mo1 = comb[1];
+            const float n0 = fmaxf(m0, mo0), n1 = fmaxf(m1, mo1);
+            const float b0 = n0 == neg_inf ? 0.f : n0, b1 = n1 == neg_inf ? 0.f : n1;
+            const float sa0 = kva_exp2(m0 - b0), sb0 = kva_exp2(mo0 - b0);
+            const float sa1 = kva_exp2(m1 - b1), sb1 = kva_exp2(mo1 - b1);
+            l0 = l0 * sa0 + comb[2] * sb0;
+            l1 = l1 * sa1 + comb[3] * sb1;
+            m0 = n0;
+            m1 = n1;
+            faulted |= comb[4] != 0.f;
+#pragma unroll
+            for (int mt = 0; mt < HG_MT; ++mt) {
+                acc[mt][0] = acc[mt][0] * sa0 + comb[5 + 4 * mt] * sb0;
+                acc[mt][1] = acc[mt][1] * sa1 + comb[6 + 4 * mt] * sb1;
+                acc[mt][2] = acc[mt][2] * sa0 + comb[7 + 4 * mt] * sb0;
+                acc[mt][3] = acc[mt][3] * sa1 + comb[8 + 4 * mt] * sb1;
+            }
+        }
+        kvp_named_sync(1u + (unsigned)h, 64u);
+        const bool to_partial = w.partial >= 0;
+        if (part == 0) {
+            /* ---- write rows 2 q4 and 2 q4 + 1 of this head (columns 16 mt + r8, + 8) ---- */
+            const float lg0 = l0 > 0.f ? m0 + kva_log2(l0) : neg_inf, lg1 = l1 > 0.f ? m1 + kva_log2(l1) : neg_inf;
+            float i0 = l0 > 0.f ? p.v_scale * kva_rcp(l0) : 0.f, i1 = l1 > 0.f ? p.v_scale * kva_rcp(l1) : 0.f;
+            float e0 = lg0, e1 = lg1;
+            if (faulted) {
+                i0 = i1 = 0.f;
+                e0 = e1 = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : neg_inf;
+            }
+            const int ra = 2 * q4, rb = 2 * q4 + 1;
+            if (to_partial) {
+                float* const po = (float*)(p.ws + p.off_partial_o) + ((long long)w.partial * p.tile_q + h * g) * HG_D;
+                float* const pl = (float*)(p.ws + p.off_partial_lse) + (long long)w.partial * p.tile_q + h * g;
+#pragma unroll
+                for (int mt = 0; mt < HG_MT; ++mt) {
+                    const int d0 = 16 * mt + r8;
+                    if (ra < g) po[ra * HG_D + d0] = acc[mt][0] * i0, po[ra * HG_D + d0 + 8] = acc[mt][2] * i0;
+                    if (rb < g) po[rb * HG_D + d0] = acc[mt][1] * i1, po[rb * HG_D + d0 + 8] = acc[mt][3] * i1;
+                }
+                if (r8 == 0) {
+                    if (ra < g) pl[ra] = e0;
+                    if (rb < g) pl[rb] = e1;
+                }
+            } else {
+                const long long oa = (long long)rq.qo_start * p.o_stride_row + (long long)(kvh * g + ra) * p.o_stride_head;
+                const long long ob = oa + p.o_stride_head;
+#pragma unroll
+                for (int mt = 0; mt < HG_MT; ++mt) {
+                    const int d0 = 16 * mt + r8;
+                    if (ra < g) kva_store_elem(p.o, oa + d0, KVA_OT, acc[mt][0] * i0), kva_store_elem(p.o, oa + d0 + 8, KVA_OT, acc[mt][2] * i0);
+                    if (rb < g) kva_store_elem(p.o, ob + d0, KVA_OT, acc[mt][1] * i1), kva_store_elem(p.o, ob + d0 + 8, KVA_OT, acc[mt][3] * i1);
+                }
+                if (r8 == 0 && p.lse) {
+                    const long long la = (long long)rq.qo_start * p.lse_stride_row + (long long)(kvh * g) * p.lse_stride_head;
+                    if (ra < g) p.lse[la + (long long)ra * p.lse_stride_head] = e0;
+                    if (rb < g) p.lse[la + (long long)rb * p.lse_stride_head] = e1;
+                }
+            }
+            if (faulted && h == 0 && lane == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
+        }
+        /* ---- fused split-KV merge (kva_decode_tc.cuh's protocol): the consumer warps' partial writes are ordered
+           before thread 0's acq_rel arrival by the named barrier; the last arriving CTA merges the task ---- */
+        if (to_partial && fused) {
+            kvp_named_sync(1u + HG_G, 32u * HG_NC);
+            kvk_merge_task* const mtask = (kvk_merge_task*)(p.ws + p.off_merge) + w.pad_;
+            if (tid == 0) {
+                unsigned long long old;
+                asm volatile("{ atom.add.acq_rel.gpu.u64 %0, [%1], %2; }"
+                             : "=l"(old)
+                             : "l"(&mtask->partial_first), "l"(1ull << 48)
+                             : "memory");
+                const int n = (int)((old >> 32) & 0xffffu);
+                const int last = (int)(old >> 48) == n - 1;
+                if (last) mtask->num_partials = n; /* restore for the next run */
+                s_flag[0] = last;
+                s_flag[1] = (int)(unsigned)(old & 0xffffffffu);
+                s_flag[2] = n;
+            }
+            kvp_named_sync(1u + HG_G, 32u * HG_NC);
+            if (s_flag[0]) {
+                kvk_merge_task tk;
+                tk.req = w.req;
+                tk.kv_head = w.kv_head;
+                tk.row_start = w.row_start;
+                tk.rows = w.rows;
+                tk.partial_first = s_flag[1];
+                tk.num_partials = s_flag[2];
+                kva_merge_task_rows(&tk, rq.qo_start, (const float*)(p.ws + p.off_partial_o),
+                                    (const float*)(p.ws + p.off_partial_lse), p.tile_q, HG_D, g * HG_G, 0, p.o,
+                                    KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
+                                    p.lse_stride_head, warp, HG_NC, lane, 8);
+            }
+            kvp_named_sync(1u + HG_G, 32u * HG_NC); /* s_flag is reused by the next item */
+        }
+    }
+#else
+    (void)p, (void)tm; /* sm_90 only: the host never selects it elsewhere */
+#endif
+}
