@@ -137,7 +137,12 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
     if (!kva__cuda_hg_key(desc, params->page_size, G, &k) || kva__kkey_smem(&k) > (size_t)st->max_smem_optin) return 1;
     const int64_t bytes = total_kv * (int64_t)H * (desc->head_dim_qk + desc->head_dim_vo) *
                           (int64_t)kva_dtype_size(desc->kv_dtype);
-    if (st->decode_hg < 0 && bytes < st->hg_min_bytes) return 1;
+    /* the default: calls of at least hg_min_bytes (256 MB) with at least 16 (request, head group) units. Interleaved
+       A/B against kva_decode_tc.cuh, D1 (docs/kernels/decode.md, session 13): H200 +8 to +13 % at 1-2 GB, +2.5 % at
+       64 x 1k (268 MB), even at 16 x 4k (268 MB), 9-21 % slower below 140 MB; H100 with the 256-byte promotion
+       +1.5 to +3 % from 268 MB; 1 x 128k (2 units, 537 MB): H200 +1.6 %, H100 -6 % (without the promotion) */
+    const int64_t units = (int64_t)params->batch_size * (H / G);
+    if (st->decode_hg < 0 && (bytes < st->hg_min_bytes || units < 16)) return 1;
     const int32_t per_sm = G == 4 ? 1 : st->ctas_per_sm;
     *workers = st->num_sms * per_sm;
     return G;
@@ -334,8 +339,9 @@ static kva_status kva__check_rows_tensor(const char* name, const kva_tensor* t, 
  *   16, 32, 64, 128 and multiples of 128: one box per page and column block of a page-aligned tile (8 pages x 2
  *   blocks at page size 16). The map depends on the pool only, so graph mode keeps it. */
 /* Head-group decode (hg = heads per unit, > 1): paged only, box {64, 16, hg, 1} (16 tokens of hg heads; page sizes
- * that are multiples of 16), L2 promotion none unless KVATTN_BENCH_HG_L2_PROMO says otherwise (TMA boxes of half a
- * 256-byte row read 7-8 % slower on an H200 with the 256-byte promotion: docs/kernels/decode.md, session 12). */
+ * that are multiples of 16), L2 promotion by st->hg_promo (256 bytes on devices below 4 TB/s, else none: TMA boxes of
+ * half a 256-byte row read 7-8 % slower on an H200 with the 256-byte promotion, docs/kernels/decode.md, session 12;
+ * on an H100 they read 2-3 % faster with it, session 13). */
 static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* pd, const kva_run_args* a,
                               const kvk_attn_params* p, kvk_tma* tm, int hg) {
     const kva__cu_api* cu = st->cu;
@@ -928,6 +934,15 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
     st->max_smem_optin = v;
     if (cu->DeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, st->dev) != CUDA_SUCCESS || v < 0) v = 0;
     st->l2_bytes = v;
+    {
+        /* nominal DRAM bandwidth (double data rate): the head-group tensor maps' L2 promotion depends on it */
+        int mclk = 0, bus = 0;
+        if (cu->DeviceGetAttribute(&mclk, CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE, st->dev) != CUDA_SUCCESS || mclk < 0)
+            mclk = 0;
+        if (cu->DeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH, st->dev) != CUDA_SUCCESS || bus < 0)
+            bus = 0;
+        st->dram_gbps = 2.0 * (double)mclk * 1e3 * (double)bus / 8.0 / 1e9;
+    }
     int smem_sm = 0;
     KVA_CU_TRY(cu, cu->DeviceGetAttribute(&smem_sm, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, st->dev),
                "cuDeviceGetAttribute");
@@ -969,7 +984,12 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         const char* hgh = getenv("KVATTN_BENCH_HG_HEADS"); /* A/B: 2 or 4 heads per head-group item */
         st->hg_heads = hgh && (!strcmp(hgh, "2") || !strcmp(hgh, "4")) ? hgh[0] - '0' : 0;
         const char* hgp = getenv("KVATTN_BENCH_HG_L2_PROMO"); /* A/B: 0 none, 1 128 B, 2 256 B */
-        st->hg_promo = hgp && hgp[0] >= '0' && hgp[0] <= '2' && hgp[1] == '\0' ? hgp[0] - '0' : 0;
+        /* default: the 256-byte promotion below 4 TB/s of DRAM bandwidth, none above. Interleaved A/B, head-group
+           D1 calls of 268 MB to 2.1 GB: H100 SXM (3.35 TB/s) 2.3-2.8 % faster with it; H200 (4.8 TB/s) 4.8 % slower
+           (prototype, 64 x 8k; TMA boxes of half a 256-byte row: docs/kernels/decode.md) */
+        st->hg_promo = hgp && hgp[0] >= '0' && hgp[0] <= '2' && hgp[1] == '\0' ? hgp[0] - '0'
+                       : (st->dram_gbps > 0.0 && st->dram_gbps < 4000.0)    ? 2
+                                                                              : 0;
         const char* hgm = getenv("KVATTN_BENCH_HG_MIN_MB"); /* A/B: K/V megabytes from which head groups are taken */
         st->hg_min_bytes = (hgm && *hgm ? strtoll(hgm, NULL, 10) : KVA__HG_MIN_MB) * 1000000ll;
         const char* tp = getenv("KVATTN_BENCH_TRACE_PTR"); /* benchmark: kernel timestamps into this buffer */

@@ -172,6 +172,7 @@ typedef struct kva__cuda_state {
     int tc_generic_merge;   /* KVATTN_BENCH_TC_GENERIC_MERGE=1: the tensor-core decode kernel's fused merge always
                                through kva_merge_task_rows (A/B of the small-task path) */
     int no_paged_tma;       /* KVATTN_BENCH_NO_PAGED_TMA=1: paged K/V by cp.async, ragged keeps TMA (benchmark A/B) */
+    double dram_gbps;       /* nominal DRAM bandwidth in GB/s (memory clock x bus width x 2; 0 if unknown) */
     int64_t l2_bytes;       /* L2 cache size (CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE; 0 if unknown) */
     int no_l2_hint;         /* KVATTN_BENCH_NO_L2_HINT=1: decode kernels built without the K/V L2 evict-first policy */
     int pf_exp;             /* KVATTN_BENCH_PF_EXP=n: timing experiments n compiled into the prefill kernels (KVP_EXP) */
@@ -179,8 +180,8 @@ typedef struct kva__cuda_state {
     int decode_hg;          /* KVATTN_CUDA_DECODE_HG: -1 (default) head-group decode plans where they pay
                                (kva__cuda_kv_head_group), 0 never, 1 wherever supported */
     int hg_heads;           /* KVATTN_BENCH_HG_HEADS=2|4: heads per head-group item (A/B; 0 = the default choice) */
-    int hg_promo;           /* KVATTN_BENCH_HG_L2_PROMO=0|1|2: L2 promotion of the head-group tensor maps: none,
-                               128 B, 256 B (A/B; default none) */
+    int hg_promo;           /* L2 promotion of the head-group tensor maps: 0 none, 1 128 B, 2 256 B (default by
+                               dram_gbps; KVATTN_BENCH_HG_L2_PROMO=0|1|2 for A/B) */
     int64_t hg_min_bytes;   /* KVATTN_BENCH_HG_MIN_MB: K/V bytes from which the default choice takes head groups */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */
     char name[256];
