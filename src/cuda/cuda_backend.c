@@ -128,7 +128,7 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
                                        const kva_plan_params* params, int64_t total_kv, int32_t* workers) {
     const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
     if (!st || st->decode_hg == 0 || op != KVA_OP_BATCH_DECODE || st->cc != 90 || !st->cu->TensorMapEncodeTiled ||
-        params->fixed_split_size > 0 || params->num_pages < 1 || params->num_pages > INT32_MAX ||
+        params->fixed_split_size > 0 || params->num_pages > INT32_MAX || /* 0: the pool size is known at run */
         kva__cuda_prefill_prefer_for_decode(desc))
         return 1;
     const int32_t H = desc->num_kv_heads;
@@ -545,8 +545,9 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     memset(&tm, 0, sizeof tm);
     if (pfw && !var && kva__cuda_tma_maps(st, pd, a, &p, &tm, 0)) p.flags |= KVK_FLAG_TMA;
     const bool hg = ke->key.family == KVA__KF_DECODE_HG;
-    if (hg && pd->num_items > 0) {
-        /* the plan's work items are head-group units: only this kernel runs them */
+    if (hg && pd->num_items > 0 && pd->num_page_entries > 0) {
+        /* the plan's work items are head-group units: only this kernel runs them (a plan without page entries has
+           only empty items, which never copy) */
         KVA_RETURN_IF(!kva__cuda_tma_maps(st, pd, a, &p, &tm, (int)pd->kv_head_group), KVA_ERR_UNSUPPORTED,
                       "run: the plan reads K/V by tensor maps (head-group decode), and cuTensorMapEncodeTiled refused "
                       "the pool (k_data %p, v_data %p, strides k %lld/%lld/%lld v %lld/%lld/%lld, %lld pages); plan "

@@ -559,6 +559,7 @@ typedef struct tcase {
     kva_mask_mode mask;
     int long_kv; /* one request of this length (split-KV) */
     int fixed_split, no_split;
+    int plan_no_pool; /* plan with num_pages = 0 and no host page table (the pool size known at run only) */
     int expect_hg; /* the plan must take the head-group kernel (kv_head_group > 1) on a device of compute capability 9.0 */
 } tcase;
 
@@ -610,6 +611,10 @@ static void run_case(kva_context* ctx, const tcase* c) {
     fill_params(&P, &pp);
     pp.fixed_split_size = c->fixed_split;
     pp.disable_split_kv = c->no_split;
+    if (c->plan_no_pool) {
+        pp.num_pages = 0;
+        pp.kv_indices = NULL;
+    }
     ws_t W;
     ws_alloc(ctx, &P.d, c->op, &pp, &W, 0, 0);
     kva_plan plan;
@@ -778,6 +783,12 @@ static void test_decode_hg(kva_context* ctx, int nofused) {
         cs[n++] = c;
         c = base_case("hg no split long");
         c.no_split = 1, c.long_kv = 5000, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg pool size at run only");
+        c.plan_no_pool = 1, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg every request empty");
+        c.min_kv = 0, c.max_kv = 0, c.expect_hg = 1;
         cs[n++] = c;
         c = base_case("hg scope: fixed split 256");
         c.fixed_split = 256, c.max_kv = 1500;
