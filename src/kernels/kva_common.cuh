@@ -375,6 +375,39 @@ KVA_DEV void kva_merge_task_rows(const kvk_merge_task* tk, int qo_start, const f
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* mma.sync m16n8k16 fragments from shared memory (the tensor-core and head-group decode kernels) */
+KVA_DEV void kva_ldsm_x4(unsigned addr, unsigned* r) {
+    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+KVA_DEV void kva_ldsm_x4_t(unsigned addr, unsigned* r) {
+    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4]; }"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+KVA_DEV void kva_mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("{ mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3}; }"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+KVA_DEV void kva_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm("{ mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3}; }"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
+    unsigned r;
+    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+KVA_DEV void kva_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
+
+/* ---------------------------------------------------------------------------------------------- */
 /* mbarriers, TMA tensor copies and named barriers (sm_90: the Hopper prefill mainloop and the head-group decode
    kernel)                                                                                          */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

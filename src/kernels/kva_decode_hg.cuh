@@ -47,39 +47,6 @@
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
 
-#ifndef KVA_HG_HELPERS
-#define KVA_HG_HELPERS
-KVA_DEV void kva_hg_ldsm4(unsigned a, unsigned* r) {
-    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4]; }"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
-KVA_DEV void kva_hg_ldsm4t(unsigned a, unsigned* r) {
-    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4]; }"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-}
-KVA_DEV void kva_hg_mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm("{ mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3}; }"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-KVA_DEV void kva_hg_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm("{ mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3}; }"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-KVA_DEV unsigned kva_hg_prmt(unsigned a, unsigned b, unsigned sel) {
-    unsigned r;
-    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-    return r;
-}
-KVA_DEV void kva_hg_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
-#endif
 
 #undef HG_G
 #undef HG_NC
@@ -106,10 +73,10 @@ KVA_DEV void kva_hg_prefetch_l2(const void* p) { asm volatile("{ prefetch.global
 #define HG_MT (HG_D / 16)
 #define HG_CW KVK_HG_COMB_FLOATS(HG_D) /* combine record per lane: m0 m1 l0 l1, acc, fault */
 #if KVA_KT == KVK_BF16
-#define HG_MMA kva_hg_mma_bf16
+#define HG_MMA kva_mma_bf16
 #define HG_PACK kva_f32x2_to_bf16x2
 #else
-#define HG_MMA kva_hg_mma_f16
+#define HG_MMA kva_mma_f16
 #define HG_PACK kva_f32x2_to_f16x2
 #endif
 
@@ -145,14 +112,14 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         const unsigned per = ((n + gridDim.x - 1u) / gridDim.x + 127u) & ~127u;
         for (unsigned o = (unsigned)tid * 128u; o < per; o += HG_THREADS * 128u) {
             const unsigned a = per * blockIdx.x + o;
-            if (a < n) kva_hg_prefetch_l2(p.ws + p.off_counts + a);
+            if (a < n) kva_prefetch_l2(p.ws + p.off_counts + a);
         }
         if (p.num_entries > 0) {
             const unsigned long long nb = (unsigned long long)p.num_entries * 4ull;
             const unsigned long long per2 = ((nb + gridDim.x - 1u) / gridDim.x + 127u) & ~127ull;
             for (unsigned long long o = (unsigned long long)tid * 128u; o < per2; o += HG_THREADS * 128u) {
                 const unsigned long long a = per2 * blockIdx.x + o;
-                if (a < nb) kva_hg_prefetch_l2((const char*)p.indices + a);
+                if (a < nb) kva_prefetch_l2((const char*)p.indices + a);
             }
         }
     }
@@ -263,7 +230,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             for (int ks = 0; ks < HG_KS; ++ks) {
                 const int ch = 2 * ks + kc;
                 unsigned a[4];
-                kva_hg_ldsm4(kbase + (unsigned)((ch >> 3) * HG_BOX) + krow + 16u * (unsigned)((ch & 7) ^ (kt & 7)), a);
+                kva_ldsm_x4(kbase + (unsigned)((ch >> 3) * HG_BOX) + krow + 16u * (unsigned)((ch & 7) ^ (kt & 7)), a);
                 HG_MMA(sa[ks & 1], a, qb[ks][0], qb[ks][1]);
             }
             /* s[0]: token r8, row 2 q4; s[1]: token r8, row 2 q4 + 1; s[2], s[3]: token r8 + 8 */
@@ -305,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             const unsigned xa = __shfl_sync(0xffffffffu, X, sa_), ya = __shfl_sync(0xffffffffu, Y, sa_);
             const unsigned xb = __shfl_sync(0xffffffffu, X, sb_), yb = __shfl_sync(0xffffffffu, Y, sb_);
             const unsigned ra = (r8 & 1) ? ya : xa, rb = (r8 & 1) ? yb : xb;
-            const unsigned pb0 = kva_hg_prmt(ra, rb, 0x5410u), pb1 = kva_hg_prmt(ra, rb, 0x7632u);
+            const unsigned pb0 = kva_prmt(ra, rb, 0x5410u), pb1 = kva_prmt(ra, rb, 0x7632u);
             /* tokens outside the item (partial first / last subtile): their V rows may hold anything (a pool slot never
                written, NaN or Inf); P is 0 there, and 0 * NaN is NaN, so the A fragment's elements are zeroed. This
                lane's A elements are tokens 2 q4, 2 q4 + 1 (a[0], a[1]) and 2 q4 + 8, + 9 (a[2], a[3]). */
@@ -319,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             for (int mt = 0; mt < HG_MT; ++mt) {
                 const int ch = 2 * mt + vc;
                 unsigned a[4];
-                kva_hg_ldsm4t(vbase + (unsigned)((ch >> 3) * HG_BOX) + vrow + 16u * (unsigned)((ch & 7) ^ (vt & 7)), a);
+                kva_ldsm_x4_t(vbase + (unsigned)((ch >> 3) * HG_BOX) + vrow + 16u * (unsigned)((ch & 7) ^ (vt & 7)), a);
                 a[0] &= mlo;
                 a[1] &= mlo;
                 a[2] &= mhi;

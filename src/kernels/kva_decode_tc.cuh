@@ -50,36 +50,6 @@
 #ifndef KVA_TC_HELPERS
 #define KVA_TC_HELPERS
 
-KVA_DEV void kva_ldsm_x4(unsigned addr, unsigned* r) {
-    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4]; }"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-KVA_DEV void kva_ldsm_x4_t(unsigned addr, unsigned* r) {
-    asm volatile("{ ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4]; }"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr)
-                 : "memory");
-}
-KVA_DEV void kva_mma_bf16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm("{ mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3}; }"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-KVA_DEV void kva_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-    asm("{ mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3}; }"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
-    unsigned r;
-    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-    return r;
-}
-KVA_DEV void kva_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
 /* benchmark trace (KVA_TC_TRACE): the SM clock once `dep` is available, and the global timer */
 KVA_DEV unsigned long long kva_clock_dep(unsigned dep) {
     unsigned long long t;
