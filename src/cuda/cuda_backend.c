@@ -128,8 +128,7 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
                                        const kva_plan_params* params, int64_t total_kv, int32_t* workers) {
     const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
     if (!st || st->decode_hg == 0 || op != KVA_OP_BATCH_DECODE || st->cc != 90 || !st->cu->TensorMapEncodeTiled ||
-        params->fixed_split_size > 0 || params->num_pages > INT32_MAX || /* 0: the pool size is known at run */
-        kva__cuda_prefill_prefer_for_decode(desc))
+        params->fixed_split_size > 0 || params->num_pages > INT32_MAX) /* num_pages 0: the pool size is known at run */
         return 1;
     const int32_t H = desc->num_kv_heads;
     int32_t G = st->hg_heads ? st->hg_heads : (H % 4 == 0 ? 4 : 2);
@@ -368,28 +367,24 @@ static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* p
         kst[0] = (cuuint64_t)p->k_stride_head * 2, kst[1] = (cuuint64_t)p->k_stride_token * 2;
         vst[0] = (cuuint64_t)p->v_stride_head * 2, vst[1] = (cuuint64_t)p->v_stride_token * 2;
         box[0] = 64, box[1] = 1, box[2] = 128;
-    } else if (hg) {
-        const int64_t ps = p->page_size, np = p->num_pages;
-        if (ps < 16 || ps % 16 != 0 || np < 1 || np > (int64_t)INT32_MAX || H % hg != 0) return 0;
-        rank = 4;
-        dims[0] = (cuuint64_t)D, dims[1] = (cuuint64_t)ps, dims[2] = (cuuint64_t)H, dims[3] = (cuuint64_t)np;
-        kst[0] = (cuuint64_t)p->k_stride_token * 2, kst[1] = (cuuint64_t)p->k_stride_head * 2;
-        kst[2] = (cuuint64_t)p->k_stride_page * 2;
-        vst[0] = (cuuint64_t)p->v_stride_token * 2, vst[1] = (cuuint64_t)p->v_stride_head * 2;
-        vst[2] = (cuuint64_t)p->v_stride_page * 2;
-        box[0] = 64, box[1] = 16, box[2] = (cuuint32_t)hg, box[3] = 1;
     } else {
         const int64_t ps = p->page_size, np = p->num_pages;
-        /* from 16 rows a page: the TMA unit takes about 70 SM cycles a box on an H100 (page size 1, one box per
-           row and column block: 2.3x slower than cp.async), so 8-row boxes would cost more than they save */
-        if (!(ps >= 16 && (ps <= 128 ? 128 % ps == 0 : ps % 128 == 0)) || np < 1 || np > (int64_t)UINT32_MAX) return 0;
+        if (hg) { /* 16-token boxes of hg heads: any multiple of 16 rows a page */
+            if (ps < 16 || ps % 16 != 0 || np < 1 || np > (int64_t)INT32_MAX || H % hg != 0) return 0;
+        } else if (!(ps >= 16 && (ps <= 128 ? 128 % ps == 0 : ps % 128 == 0)) || np < 1 || np > (int64_t)UINT32_MAX) {
+            /* from 16 rows a page: the TMA unit takes about 70 SM cycles a box on an H100 (page size 1, one box per
+               row and column block: 2.3x slower than cp.async), so 8-row boxes would cost more than they save */
+            return 0;
+        }
         rank = 4;
         dims[0] = (cuuint64_t)D, dims[1] = (cuuint64_t)ps, dims[2] = (cuuint64_t)H, dims[3] = (cuuint64_t)np;
         kst[0] = (cuuint64_t)p->k_stride_token * 2, kst[1] = (cuuint64_t)p->k_stride_head * 2;
         kst[2] = (cuuint64_t)p->k_stride_page * 2;
         vst[0] = (cuuint64_t)p->v_stride_token * 2, vst[1] = (cuuint64_t)p->v_stride_head * 2;
         vst[2] = (cuuint64_t)p->v_stride_page * 2;
-        box[0] = 64, box[1] = (cuuint32_t)(ps < 128 ? ps : 128), box[2] = 1, box[3] = 1;
+        box[0] = 64, box[3] = 1;
+        box[1] = hg ? 16u : (cuuint32_t)(ps < 128 ? ps : 128);
+        box[2] = hg ? (cuuint32_t)hg : 1u;
     }
     for (int i = 0; i + 1 < rank; ++i) /* TMA: strides are non-zero multiples of 16 bytes below 2^40 */
         if (kst[i] == 0 || vst[i] == 0 || kst[i] % 16 || vst[i] % 16 || kst[i] >= (1ull << 40) || vst[i] >= (1ull << 40))

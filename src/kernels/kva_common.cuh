@@ -407,6 +407,33 @@ KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
 }
 KVA_DEV void kva_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
 
+/* One online-softmax step of the decode kernels on an S^T fragment of m16n8k16 (16 keys x 8 query rows): this lane
+   holds keys g8 and g8 + 8 of rows 2 q4 (x[0], x[2]) and 2 q4 + 1 (x[1], x[3]), base-2 logits, -inf where masked.
+   Updates the two rows' running max m and sum d, writes the weights p[4] and the factors al0, al1 by which the
+   caller rescales its output accumulators (1 when the max did not move). */
+KVA_DEV void kva_st_softmax_step(const float* x, float& m0, float& m1, float& d0, float& d1, float* p, float& al0,
+                                 float& al1) {
+    const float neg_inf = KVA_NEG_INF;
+    float mx0 = fmaxf(x[0], x[2]), mx1 = fmaxf(x[1], x[3]);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+    }
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float mu0 = mn0 == neg_inf ? 0.0f : mn0, mu1 = mn1 == neg_inf ? 0.0f : mn1;
+    al0 = kva_exp2(m0 - mu0);
+    al1 = kva_exp2(m1 - mu1);
+    m0 = mn0;
+    m1 = mn1;
+    p[0] = kva_exp2(x[0] - mu0);
+    p[2] = kva_exp2(x[2] - mu0);
+    p[1] = kva_exp2(x[1] - mu1);
+    p[3] = kva_exp2(x[3] - mu1);
+    d0 = d0 * al0 + (p[0] + p[2]);
+    d1 = d1 * al1 + (p[1] + p[3]);
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* mbarriers, TMA tensor copies and named barriers (sm_90: the Hopper prefill mainloop and the head-group decode
    kernel)                                                                                          */

@@ -242,21 +242,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             s[1] = v0 ? (sa[0][1] + sa[1][1]) * p.q_scale : neg_inf;
             s[2] = v1 ? (sa[0][2] + sa[1][2]) * p.q_scale : neg_inf;
             s[3] = v1 ? (sa[0][3] + sa[1][3]) * p.q_scale : neg_inf;
-            float x0 = fmaxf(s[0], s[2]), x1 = fmaxf(s[1], s[3]);
-#pragma unroll
-            for (int o = 4; o < 32; o <<= 1) {
-                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
-                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
-            }
-            const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-            const float b0 = n0 == neg_inf ? 0.f : n0, b1 = n1 == neg_inf ? 0.f : n1;
-            const float al0 = kva_exp2(m0 - b0), al1 = kva_exp2(m1 - b1);
-            m0 = n0;
-            m1 = n1;
-            const float p0 = kva_exp2(s[0] - b0), p1 = kva_exp2(s[1] - b1);
-            const float p2 = kva_exp2(s[2] - b0), p3 = kva_exp2(s[3] - b1);
-            l0 = l0 * al0 + (p0 + p2);
-            l1 = l1 * al1 + (p1 + p3);
+            float pv[4], al0, al1;
+            kva_st_softmax_step(s, m0, m1, l0, l1, pv, al0, al1);
             if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
 #pragma unroll
                 for (int mt = 0; mt < HG_MT; ++mt) {
@@ -267,7 +254,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 }
             }
             /* P^T as the B fragment: lane (r8, q4) needs P[row r8][tokens 2 q4, 2 q4 + 1, + 8, + 9] */
-            const unsigned X = HG_PACK(p0, p2), Y = HG_PACK(p1, p3);
+            const unsigned X = HG_PACK(pv[0], pv[2]), Y = HG_PACK(pv[1], pv[3]);
             const int sa_ = 8 * q4 + (r8 >> 1), sb_ = sa_ + 4;
             const unsigned xa = __shfl_sync(0xffffffffu, X, sa_), ya = __shfl_sync(0xffffffffu, Y, sa_);
             const unsigned xb = __shfl_sync(0xffffffffu, X, sb_), yb = __shfl_sync(0xffffffffu, Y, sb_);

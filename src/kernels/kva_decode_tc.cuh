@@ -684,23 +684,8 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
             /* ---- online softmax (or sigmoid) ---- */
             float pv[4];
             if (!sigmoid) {
-                float mx0 = fmaxf(x[0], x[2]), mx1 = fmaxf(x[1], x[3]);
-#pragma unroll
-                for (int o = 4; o < 32; o <<= 1) {
-                    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
-                    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
-                }
-                const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-                const float mu0 = mn0 == neg_inf ? 0.0f : mn0, mu1 = mn1 == neg_inf ? 0.0f : mn1;
-                const float al0 = kva_exp2(m0 - mu0), al1 = kva_exp2(m1 - mu1);
-                m0 = mn0;
-                m1 = mn1;
-                pv[0] = kva_exp2(x[0] - mu0);
-                pv[2] = kva_exp2(x[2] - mu0);
-                pv[1] = kva_exp2(x[1] - mu1);
-                pv[3] = kva_exp2(x[3] - mu1);
-                d0 = d0 * al0 + (pv[0] + pv[2]);
-                d1 = d1 * al1 + (pv[1] + pv[3]);
+                float al0, al1;
+                kva_st_softmax_step(x, m0, m1, d0, d1, pv, al0, al1);
                 if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
 #pragma unroll
                     for (int mt = 0; mt < TC_MT; ++mt) {
