@@ -16,6 +16,7 @@
  *
  * usage: kva_bench_decode [--iters N] [--csv FILE] [--only 'A|B' (substrings of name, group or shape)] [--quick]
  *                         [--no-bounds-check-ab 0|1] [--ab-env VAR[=VALUE]] [--ab-only 'A|B'] [--ab-layout] [--trace 'A|B']
+ *                         [--extra] (small eager "X1" and graph "X7" shapes, only with this flag)
  * --ab-env: the A/B's second arm is a context created with VAR set; --ab-layout: the second arm runs the same plan
  * on the same pools read as HND (no second context).
  */
@@ -71,7 +72,7 @@ static void uniform(wl* w, int len) {
     snprintf(w->label, sizeof w->label, "%d x %d", w->batch, len);
 }
 
-static void build_workloads(int quick) {
+static void build_workloads(int quick, int extra) {
     static const int d1[][2] = {{1, 1024},  {1, 4096},  {1, 32768}, {1, 131072}, {16, 1024}, {16, 4096},
                                 {64, 1024}, {64, 4096}, {64, 8192}, {128, 2048}, {256, 2048}};
     for (size_t i = 0; i < sizeof d1 / sizeof d1[0]; ++i) {
@@ -144,6 +145,16 @@ static void build_workloads(int quick) {
     w = add("D7", "D7 graph replay", 32, 8, 128, KVA_DTYPE_BF16, 16, 16);
     uniform(w, 1024);
     w->graph = 1;
+    if (extra) { /* --extra: small GQA 32/8 shapes around the planner's shortest chunk, eager ("X1") and graph ("X7") */
+        static const int xs_[][2] = {{1, 256}, {1, 512}, {1, 2048}, {1, 8192}, {2, 1024}, {4, 1024}, {8, 512}, {2, 2048}};
+        for (int gph = 0; gph < 2; ++gph)
+            for (size_t i = 0; i < sizeof xs_ / sizeof xs_[0]; ++i) {
+                w = add(gph ? "X7" : "X1", gph ? "X7 graph GQA 32/8" : "X1 GQA 32/8", 32, 8, 128, KVA_DTYPE_BF16, 16,
+                        xs_[i][0]);
+                uniform(w, xs_[i][1]);
+                w->graph = gph;
+            }
+    }
 }
 
 
@@ -424,7 +435,7 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
 }
 
 int main(int argc, char** argv) {
-    int iters = 30, quick = 0, bc_ab = 1;
+    int iters = 30, quick = 0, bc_ab = 1, extra = 0;
     const char* ab_env = "KVATTN_BENCH_NO_BOUNDS_CHECK";
     const char* ab_only = NULL;
     int ab_layout = 0; /* --ab-layout: the A/B's second arm runs the same plan on the same pools read as HND */
@@ -443,16 +454,17 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "--ab-layout")) ab_layout = 1;
         else if (!strcmp(argv[i], "--trace") && i + 1 < argc) trace_only = argv[++i];
         else if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--extra")) extra = 1;
         else {
             fprintf(stderr,
                     "usage: %s [--iters N] [--csv FILE] [--only SUBSTR] [--hbm TB/s] [--quick] "
-                    "[--no-bounds-check-ab 0|1] [--ab-env VAR] [--ab-only 'A|B'] [--ab-layout] [--trace 'A|B']\n",
+                    "[--no-bounds-check-ab 0|1] [--ab-env VAR] [--ab-only 'A|B'] [--ab-layout] [--trace 'A|B'] [--extra]\n",
                     argv[0]);
             return 2;
         }
     }
     if (iters < 5) iters = 5;
-    build_workloads(quick);
+    build_workloads(quick, extra);
 
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));

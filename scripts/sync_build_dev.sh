@@ -17,6 +17,7 @@ for f in kva_bench_prefill bench_prefill kva_cuda_prefill_jit_test kva_bench_for
 done
 cp build-cuda/kva_cuda_gen/kva_aot_sm90a.fatbin build-dev/kva_cuda_gen/
 [ -x build-cuda/tools/hbm_read ] && mkdir -p build-dev/tools && cp -a build-cuda/tools/hbm_read build-dev/tools/ || true
+[ -x build-cuda/tools/cluster_probe ] && mkdir -p build-dev/tools && cp -a build-cuda/tools/cluster_probe build-dev/tools/ || true
 [ -x build-cuda/tools/hg_decode ] && mkdir -p build-dev/tools && cp -a build-cuda/tools/hg_decode build-dev/tools/ || true
 # SYNC_LEAN=1: only what gpu_check.sh and gpu_probe.sh run (the carry limit is 64 MB with the source tree; the full
 # copy passed 60 MB once the 8-warp decode kernels joined the prebuilt set)

@@ -35,6 +35,8 @@ static int cmp_i64_desc(const void* a, const void* b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 static int64_t g_plans = 0, g_items = 0, g_partials = 0;
+static int32_t g_small_chunk = 0; /* small_kv_chunk of the contexts of the plan being checked */
+static int64_t g_small_plans = 0; /* plans whose chunks are below KVA__MIN_KV_CHUNK */
 
 typedef struct batch {
     kva_op op;
@@ -305,8 +307,21 @@ static int check_plan(const kva_attention_desc* d, const batch* b, const kva_pla
         if ((double)maxw / lb2 > g_worst_ratio2) g_worst_ratio2 = (double)maxw / lb2;
     }
     if (pp->disable_split_kv) P_EXPECT(NP == 0 && NM == 0, "%s: disable_split_kv but %d partials", what, NP);
-    if (!pp->disable_split_kv && pp->fixed_split_size == 0 && pd->kv_chunk_size > 0)
-        P_EXPECT(pd->kv_chunk_size >= KVA__MIN_KV_CHUNK && pd->kv_chunk_size % 16 == 0, "%s: chunk size %d", what, pd->kv_chunk_size);
+    if (!pp->disable_split_kv && pp->fixed_split_size == 0 && pd->kv_chunk_size > 0) {
+        /* the shortest chunk: KVA__MIN_KV_CHUNK, or the context's small_kv_chunk for tiny decode calls */
+        const int32_t lo = g_small_chunk > 0 && b->op == KVA_OP_BATCH_DECODE ? g_small_chunk : KVA__MIN_KV_CHUNK;
+        P_EXPECT(pd->kv_chunk_size >= lo && pd->kv_chunk_size % 16 == 0, "%s: chunk size %d (shortest %d)", what,
+                 pd->kv_chunk_size, lo);
+        if (pd->kv_chunk_size < KVA__MIN_KV_CHUNK) { /* ... and then at most KVA__SMALL_SPLIT chunks per tile */
+            ++g_small_plans;
+            P_EXPECT(b->op == KVA_OP_BATCH_DECODE && g_small_chunk > 0, "%s: chunk %d below the minimum", what,
+                     pd->kv_chunk_size);
+            const kva__merge_task* mts = kva__ws_merge(pd, base);
+            for (int32_t m = 0; m < pd->num_merge; ++m)
+                P_EXPECT(mts[m].num_partials <= KVA__SMALL_SPLIT, "%s: chunk %d, merge task %d of %d partials", what,
+                         pd->kv_chunk_size, m, mts[m].num_partials);
+        }
+    }
     if (pp->fixed_split_size > 0 && pd->kv_chunk_size > 0) P_EXPECT(pd->kv_chunk_size == pp->fixed_split_size, "%s: fixed chunk %d vs %d", what, pd->kv_chunk_size, pp->fixed_split_size);
     /* merge tasks */
     const kva__merge_task* mt = kva__ws_merge(pd, base);
@@ -423,9 +438,12 @@ static void test_random_plans(kva_context** ctxs, kva_context** ctxs2, int count
             pp.max_batch_size = b.B + (int32_t)h_rng_range(&r, 1, 10);
             pp.max_total_qo_rows = b.qo_indptr[b.B] + h_rng_range(&r, 0, 100);
         }
+        /* half the plans on contexts with the CUDA backend's small-call chunk floor (set here on CPU contexts) */
+        g_small_chunk = h_rng_range(&r, 0, 1) ? 64 : 0;
+        ctxs[wi]->small_kv_chunk = ctxs2[wi]->small_kv_chunk = g_small_chunk;
         char what[160];
-        snprintf(what, sizeof what, "plan #%d (op %d, W %d, B %d, mode %d, g %d, mask %d, win %d)", n, (int)op, W, b.B, (int)mode,
-                 d.num_qo_heads / d.num_kv_heads, (int)d.mask_mode, d.window_left);
+        snprintf(what, sizeof what, "plan #%d (op %d, W %d, B %d, mode %d, g %d, mask %d, win %d, small %d)", n, (int)op, W,
+                 b.B, (int)mode, d.num_qo_heads / d.num_kv_heads, (int)d.mask_mode, d.window_left, g_small_chunk);
         size_t dev = 0, host = 0;
         kva_status st = kva_plan_workspace_size(ctxs[wi], &d, op, &pp, &dev, &host);
         if (!H_CHECK(st == KVA_OK, "%s: workspace_size: %s: %s", what, kva_status_string(st), kva_last_error_message())) {
@@ -478,6 +496,10 @@ static void test_random_plans(kva_context** ctxs, kva_context** ctxs2, int count
         ws_free(&w2);
         batch_free(&b);
     }
+    for (int i = 0; i < NW; ++i) ctxs[i]->small_kv_chunk = ctxs2[i]->small_kv_chunk = 0;
+    g_small_chunk = 0;
+    if (count >= 500) /* the random batches include tiny decode calls on the wide contexts */
+        H_CHECK(g_small_plans > 0, "no plan took the small-call chunk floor in %d plans", count);
 }
 
 /* Graph mode: same bounds -> same offsets, capacities, tile size, sizes; all under kva_workspace_bound. */
@@ -767,10 +789,11 @@ int main(int argc, char** argv) {
     test_bound(ctxs);
     test_fixed_split(ctxs);
     test_locality(ctxs);
-    printf("planner: %lld plans checked (%lld items, %lld partial slots)\n"
+    printf("planner: %lld plans checked (%lld items, %lld partial slots; %lld with chunks below %d)\n"
            "  worst max_worker_cost / max(total/W, largest item)                 = %.4f (checked: <= 4/3 + largest/bound)\n"
            "  worst max_worker_cost / max(total/W, largest, c[W-1] + c[W]) (LB*) = %.4f (decode LPT <= 4/3 OPT; prefill: list scheduling in locality order)\n",
-           (long long)g_plans, (long long)g_items, (long long)g_partials, g_worst_ratio, g_worst_ratio2);
+           (long long)g_plans, (long long)g_items, (long long)g_partials, (long long)g_small_plans, KVA__MIN_KV_CHUNK,
+           g_worst_ratio, g_worst_ratio2);
     for (int i = 0; i < NW; ++i) {
         kva_context_destroy(ctxs[i]);
         kva_context_destroy(ctxs2[i]);

@@ -53,7 +53,10 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
     {
         const char* mc = getenv("KVATTN_BENCH_MIN_KV_CHUNK"); /* benchmark A/B only */
         const long v = mc ? strtol(mc, NULL, 10) : 0;
-        if (v >= 16 && v <= (1L << 20)) ctx->min_kv_chunk = (int32_t)v;
+        if (v >= 16 && v <= (1L << 20)) {
+            ctx->min_kv_chunk = (int32_t)v;
+            ctx->small_kv_chunk = -1; /* the benchmark fixed the shortest chunk: no small-call floor */
+        }
         const char* lpt = getenv("KVATTN_BENCH_PLAN_LPT"); /* benchmark A/B only */
         ctx->plan_lpt_only = lpt && lpt[0] == '1';
     }

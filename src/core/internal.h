@@ -66,6 +66,10 @@ struct kva_context {
     uint64_t id;              /* unique per context in the process; plans record it */
     int32_t min_kv_chunk;     /* shortest KV chunk the planner splits into (KVA__MIN_KV_CHUNK; benchmark A/B:
                                  $KVATTN_BENCH_MIN_KV_CHUNK at context creation) */
+    int32_t small_kv_chunk;   /* batch decode with less than min_kv_chunk tokens of work per worker: chunks as short as
+                                 this (<= 0 = off), as long as the longest tile keeps at most KVA__SMALL_SPLIT
+                                 chunks. The CUDA backend sets 64 unless $KVATTN_BENCH_MIN_KV_CHUNK fixed
+                                 min_kv_chunk (-1) */
     int plan_lpt_only;        /* benchmark A/B ($KVATTN_BENCH_PLAN_LPT=1 at context creation): prefill plans use the
                                  LPT order instead of the locality order */
     /* Planner scratch buffers, reused across plans (a plan that finds them busy uses its own). */
@@ -89,6 +93,7 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
 #define KVA__WS_ALIGN 256          /* alignment of every region in the workspace */
 #define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
 #define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
+#define KVA__SMALL_SPLIT 16        /* see small_kv_chunk: the CUDA decode kernels' one-pass fused merge width */
 #define KVA__MAX_TILE_Q 128
 
 /* Per-request table in the workspace (written by plan). */

@@ -1078,6 +1078,7 @@ kva_status kva__cuda_init(kva_context* ctx) {
     }
     ctx->ops = &kva__cuda_ops;
     ctx->num_workers = st->num_sms * st->ctas_per_sm;
+    if (ctx->small_kv_chunk == 0) ctx->small_kv_chunk = 64; /* see kva_context.small_kv_chunk */
     kva__log(ctx, KVA_LOG_INFO, "kvattn: CUDA device %d: %s, compute capability %d.%d, %d SMs, %d workers, %s kernels",
              (int)ctx->device, st->name, st->cc_major, st->cc_minor, st->num_sms, (int)ctx->num_workers,
              st->aot ? "prebuilt + NVRTC" : "NVRTC");

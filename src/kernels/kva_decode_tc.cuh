@@ -917,7 +917,9 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         /* ---- fused split-KV merge: the CTA that writes a task's last partial merges the task. One acq_rel 64-bit
            atomic on (partial_first, num_partials) releases this CTA's partials (ordered by the barrier), counts
            the arrival in the high half of num_partials and returns the task's first slot and size. ---- */
-        if (to_partial && (flags & KVK_FLAG_FUSED_MERGE)) {
+        /* KVA_TC_EXP bit 3 (timing only, wrong results): no arrival and no merge, the bound on what a cheaper
+           cross-CTA combine could save */
+        if (to_partial && (flags & KVK_FLAG_FUSED_MERGE) && !(KVA_TC_EXP & 8)) {
             __syncthreads();
             kvk_merge_task* const mtask = (kvk_merge_task*)(p.ws + p.off_merge) + item.pad_;
             if (tid == 0) {

@@ -363,7 +363,19 @@ static int32_t kva__choose_chunk(const kva_context* ctx, const kva__plan_data* p
     for (int64_t i = 0; i < s->ntiles; ++i) total += s->tiles[i].hi - s->tiles[i].lo;
     total *= kva__unit_heads(pd);
     int64_t L = kva__ceil_div64(total, pd->num_workers);
-    const int64_t min_chunk = ctx->min_kv_chunk > 0 ? ctx->min_kv_chunk : KVA__MIN_KV_CHUNK;
+    int64_t min_chunk = ctx->min_kv_chunk > 0 ? ctx->min_kv_chunk : KVA__MIN_KV_CHUNK;
+    if (L < min_chunk && ctx->small_kv_chunk > 0 && ctx->small_kv_chunk < min_chunk &&
+        pd->op == (uint32_t)KVA_OP_BATCH_DECODE) {
+        /* tiny decode calls (one request of a few hundred to a thousand tokens): shorter chunks put one 16-token
+           subtile per warp instead of two, and the split stays within the fused merge's one-pass width
+           (docs/kernels/decode.md, session 14) */
+        int64_t maxlen = 0;
+        for (int64_t i = 0; i < s->ntiles; ++i)
+            if (s->tiles[i].hi - s->tiles[i].lo > maxlen) maxlen = s->tiles[i].hi - s->tiles[i].lo;
+        int64_t lo = kva__ceil_div64(maxlen, KVA__SMALL_SPLIT);
+        if (lo < ctx->small_kv_chunk) lo = ctx->small_kv_chunk;
+        if (lo < min_chunk) min_chunk = lo;
+    }
     if (L < min_chunk) L = min_chunk;
     L = kva__ceil_div64(L, KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
     if (L > INT32_MAX / 2) L = INT32_MAX / 2;
