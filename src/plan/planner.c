@@ -323,6 +323,14 @@ static void kva__chunk_stats(const kva__plan_scratch* s, int64_t H, int64_t L, i
     *shortest = mn == INT64_MAX ? 0 : mn;
 }
 
+/* The longest tile's KV range (tokens). */
+static int64_t kva__max_tile_len(const kva__plan_scratch* s) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < s->ntiles; ++i)
+        if (s->tiles[i].hi - s->tiles[i].lo > m) m = s->tiles[i].hi - s->tiles[i].lo;
+    return m;
+}
+
 /* L = ceil(total / W) is the ideal chunk only when the chunks pack: with T tiles of equal length it gives
  * T * ceil(len / L) items, often a little more than W (e.g. 32 heads x 32k over 264 workers: 288 items), and the
  * last few workers then take two chunks (makespan ~2L). When all tiles fit in W items, the smallest L with at most
@@ -333,9 +341,7 @@ static int64_t kva__refine_chunk(const kva__plan_data* pd, const kva__plan_scrat
     int64_t items, longest, shortest;
     kva__chunk_stats(s, H, L0, &items, &longest, &shortest);
     if (items <= W || s->ntiles * H > W) return L0;
-    int64_t maxlen = 0;
-    for (int64_t i = 0; i < s->ntiles; ++i)
-        if (s->tiles[i].hi - s->tiles[i].lo > maxlen) maxlen = s->tiles[i].hi - s->tiles[i].lo;
+    const int64_t maxlen = kva__max_tile_len(s);
     const int64_t est0 = longest + shortest;
     /* smallest multiple of the alignment in (L0, maxlen] with at most W items (items do not grow with L) */
     int64_t lo = L0 / KVA__CHUNK_ALIGN + 1, hi = kva__ceil_div64(maxlen, KVA__CHUNK_ALIGN);
@@ -369,10 +375,7 @@ static int32_t kva__choose_chunk(const kva_context* ctx, const kva__plan_data* p
         /* tiny decode calls (one request of a few hundred to a thousand tokens): shorter chunks put one 16-token
            subtile per warp instead of two, and the split stays within the fused merge's one-pass width
            (docs/kernels/decode.md, session 14) */
-        int64_t maxlen = 0;
-        for (int64_t i = 0; i < s->ntiles; ++i)
-            if (s->tiles[i].hi - s->tiles[i].lo > maxlen) maxlen = s->tiles[i].hi - s->tiles[i].lo;
-        int64_t lo = kva__ceil_div64(maxlen, KVA__SMALL_SPLIT);
+        int64_t lo = kva__ceil_div64(kva__max_tile_len(s), KVA__SMALL_SPLIT);
         if (lo < ctx->small_kv_chunk) lo = ctx->small_kv_chunk;
         if (lo < min_chunk) min_chunk = lo;
     }
