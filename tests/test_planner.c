@@ -36,6 +36,7 @@ static int cmp_i64_desc(const void* a, const void* b) {
 }
 static int64_t g_plans = 0, g_items = 0, g_partials = 0;
 static int32_t g_small_chunk = 0; /* small_kv_chunk of the contexts of the plan being checked */
+static int32_t g_head_bytes = 0;  /* worker_head_bytes of the contexts of the plan being checked */
 static int64_t g_small_plans = 0; /* plans whose chunks are below KVA__MIN_KV_CHUNK */
 
 typedef struct batch {
@@ -192,6 +193,16 @@ static int check_plan(const kva_attention_desc* d, const batch* b, const kva_pla
     for (size_t i = 0; i < sizeof offs / sizeof offs[0]; ++i) P_EXPECT(offs[i] % A == 0, "%s: offset %zu (#%zu) not 256-aligned", what, offs[i], i);
     P_EXPECT(pd->off_counts >= KVA__STATUS_BYTES, "%s: counts overlap the status region", what);
     P_EXPECT(pd->off_counts + sizeof(kva__counts) <= pd->off_worker_indptr, "%s: counts region too small", what);
+    if (g_head_bytes > 0) {
+        P_EXPECT(pd->off_worker_head % A == 0, "%s: worker header region not 256-aligned", what);
+        P_EXPECT(pd->off_worker_indptr + sizeof(int32_t) * (size_t)(W + 1) <= pd->off_worker_head &&
+                     pd->off_worker_head + (size_t)g_head_bytes * (size_t)W <= pd->off_requests,
+                 "%s: worker header region [%zu, +%d x %d) vs indptr %zu, requests %zu", what, pd->off_worker_head,
+                 (int)g_head_bytes, (int)W, pd->off_worker_indptr, pd->off_requests);
+    } else {
+        P_EXPECT(pd->off_worker_head == 0, "%s: a worker header region (%zu) without worker_head_bytes", what,
+                 pd->off_worker_head);
+    }
     P_EXPECT(pd->off_worker_indptr + sizeof(int32_t) * (size_t)(W + 1) <= pd->off_requests, "%s: worker_indptr region", what);
     P_EXPECT(pd->off_requests + sizeof(kva__request) * (size_t)pd->max_batch_size <= pd->off_items && pd->max_batch_size >= b->B,
              "%s: request region", what);
@@ -441,6 +452,8 @@ static void test_random_plans(kva_context** ctxs, kva_context** ctxs2, int count
         /* half the plans on contexts with the CUDA backend's small-call chunk floor (set here on CPU contexts) */
         g_small_chunk = h_rng_range(&r, 0, 1) ? 64 : 0;
         ctxs[wi]->small_kv_chunk = ctxs2[wi]->small_kv_chunk = g_small_chunk;
+        g_head_bytes = h_rng_range(&r, 0, 1) ? 64 : 0; /* the CUDA backend's per-worker header region */
+        ctxs[wi]->worker_head_bytes = ctxs2[wi]->worker_head_bytes = g_head_bytes;
         char what[160];
         snprintf(what, sizeof what, "plan #%d (op %d, W %d, B %d, mode %d, g %d, mask %d, win %d, small %d)", n, (int)op, W,
                  b.B, (int)mode, d.num_qo_heads / d.num_kv_heads, (int)d.mask_mode, d.window_left, g_small_chunk);
@@ -496,8 +509,12 @@ static void test_random_plans(kva_context** ctxs, kva_context** ctxs2, int count
         ws_free(&w2);
         batch_free(&b);
     }
-    for (int i = 0; i < NW; ++i) ctxs[i]->small_kv_chunk = ctxs2[i]->small_kv_chunk = 0;
+    for (int i = 0; i < NW; ++i) {
+        ctxs[i]->small_kv_chunk = ctxs2[i]->small_kv_chunk = 0;
+        ctxs[i]->worker_head_bytes = ctxs2[i]->worker_head_bytes = 0;
+    }
     g_small_chunk = 0;
+    g_head_bytes = 0;
     if (count >= 500) /* the random batches include tiny decode calls on the wide contexts */
         H_CHECK(g_small_plans > 0, "no plan took the small-call chunk floor in %d plans", count);
 }

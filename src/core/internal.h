@@ -70,6 +70,8 @@ struct kva_context {
                                  this (<= 0 = off), as long as the longest tile keeps at most KVA__SMALL_SPLIT
                                  chunks. The CUDA backend sets 64 unless $KVATTN_BENCH_MIN_KV_CHUNK fixed
                                  min_kv_chunk (-1) */
+    int32_t worker_head_bytes; /* > 0: plans reserve this many bytes per worker at off_worker_head for the backend's
+                                  per-worker header (the CUDA backend: kvk_worker_head, 64 bytes); 0 = none */
     int plan_lpt_only;        /* benchmark A/B ($KVATTN_BENCH_PLAN_LPT=1 at context creation): prefill plans use the
                                  LPT order instead of the locality order */
     /* Planner scratch buffers, reused across plans (a plan that finds them busy uses its own). */
@@ -143,7 +145,8 @@ typedef struct kva__counts {
 /*
  * Workspace layout (byte offsets, every region KVA__WS_ALIGN aligned):
  *   device: [0, KVA__STATUS_BYTES) fault status (zeroed by each plan)
- *           [off_counts ...)       int region: counts, worker_indptr[W+1], requests[B], items[], merge[]
+ *           [off_counts ...)       int region: counts, worker_indptr[W+1], worker headers (CUDA: W x 64 bytes),
+ *                                  requests[B], items[], merge[]
  *           [off_partial_o ...)    float partials: o [num_partial_slots][tile_q][head_dim_vo] f32
  *           [off_partial_lse ...)  lse [num_partial_slots][tile_q] f32
  *   host (CUDA staging): a mirror of device bytes [0, int_region_end) copied with one async copy.
@@ -188,6 +191,7 @@ typedef struct kva__plan_data {
 
     size_t off_counts;
     size_t off_worker_indptr;
+    size_t off_worker_head;  /* [num_workers][worker_head_bytes] (0 = no header region; backend-written) */
     size_t off_requests;
     size_t off_items;
     size_t off_merge;

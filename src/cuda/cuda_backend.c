@@ -30,6 +30,7 @@ _Static_assert(offsetof(kvk_merge_task, num_partials) == offsetof(kva__merge_tas
 _Static_assert(sizeof(kvk_counts) == sizeof(kva__counts), "kvk_counts layout");
 _Static_assert(offsetof(kvk_counts, num_merge) == offsetof(kva__counts, num_merge), "kvk_counts layout");
 _Static_assert(sizeof(kvk_status) <= KVA__STATUS_BYTES, "status region");
+_Static_assert(sizeof(kvk_worker_head) == 64 && offsetof(kvk_worker_head, item) == 32, "kvk_worker_head layout");
 _Static_assert(sizeof(kvk_merge_states_params) <= 4000, "merge_states params must fit the 4 KB parameter space");
 
 /* backend_data slots of a plan */
@@ -228,6 +229,27 @@ static int kva__prepare_fused_merge(kva__plan_data* plan, const kva_workspace* w
     return 1;
 }
 
+/* The per-worker headers (kvk_worker_head) in the host staging mirror, from the items and requests as they will be
+   copied (after kva__prepare_fused_merge has set the items' merge tasks). */
+static void kva__write_worker_heads(const kva__plan_data* plan, const kva_workspace* ws) {
+    char* base = (char*)ws->host;
+    const int32_t* windptr = kva__ws_worker_indptr(plan, base);
+    const kva__work_item* items = kva__ws_items(plan, base);
+    const kva__request* reqs = kva__ws_requests(plan, base);
+    kvk_worker_head* wh = (kvk_worker_head*)(base + plan->off_worker_head);
+    for (int32_t w = 0; w < plan->num_workers; ++w) {
+        kvk_worker_head h;
+        memset(&h, 0, sizeof h);
+        h.it_begin = windptr[w];
+        h.it_end = windptr[w + 1];
+        if (h.it_begin < h.it_end) {
+            memcpy(&h.item, &items[h.it_begin], sizeof h.item);
+            memcpy(&h.rq, &reqs[h.item.req], sizeof h.rq);
+        }
+        memcpy(&wh[w], &h, sizeof h);
+    }
+}
+
 /* Plans with one CTA per SM (kva__cuda_plan_workers) whose workers each stream at least 512 K/V rows run the
    tensor-core decode kernel with 8 warps instead of 4 (head dim 128, 16-bit KV: the prebuilt "_w8" kernels). The SM
    then keeps twice the K/V bytes in flight and hides each warp's per-subtile instruction latency behind another's,
@@ -303,8 +325,12 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
             if (!ws->host || !ws->device)
                 status = kva__set_error(KVA_ERR_INVALID_ARGUMENT, "plan: the CUDA backend needs workspace->device "
                                                                   "and workspace->host");
-            else
+            else if (plan->off_worker_head == 0)
+                status = kva__set_error(KVA_ERR_INTERNAL, "plan: no worker header region in the CUDA plan layout");
+            else {
+                kva__write_worker_heads(plan, ws);
                 status = kva__staging_copy(st, ws, plan->int_region_end, (CUstream)stream);
+            }
         }
     }
     kva__leave(st, pushed);
@@ -491,6 +517,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     p.off_partial_o = (int64_t)pd->off_partial_o;
     p.off_partial_lse = (int64_t)pd->off_partial_lse;
     p.off_merge = (int64_t)pd->off_merge;
+    p.off_worker_head = (int64_t)pd->off_worker_head;
     p.num_entries = pd->graph_mode ? 0 : pd->num_page_entries; /* graph replays may use a shorter page table */
     p.trace = (kvk_u64*)(uintptr_t)st->trace_ptr;
     p.q_stride_row = a->q.stride[0];
@@ -1079,6 +1106,7 @@ kva_status kva__cuda_init(kva_context* ctx) {
     ctx->ops = &kva__cuda_ops;
     ctx->num_workers = st->num_sms * st->ctas_per_sm;
     if (ctx->small_kv_chunk == 0) ctx->small_kv_chunk = 64; /* see kva_context.small_kv_chunk */
+    ctx->worker_head_bytes = (int32_t)sizeof(kvk_worker_head);
     kva__log(ctx, KVA_LOG_INFO, "kvattn: CUDA device %d: %s, compute capability %d.%d, %d SMs, %d workers, %s kernels",
              (int)ctx->device, st->name, st->cc_major, st->cc_minor, st->num_sms, (int)ctx->num_workers,
              st->aot ? "prebuilt + NVRTC" : "NVRTC");

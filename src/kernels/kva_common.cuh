@@ -193,6 +193,54 @@ KVA_DEV int kva_ldg_i32(const int* p) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Plan records                                                                                    */
+
+KVA_DEV kvk_work_item kva_item_of(const uint4 a, const uint4 b) {
+    kvk_work_item w;
+    w.req = (int)a.x;
+    w.kv_head = (int)a.y;
+    w.row_start = (int)a.z;
+    w.rows = (int)a.w;
+    w.kv_start = (int)b.x;
+    w.kv_end = (int)b.y;
+    w.partial = (int)b.z;
+    w.pad_ = (int)b.w;
+    return w;
+}
+/* Fused split-KV merge arrival (one thread of the CTA, after a barrier that orders the CTA's partial writes before
+   it): one acq_rel 64-bit atomic on (partial_first, num_partials) releases the partials, counts the arrival in the
+   high 16 bits of num_partials and returns the task's first slot and size. The last arriver restores num_partials
+   for the next run or graph replay. s_flag[0] = this CTA merges the task, [1] = first partial slot, [2] = partials. */
+KVA_DEV void kva_merge_arrive(kvk_merge_task* mtask, int* s_flag) {
+    unsigned long long old;
+    asm volatile("{ atom.add.acq_rel.gpu.u64 %0, [%1], %2; }"
+                 : "=l"(old)
+                 : "l"(&mtask->partial_first), "l"(1ull << 48)
+                 : "memory");
+    const int n = (int)((old >> 32) & 0xffffu);
+    const int last = (int)(old >> 48) == n - 1;
+    if (last) mtask->num_partials = n;
+    s_flag[0] = last;
+    s_flag[1] = (int)(unsigned)(old & 0xffffffffu);
+    s_flag[2] = n;
+}
+/* this CTA's kvk_worker_head (p.ws + p.off_worker_head): four independent 16-byte loads of one 64-byte line */
+KVA_DEV void kva_load_worker_head(const char* ws, long long off_worker_head, int* it_begin, int* it_end,
+                                  kvk_request* rq, kvk_work_item* item) {
+    const char* const wh = ws + off_worker_head + 64ll * blockIdx.x;
+    const uint4 h0 = kva_ldg_nc16(wh), h1 = kva_ldg_nc16(wh + 16), h2 = kva_ldg_nc16(wh + 32),
+                h3 = kva_ldg_nc16(wh + 48);
+    *it_begin = (int)h0.x;
+    *it_end = (int)h0.y;
+    rq->qo_start = (int)h0.z;
+    rq->qo_len = (int)h0.w;
+    rq->kv_start = (int)h1.x;
+    rq->kv_len = (int)h1.y;
+    rq->mask_offset = (long long)(((unsigned long long)h1.w << 32) | (unsigned long long)h1.z);
+    *item = kva_item_of(h2, h3);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 /* Math                                                                                            */
 
 KVA_DEV float kva_exp2(float x) {

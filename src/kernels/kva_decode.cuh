@@ -168,9 +168,11 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
 
     const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
     const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
-    const kvk_i32* windptr = (const kvk_i32*)(p.ws + p.off_worker_indptr);
-    const int it_begin = windptr[blockIdx.x];
-    const int it_end = windptr[blockIdx.x + 1];
+    /* the worker's header (kvk_worker_head): item range, first item and its request in one line */
+    int it_begin, it_end;
+    kvk_work_item nitem;
+    kvk_request nrq;
+    kva_load_worker_head(p.ws, p.off_worker_head, &it_begin, &it_end, &nrq, &nitem);
     const unsigned flags = p.flags;
     const int g = p.group_size;
     const char* const kbase = (const char*)p.k;
@@ -191,12 +193,6 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
     const float rope_sign = lx < KVA_LX / 2 ? -1.0f : 1.0f;
 #endif
 
-    kvk_work_item nitem;
-    kvk_request nrq;
-    if (it_begin < it_end) {
-        nitem = items[it_begin];
-        nrq = reqs[nitem.req];
-    }
 
     for (int it = it_begin; it < it_end; ++it) {
         const kvk_work_item item = nitem;

@@ -366,19 +366,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         if (to_partial && fused) {
             kvp_named_sync(1u + HG_G, 32u * HG_NC);
             kvk_merge_task* const mtask = (kvk_merge_task*)(p.ws + p.off_merge) + w.pad_;
-            if (tid == 0) {
-                unsigned long long old;
-                asm volatile("{ atom.add.acq_rel.gpu.u64 %0, [%1], %2; }"
-                             : "=l"(old)
-                             : "l"(&mtask->partial_first), "l"(1ull << 48)
-                             : "memory");
-                const int n = (int)((old >> 32) & 0xffffu);
-                const int last = (int)(old >> 48) == n - 1;
-                if (last) mtask->num_partials = n; /* restore for the next run */
-                s_flag[0] = last;
-                s_flag[1] = (int)(unsigned)(old & 0xffffffffu);
-                s_flag[2] = n;
-            }
+            if (tid == 0) kva_merge_arrive(mtask, s_flag);
             kvp_named_sync(1u + HG_G, 32u * HG_NC);
             if (s_flag[0]) {
                 kvk_merge_task tk;

@@ -77,17 +77,7 @@ KVA_DEV unsigned kva_ldg_u32(const void* p) {
     return v;
 }
 KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
-    uint4 a = kva_ldg16(it), b = kva_ldg16((const char*)it + 16);
-    kvk_work_item w;
-    w.req = (int)a.x;
-    w.kv_head = (int)a.y;
-    w.row_start = (int)a.z;
-    w.rows = (int)a.w;
-    w.kv_start = (int)b.x;
-    w.kv_end = (int)b.y;
-    w.partial = (int)b.z;
-    w.pad_ = (int)b.w;
-    return w;
+    return kva_item_of(kva_ldg16(it), kva_ldg16((const char*)it + 16));
 }
 #endif /* KVA_TC_HELPERS */
 
@@ -232,7 +222,6 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     const float neg_inf = KVA_NEG_INF;
     const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
     const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
-    const kvk_i32* windptr = (const kvk_i32*)(p.ws + p.off_worker_indptr);
 
     /* ---- warm L2 with this CTA's slice of the plan's int region and of the page table: the dependent header and
        page-index loads below then hit L2 instead of HBM (small, latency-bound calls; cold caches) ---- */
@@ -260,8 +249,23 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         p.trace[blockIdx.x * 16 + 0] = kva_clock_dep(0u);
     }
 #endif
-    const int it_begin = windptr[blockIdx.x];
-    const int it_end = windptr[blockIdx.x + 1];
+    /* the worker's header: item range, first item and its request (kvk_worker_head), so the first page-index load
+       waits on one load, not on worker range -> item -> request */
+    int it_begin, it_end;
+    kvk_request h_rq;
+    kvk_work_item h_item;
+    kva_load_worker_head(p.ws, p.off_worker_head, &it_begin, &it_end, &h_rq, &h_item);
+#if KVA_TC_EXP & 16 /* TC_EXP bit 4 (A/B): the chain worker range -> item -> request instead of the header */
+    {
+        const kvk_i32* windptr = (const kvk_i32*)(p.ws + p.off_worker_indptr);
+        it_begin = windptr[blockIdx.x];
+        it_end = windptr[blockIdx.x + 1];
+        if (it_begin < it_end) {
+            h_item = kva_tc_load_item(items + it_begin);
+            h_rq = reqs[h_item.req];
+        }
+    }
+#endif
     TC_TR(1, it_begin);
 
     /* ---- per-lane constants ---- */
@@ -320,12 +324,9 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     int pr_it = it_begin - 1, pr_s = 0, pr_nsub = 0, pr_kv0 = 0, pr_kv1 = 0, pr_req = 0, pr_rbase = 0;
     const char* pr_kb = kbase;
     const char* pr_vb = vbase;
-    int pr_nx_it = -1, pr_nx_rq_ok = 0, pr_nx_rbase = 0;
-    kvk_work_item pr_nx;
-    pr_nx.req = 0;
-    pr_nx.kv_head = 0;
-    pr_nx.kv_start = 0;
-    pr_nx.kv_end = 0;
+    /* the producer's next item starts as the header's first item, with its request's KV base */
+    int pr_nx_it = it_begin, pr_nx_rq_ok = 1, pr_nx_rbase = h_rq.kv_start;
+    kvk_work_item pr_nx = h_item;
     bool alive = true;
 
     /* advance the producer cursor to its next subtile (crossing items); false when the worker's list is done */
@@ -490,8 +491,8 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     cn_item.req = 0;
     cn_item.rows = 0;
     if (it_begin < it_end) {
-        cn_item = kva_tc_load_item(items + it_begin);
-        cn_rq = reqs[cn_item.req];
+        cn_item = h_item;
+        cn_rq = h_rq;
     }
     /* q of the next item, raw */
 #if !TC_FP8
@@ -914,27 +915,14 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         }
 
         TC_TR(7, 0);
-        /* ---- fused split-KV merge: the CTA that writes a task's last partial merges the task. One acq_rel 64-bit
-           atomic on (partial_first, num_partials) releases this CTA's partials (ordered by the barrier), counts
-           the arrival in the high half of num_partials and returns the task's first slot and size. ---- */
+        /* ---- fused split-KV merge: the CTA that writes a task's last partial merges the task (kva_merge_arrive;
+           the barrier orders this CTA's partial writes before thread 0's arrival) ---- */
         /* KVA_TC_EXP bit 3 (timing only, wrong results): no arrival and no merge, the bound on what a cheaper
            cross-CTA combine could save */
         if (to_partial && (flags & KVK_FLAG_FUSED_MERGE) && !(KVA_TC_EXP & 8)) {
             __syncthreads();
             kvk_merge_task* const mtask = (kvk_merge_task*)(p.ws + p.off_merge) + item.pad_;
-            if (tid == 0) {
-                unsigned long long old;
-                asm volatile("{ atom.add.acq_rel.gpu.u64 %0, [%1], %2; }"
-                             : "=l"(old)
-                             : "l"(&mtask->partial_first), "l"(1ull << 48)
-                             : "memory");
-                const int n = (int)((old >> 32) & 0xffffu);
-                const int last = (int)(old >> 48) == n - 1;
-                if (last) mtask->num_partials = n; /* restore for the next run or graph replay */
-                s_flag[0] = last;
-                s_flag[1] = (int)(unsigned)(old & 0xffffffffu);
-                s_flag[2] = n;
-            }
+            if (tid == 0) kva_merge_arrive(mtask, s_flag);
             __syncthreads();
             TC_TR(8, s_flag[0]);
             if (s_flag[0]) {

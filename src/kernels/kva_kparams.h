@@ -109,6 +109,16 @@ typedef struct kvk_work_item {
     kvk_i32 pad_;
 } kvk_work_item;
 
+/* Per-worker header (CUDA decode kernels; one 64-byte line per worker at off_worker_head, written by the backend's
+   finish_plan): the worker's item range, its first item and that item's request, so a CTA's first page-index load
+   depends on one load instead of the chain worker range -> item -> request. */
+typedef struct kvk_worker_head {
+    kvk_i32 it_begin;
+    kvk_i32 it_end;
+    kvk_request rq;      /* requests[item.req] (zero when the worker has no item) */
+    kvk_work_item item;  /* items[it_begin] */
+} kvk_worker_head;
+
 typedef struct kvk_merge_task {
     kvk_i32 req;
     kvk_i32 kv_head;
@@ -140,6 +150,7 @@ typedef struct kvk_attn_params {
     const float* alibi_slopes;  /* KVK_FLAG_ALIBI; NULL = standard slopes */
     kvk_i64 off_counts, off_worker_indptr, off_requests, off_items, off_partial_o, off_partial_lse;
     kvk_i64 off_merge;          /* merge tasks (fused merge) */
+    kvk_i64 off_worker_head;    /* kvk_worker_head[grid] (decode kernels) */
     kvk_i64 num_entries;        /* page-table entries of the plan (L2 prefetch) */
     kvk_u64* trace;             /* benchmark trace (kernels built with KVA_TC_TRACE), else NULL */
     kvk_i64 q_stride_row, q_stride_head;

@@ -221,12 +221,17 @@ typedef struct kva__caps {
     int32_t partials;
 } kva__caps;
 
-static void kva__layout(kva__plan_data* pd, const kva__caps* c, bool host_staging) {
+static void kva__layout(kva__plan_data* pd, const kva__caps* c, bool host_staging, size_t head_bytes) {
     size_t off = KVA__STATUS_BYTES;
     pd->off_counts = off;
     off = kva__align_up(off + sizeof(kva__counts), KVA__WS_ALIGN);
     pd->off_worker_indptr = off;
     off = kva__align_up(off + sizeof(int32_t) * (size_t)(pd->num_workers + 1), KVA__WS_ALIGN);
+    pd->off_worker_head = 0;
+    if (head_bytes > 0) {
+        pd->off_worker_head = off;
+        off = kva__align_up(off + head_bytes * (size_t)pd->num_workers, KVA__WS_ALIGN);
+    }
     pd->off_requests = off;
     off = kva__align_up(off + sizeof(kva__request) * (size_t)c->batch, KVA__WS_ALIGN);
     pd->off_items = off;
@@ -639,7 +644,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         caps.merge = (int32_t)n_merge;
         caps.partials = (int32_t)n_partials;
     }
-    kva__layout(pd, &caps, host_staging);
+    kva__layout(pd, &caps, host_staging, ctx->worker_head_bytes > 0 ? (size_t)ctx->worker_head_bytes : 0);
 
     if (!ws) goto done; /* size query */
 
@@ -859,7 +864,8 @@ KVA_API kva_status kva_workspace_bound(kva_context* context, const kva_attention
     pd.tile_q = 1;
     kva__caps c = kva__bound_caps(&pd, max_batch_size, max_total_qo_rows);
     pd.tile_q = KVA__MAX_TILE_Q;
-    kva__layout(&pd, &c, !context->ops->plans_on_host_memory);
+    kva__layout(&pd, &c, !context->ops->plans_on_host_memory,
+                context->worker_head_bytes > 0 ? (size_t)context->worker_head_bytes : 0);
     size_t best_dev = pd.device_bytes, best_host = pd.host_bytes;
     if (device_bytes) *device_bytes = best_dev;
     if (host_bytes) *host_bytes = best_host;
