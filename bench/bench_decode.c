@@ -394,7 +394,7 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
         printf("trace %s %s: event %.1f us; kernel span %.2f us (global timer), CTA starts spread %.2f us; %d CTAs "
                "with work; SM clock %.2f GHz\n",
                w->name, w->label, us, (gend - g0) / 1e3, (gstart_max - g0) / 1e3, nwork, ghz);
-        static const char* names[] = {"",         "windptr", "item+req", "KV issued", "KV data", "computed",
+        static const char* names[] = {"",         "header", "1st subtile", "KV issued", "KV data", "computed",
                                       "CTA sync", "written", "atomic",   "merged",    "end",     "pages fetched",
                                       "row 0 out", "merge load"};
         static const int order[] = {1, 2, 11, 3, 4, 5, 6, 12, 7, 8, 13, 9, 10};

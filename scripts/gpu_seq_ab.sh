@@ -19,7 +19,7 @@ for i in $(seq 1 "$pairs"); do
             > "$OUT/seq_ab_${name}_${arm}_$i.log" 2>&1 || echo "run $arm $i failed: $(tail -3 "$OUT/seq_ab_${name}_${arm}_$i.log")"
     done
 done
-python3 - "$OUT" "$name" "$pairs" "$envA" "$envB" <<'EOF' | tee "$OUT/seq_ab_$2.md"
+python3 - "$OUT" "$name" "$pairs" "$envA" "$envB" <<'EOF' | tee "$OUT/seq_ab_$name.md"
 import csv, statistics, sys
 out, name, pairs, ea, eb = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 runs = {"A": {}, "B": {}}
