@@ -90,8 +90,19 @@ for t in test_errors test_api test_formats test_variants; do
         # test_formats), but timed out at 60 s inside this script in sessions 13 and 15 with no output; the cause is
         # not known. Line-buffered output shows how far it got if it happens again.
         limit=60
-        [ $t = test_variants ] && limit=300
-        run_step "$t [cuda]" $limit 25 stdbuf -oL "$BUILD/tests/$t" --backend cuda
+        extra=()
+        if [ $t = test_variants ]; then
+            limit=300
+            extra=(--verbose)
+            # if it is still running after 60 s: every thread's state and kernel wait channel, into the log
+            ( sleep 60; for pid in $(pgrep -f "$BUILD/tests/test_variants"); do
+                  echo "test_variants still running after 60 s (pid $pid):"
+                  for tk in /proc/$pid/task/*; do
+                      echo "  task ${tk##*/}: state $(awk '{print $3}' $tk/stat 2>/dev/null) wchan $(cat $tk/wchan 2>/dev/null) $(cat $tk/comm 2>/dev/null)"
+                  done
+              done ) &
+        fi
+        run_step "$t [cuda]" $limit 25 stdbuf -oL "$BUILD/tests/$t" --backend cuda "${extra[@]}"
     fi
 done
 unset KVA_TEST_BACKEND
