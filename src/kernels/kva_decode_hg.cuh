@@ -96,7 +96,6 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
     const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
-    const kvk_i32* windptr = (const kvk_i32*)(p.ws + p.off_worker_indptr);
     const float neg_inf = KVA_NEG_INF;
 
     if (tid == 0) {
@@ -106,6 +105,11 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         }
         asm volatile("{ fence.mbarrier_init.release.cluster; }" ::: "memory");
     }
+    /* the worker's header (kvk_worker_head): item range, first item and its request */
+    int it0, it1;
+    kvk_request h_rq;
+    kvk_work_item h_item;
+    kva_load_worker_head(p.ws, p.off_worker_head, &it0, &it1, &h_rq, &h_item);
     /* warm L2 with this CTA's slice of the plan's int region and of the page table (as kva_decode_tc.cuh) */
     {
         const unsigned n = (unsigned)(p.off_partial_o - p.off_counts);
@@ -124,17 +128,16 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         }
     }
     __syncthreads();
-    const int it0 = windptr[blockIdx.x], it1 = windptr[blockIdx.x + 1];
 
     if (warp == HG_NC) {
         /* ================= producer ================= */
         int c = 0;
         for (int it = it0; it < it1; ++it) {
-            const kvk_work_item w = items[it];
+            const kvk_work_item w = it == it0 ? h_item : items[it];
             const int t0 = w.kv_start & ~15;
             const int nsub = w.kv_end > w.kv_start ? (w.kv_end - t0 + 15) >> 4 : 0;
             if (nsub == 0) continue;
-            const int pbase = reqs[w.req].kv_start;
+            const int pbase = it == it0 ? h_rq.kv_start : reqs[w.req].kv_start;
             const int head0 = w.kv_head * HG_G;
             for (int s0 = 0; s0 < nsub; s0 += 32) {
                 int pg = 0, sl = 0;
@@ -191,8 +194,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const bool fused = (p.flags & KVK_FLAG_FUSED_MERGE) != 0u;
     int c = 0;
     for (int it = it0; it < it1; ++it) {
-        const kvk_work_item w = items[it];
-        const kvk_request rq = reqs[w.req];
+        const kvk_work_item w = it == it0 ? h_item : items[it];
+        const kvk_request rq = it == it0 ? h_rq : reqs[w.req];
         const int kv0 = w.kv_start, kv1 = w.kv_end;
         const int t0 = kv0 & ~15;
         const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
