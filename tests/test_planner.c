@@ -36,6 +36,8 @@ static int cmp_i64_desc(const void* a, const void* b) {
 }
 static int64_t g_plans = 0, g_items = 0, g_partials = 0;
 static int32_t g_small_chunk = 0; /* small_kv_chunk of the contexts of the plan being checked */
+static int32_t g_cluster = 0, g_cluster_ctas = 0, g_cluster_max_chunk = 0; /* contexts' thread-block cluster facts */
+static int g_cluster_plans = 0, g_cluster_graph_plans = 0;
 static int32_t g_head_bytes = 0;  /* worker_head_bytes of the contexts of the plan being checked */
 static int64_t g_small_plans = 0; /* plans whose chunks are below KVA__MIN_KV_CHUNK */
 
@@ -183,6 +185,18 @@ static int check_plan(const kva_attention_desc* d, const batch* b, const kva_pla
     P_EXPECT(pd->op == (uint32_t)b->op && pd->batch_size == b->B && pd->group_size == g, "%s: op/batch/group", what);
     P_EXPECT(pd->total_qo_rows == b->qo_indptr[b->B], "%s: total rows %lld vs %d", what, (long long)pd->total_qo_rows,
              b->qo_indptr[b->B]);
+    if (pd->cluster_size > 0) {
+        /* thread-block clusters: graph plans run on the clusters' CTAs; eager cluster-combine plans on C x units */
+        P_EXPECT(g_cluster > 1 && pd->cluster_size == g_cluster && b->op == KVA_OP_BATCH_DECODE && !pp->disable_split_kv &&
+                     pp->fixed_split_size == 0,
+                 "%s: cluster size %d on a context of %d", what, pd->cluster_size, g_cluster);
+        if (pp->graph_mode) P_EXPECT(pd->num_workers == g_cluster_ctas, "%s: graph cluster plan on %d workers, not %d", what, pd->num_workers, g_cluster_ctas);
+        else P_EXPECT(pd->cluster_combine && pd->num_workers % g_cluster == 0 && pd->num_workers <= g_cluster_ctas,
+                      "%s: eager cluster plan (combine %d) on %d workers", what, pd->cluster_combine, pd->num_workers);
+        W = pd->num_workers;
+    } else {
+        P_EXPECT(!pd->cluster_combine, "%s: cluster combine without clusters", what);
+    }
     P_EXPECT(pd->num_workers == W, "%s: num_workers %d, context has %d", what, pd->num_workers, W);
     P_EXPECT(pd->tile_q >= 1 && pd->tile_q <= KVA__MAX_TILE_Q, "%s: tile_q %d", what, pd->tile_q);
     if (!ok) return 0;
@@ -297,6 +311,29 @@ static int check_plan(const kva_attention_desc* d, const batch* b, const kva_pla
         return 0;
     }
     for (int32_t s = 0; s < NP; ++s) P_EXPECT(slot_item[s] >= 0, "%s: partial slot %d written by no item", what, s);
+    if (pd->cluster_combine) {
+        /* one item per CTA; cluster c holds the chunks of one (request, KV head, rows) unit, rank r its r-th chunk
+           (contiguous KV ranges in rank order), at most cluster_max_chunk tokens each */
+        const int32_t C = pd->cluster_size;
+        const int32_t maxc = g_cluster_max_chunk > 0 ? g_cluster_max_chunk : 256;
+        ++g_cluster_plans;
+        for (int w = 0; w < W && ok; ++w) {
+            P_EXPECT(wi[w + 1] - wi[w] <= 1, "%s: cluster worker %d has %d items", what, w, wi[w + 1] - wi[w]);
+            if (wi[w + 1] == wi[w]) continue; /* (a later rank of this cluster must then be empty too) */
+            const kva__work_item* x = &it[wi[w]];
+            P_EXPECT(x->kv_end - x->kv_start <= maxc, "%s: cluster item of %d tokens > %d", what, x->kv_end - x->kv_start, maxc);
+            if (w % C == 0) continue;
+            P_EXPECT(wi[w] > wi[w - 1], "%s: cluster rank %d of worker %d follows an empty rank", what, w % C, w);
+            if (!ok) break;
+            const kva__work_item* y = &it[wi[w - 1]];
+            P_EXPECT(y->req == x->req && y->kv_head == x->kv_head && y->row_start == x->row_start && y->rows == x->rows &&
+                         y->kv_end == x->kv_start && x->partial >= 0 && y->partial >= 0,
+                     "%s: cluster worker %d's item (req %d head %d kv %d..%d) does not continue rank %d's (req %d head %d kv %d..%d)",
+                     what, w, x->req, x->kv_head, x->kv_start, x->kv_end, w % C - 1, y->req, y->kv_head, y->kv_start, y->kv_end);
+        }
+    } else if (pd->cluster_size > 0) {
+        ++g_cluster_graph_plans;
+    }
     /* balance */
     P_EXPECT(total == pd->total_cost && maxw == pd->max_worker_cost, "%s: cost facts: total %lld/%lld max %lld/%lld", what,
              (long long)total, (long long)pd->total_cost, (long long)maxw, (long long)pd->max_worker_cost);
@@ -453,6 +490,13 @@ static void test_random_plans(kva_context** ctxs, kva_context** ctxs2, int count
         g_small_chunk = h_rng_range(&r, 0, 1) ? 64 : 0;
         ctxs[wi]->small_kv_chunk = ctxs2[wi]->small_kv_chunk = g_small_chunk;
         g_head_bytes = h_rng_range(&r, 0, 1) ? 64 : 0; /* the CUDA backend's per-worker header region */
+        /* a third of the plans on contexts with thread-block clusters (the CUDA backend's cluster combine on sm_90) */
+        g_cluster = h_rng_range(&r, 0, 2) == 0 ? (h_rng_range(&r, 0, 1) ? 8 : 4) : 0;
+        g_cluster_ctas = g_cluster ? g_cluster * (int32_t)h_rng_range(&r, 1, 6) : 0;
+        g_cluster_max_chunk = g_cluster ? (int32_t)(h_rng_range(&r, 0, 2) * 256) : 0;
+        ctxs[wi]->cluster_size = ctxs2[wi]->cluster_size = g_cluster;
+        ctxs[wi]->cluster_ctas = ctxs2[wi]->cluster_ctas = g_cluster_ctas;
+        ctxs[wi]->cluster_max_chunk = ctxs2[wi]->cluster_max_chunk = g_cluster_max_chunk;
         ctxs[wi]->worker_head_bytes = ctxs2[wi]->worker_head_bytes = g_head_bytes;
         char what[160];
         snprintf(what, sizeof what, "plan #%d (op %d, W %d, B %d, mode %d, g %d, mask %d, win %d, small %d)", n, (int)op, W,
@@ -493,7 +537,7 @@ static void test_random_plans(kva_context** ctxs, kva_context** ctxs2, int count
             int same = st == KVA_OK;
             /* regions with meaning (padding between regions is not written) */
             size_t regs[5][2] = {{pd->off_counts, sizeof(kva__counts)},
-                                 {pd->off_worker_indptr, sizeof(int32_t) * (size_t)(W + 1)},
+                                 {pd->off_worker_indptr, sizeof(int32_t) * (size_t)(pd->num_workers + 1)},
                                  {pd->off_requests, sizeof(kva__request) * (size_t)b.B},
                                  {pd->off_items, sizeof(kva__work_item) * (size_t)pd->num_items},
                                  {pd->off_merge, sizeof(kva__merge_task) * (size_t)pd->num_merge}};
@@ -512,11 +556,18 @@ static void test_random_plans(kva_context** ctxs, kva_context** ctxs2, int count
     for (int i = 0; i < NW; ++i) {
         ctxs[i]->small_kv_chunk = ctxs2[i]->small_kv_chunk = 0;
         ctxs[i]->worker_head_bytes = ctxs2[i]->worker_head_bytes = 0;
+        ctxs[i]->cluster_size = ctxs2[i]->cluster_size = 0;
+        ctxs[i]->cluster_ctas = ctxs2[i]->cluster_ctas = 0;
+        ctxs[i]->cluster_max_chunk = ctxs2[i]->cluster_max_chunk = 0;
     }
+    g_cluster = g_cluster_ctas = g_cluster_max_chunk = 0;
     g_small_chunk = 0;
     g_head_bytes = 0;
-    if (count >= 500) /* the random batches include tiny decode calls on the wide contexts */
+    if (count >= 500) { /* the random batches include tiny decode calls on the wide contexts */
         H_CHECK(g_small_plans > 0, "no plan took the small-call chunk floor in %d plans", count);
+        H_CHECK(g_cluster_plans > 0 && g_cluster_graph_plans > 0, "cluster plans: %d combine, %d graph-only in %d plans",
+                g_cluster_plans, g_cluster_graph_plans, count);
+    }
 }
 
 /* Graph mode: same bounds -> same offsets, capacities, tile size, sizes; all under kva_workspace_bound. */

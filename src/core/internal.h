@@ -72,6 +72,13 @@ struct kva_context {
                                  min_kv_chunk (-1) */
     int32_t worker_head_bytes; /* > 0: plans reserve this many bytes per worker at off_worker_head for the backend's
                                   per-worker header (the CUDA backend: kvk_worker_head, 64 bytes); 0 = none */
+    int32_t cluster_size;     /* > 1: batch-decode plans may combine split KV inside thread-block clusters of this many
+                                 CTAs (the CUDA backend on sm_90; kva__backend_ops.cluster_ok decides per descriptor):
+                                 a plan whose (request, KV head) units fit the clusters gives unit u's chunks to CTAs
+                                 u * cluster_size + c, and graph-mode plans of such descriptors run on cluster_ctas
+                                 workers (their grid is always launched in clusters). 0 = off */
+    int32_t cluster_ctas;     /* CTAs of the clusters that fit on the device at once (a multiple of cluster_size) */
+    int32_t cluster_max_chunk; /* the longest chunk (tokens) a cluster-combine plan gives one CTA */
     int plan_lpt_only;        /* benchmark A/B ($KVATTN_BENCH_PLAN_LPT=1 at context creation): prefill plans use the
                                  LPT order instead of the locality order */
     /* Planner scratch buffers, reused across plans (a plan that finds them busy uses its own). */
@@ -91,7 +98,7 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
 /* Plan data: the public kva_plan's opaque bytes. Everything a backend needs at run time.           */
 
 #define KVA__PLAN_MAGIC 0x6b76617474706c6eull /* "kvattpln" */
-#define KVA__PLAN_VERSION 2
+#define KVA__PLAN_VERSION 3
 #define KVA__WS_ALIGN 256          /* alignment of every region in the workspace */
 #define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
 #define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
@@ -176,6 +183,8 @@ typedef struct kva__plan_data {
     int32_t kv_head_group;   /* G >= 1: a unit (tile, work item, merge task) spans KV heads kv_head * G .. + G - 1 and
                                 their G x g query heads as packed rows (kv_head is the group's index); 1 = one head */
     int32_t kv_chunk_size;   /* 0 = no split */
+    int32_t cluster_size;    /* > 1: the kernel is launched in thread-block clusters of this many CTAs (0 = not) */
+    int32_t cluster_combine; /* 1: unit u's chunks are on CTAs u * cluster_size + c and combine inside the cluster */
     int32_t num_items;
     int32_t num_merge;
     int32_t num_partials;
@@ -280,6 +289,9 @@ typedef struct kva__backend_ops {
        the worker count of its kernel. */
     int32_t (*kv_head_group)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
                              const kva_plan_params* params, int64_t total_kv, int32_t* workers);
+    /* With ctx->cluster_size > 1: whether a batch-decode plan of this descriptor at this tile size runs on a kernel
+       that combines split KV inside thread-block clusters (NULL: yes). */
+    bool (*cluster_ok)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int32_t tile_q);
 } kva__backend_ops;
 
 /* CPU backend (src/cpu). init sets ctx->ops, ctx->backend_state, ctx->num_workers. */

@@ -155,6 +155,7 @@ static const kva__backend_ops kva__cpu_ops = {
     kva__cpu_variant_release,
     NULL, /* plan_workers: every thread */
     NULL, /* kv_head_group: one KV head per unit */
+    NULL, /* cluster_ok: (no clusters unless a test sets kva_context.cluster_size) */
 };
 
 #if defined(KVA__CPU_HAVE_AVX2)

@@ -84,6 +84,11 @@ static void kva__cu_load_once(void) {
         }
     }
     if (!kva__sym(lib, "cuTensorMapEncodeTiled", &c->TensorMapEncodeTiled)) c->TensorMapEncodeTiled = NULL;
+    if (!kva__sym(lib, "cuLaunchKernelEx", &c->LaunchKernelEx) ||
+        !kva__sym(lib, "cuOccupancyMaxActiveClusters", &c->OccupancyMaxActiveClusters)) {
+        c->LaunchKernelEx = NULL;
+        c->OccupancyMaxActiveClusters = NULL;
+    }
     CUresult r = c->Init(0);
     if (r != CUDA_SUCCESS) {
         const char* nm = NULL;

@@ -53,6 +53,9 @@ typedef struct kva__cu_api {
     CUresult (*TensorMapEncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                      const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                      CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    /* optional (NULL: no thread-block cluster launches; decode combines split KV through global memory) */
+    CUresult (*LaunchKernelEx)(const CUlaunchConfig*, CUfunction, void**, void**);
+    CUresult (*OccupancyMaxActiveClusters)(int*, CUfunction, const CUlaunchConfig*);
 } kva__cu_api;
 
 typedef struct kva__nvrtc_api {

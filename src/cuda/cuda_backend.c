@@ -34,7 +34,7 @@ _Static_assert(sizeof(kvk_worker_head) == 64 && offsetof(kvk_worker_head, item) 
 _Static_assert(sizeof(kvk_merge_states_params) <= 4000, "merge_states params must fit the 4 KB parameter space");
 
 /* backend_data slots of a plan */
-enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2, KVA__BD_FUSED = 3 };
+enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2, KVA__BD_FUSED = 3, KVA__BD_CLUSTER = 4 };
 #define KVA__BD_MAGIC_VALUE 0x6b7661637564616eull /* "kvacudan" */
 /* K/V megabytes from which batch-decode plans take the head-group kernel by default (kva__cuda_kv_head_group) */
 #define KVA__HG_MIN_MB 256
@@ -77,6 +77,32 @@ static kva_status kva__launch_n(kva__cuda_state* st, CUfunction f, unsigned grid
     return KVA_OK;
 }
 
+/* a launch in thread-block clusters of `cluster` CTAs along x (grid a multiple of it; cuLaunchKernelEx) */
+static kva_status kva__launch_cluster(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
+                                      CUstream s, void* params, unsigned cluster, const char* what) {
+    KVA_RETURN_IF(!st->cu->LaunchKernelEx || cluster < 2 || grid % cluster != 0, KVA_ERR_INTERNAL,
+                  "%s: a cluster launch of %u CTAs in clusters of %u is not possible here", what, grid, cluster);
+    CUlaunchAttribute at;
+    memset(&at, 0, sizeof at);
+    at.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    at.value.clusterDim.x = cluster;
+    at.value.clusterDim.y = 1;
+    at.value.clusterDim.z = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = grid;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = threads;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = smem;
+    cfg.hStream = s;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    void* args[1] = {params};
+    KVA_CU_TRY(st->cu, st->cu->LaunchKernelEx(&cfg, f, args, NULL), what);
+    return KVA_OK;
+}
+
 static kva_status kva__launch(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned smem, CUstream s, void* params,
                               const char* what) {
     return kva__launch_n(st, f, grid, KVK_THREADS, smem, s, params, NULL, what);
@@ -116,6 +142,22 @@ static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attentio
         st->ctas_per_sm < 2 || units > st->num_sms || tokens > 4096ll * st->num_sms)
         return ctx->num_workers;
     return st->num_sms;
+}
+
+/* The tensor-core decode kernel's cluster combine (kva_decode_tc.cuh, KVK_FLAG_CLUSTER; sm_90): a batch-decode plan
+   whose (request, KV head) units fit the device's clusters puts each unit's chunks on the CTAs of one cluster, which
+   combine their partial states through distributed shared memory (st.async into the rank that owns each head dim,
+   one mbarrier wait) instead of global partials, an arrival atomic and a merge by the last CTA. Only where the
+   kernel with the combine's shared memory still fits two CTAs per SM (head dims 64 and 128; not 128 x 8 rows). */
+static bool kva__cuda_cluster_ok(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int32_t tile_q) {
+    const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
+    if (!st || st->cluster < 2 || op != KVA_OP_BATCH_DECODE || desc->variant || tile_q < 1 || tile_q > 8) return false;
+    kva__kchoice c;
+    if (kva__cuda_select_dev(desc, op, tile_q, 0, 0.0, st->max_smem_optin, &c) != KVA_OK) return false;
+    if (c.key.family != KVA__KF_DECODE_TC) return false;
+    const size_t need = (size_t)KVK_TC_CC_OFF(c.key.dqk, KVK_DEC_ES(c.key.kt), c.key.rows, 4) +
+                        (size_t)KVK_TC_CC_BYTES(c.key.dqk, c.key.rows);
+    return need <= (size_t)st->max_smem_optin && 2 * (need + 1024) <= (size_t)st->smem_sm;
 }
 
 /* Head-group decode (kva_decode_hg.cuh): units of G KV heads whose K/V the kernel reads as TMA boxes over the G heads
@@ -260,7 +302,7 @@ static void kva__write_worker_heads(const kva__plan_data* plan, const kva_worksp
    one CTA per SM, where it then differs in rounding from graph replays of the same plan). */
 static int kva__cuda_want_8_warps(const kva__cuda_state* st, const kva__plan_data* plan, const kva__kkey* k) {
     if (k->family != KVA__KF_DECODE_TC || st->tc_warps == 4 || plan->graph_mode || plan->num_workers > st->num_sms ||
-        plan->num_workers <= 0)
+        plan->num_workers <= 0 || plan->cluster_size > 0)
         return 0;
     if (st->tc_warps == 8) return 1;
     /* only where kva__cuda_plan_workers took one worker per SM out of two: a context of one CTA per SM
@@ -319,8 +361,35 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
         plan->backend_data[KVA__BD_SMEM] = (uint64_t)c.smem;
         plan->backend_data[KVA__BD_MAGIC] = KVA__BD_MAGIC_VALUE;
         plan->backend_data[KVA__BD_FUSED] = (c.key.family == KVA__KF_DECODE_TC || c.key.family == KVA__KF_DECODE_HG) &&
-                                            !st->no_fused_merge &&
+                                            (!st->no_fused_merge || plan->cluster_combine) &&
                                             plan->int_region_end > 0 && kva__prepare_fused_merge(plan, ws);
+        plan->backend_data[KVA__BD_CLUSTER] = 0;
+        if (plan->cluster_size > 1) {
+            /* launched in clusters (kva__cuda_cluster_ok); a cluster-combine plan's split items carry -(chunks of
+               their unit) in pad_ instead of their merge task */
+            const bool fits = c.key.family == KVA__KF_DECODE_TC && c.key.warps != 8 && st->cluster > 1 &&
+                              (plan->num_merge == 0 || plan->backend_data[KVA__BD_FUSED]) && ws->host;
+            if (!fits)
+                status = kva__set_error(KVA_ERR_INTERNAL, "plan: a thread-block cluster plan without its kernel");
+            else {
+                plan->backend_data[KVA__BD_CLUSTER] = (uint64_t)plan->cluster_size;
+                plan->backend_data[KVA__BD_SMEM] =
+                    (uint64_t)(KVK_TC_CC_OFF(c.key.dqk, KVK_DEC_ES(c.key.kt), c.key.rows, 4) +
+                               KVK_TC_CC_BYTES(c.key.dqk, c.key.rows));
+                if (plan->cluster_combine) {
+                    char* base = (char*)ws->host;
+                    const kva__merge_task* mt = (const kva__merge_task*)(base + plan->off_merge);
+                    kva__work_item* items = (kva__work_item*)(base + plan->off_items);
+                    for (int32_t i = 0; i < plan->num_items && status == KVA_OK; ++i) {
+                        if (items[i].partial < 0) continue;
+                        const int32_t n = mt[items[i].pad_].num_partials;
+                        if (n < 2 || n > plan->cluster_size || n > KVK_TC_CC_MAX)
+                            status = kva__set_error(KVA_ERR_INTERNAL, "plan: a cluster unit of %d chunks", (int)n);
+                        items[i].pad_ = -n;
+                    }
+                }
+            }
+        }
         if (plan->int_region_end > 0) {
             if (!ws->host || !ws->device)
                 status = kva__set_error(KVA_ERR_INVALID_ARGUMENT, "plan: the CUDA backend needs workspace->device "
@@ -548,6 +617,8 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     if (d->mask_mode == KVA_MASK_CUSTOM) flags |= KVK_FLAG_CUSTOM;
     if (d->window_left >= 0) flags |= KVK_FLAG_WINDOW;
     if (op == KVA_OP_BATCH_PREFILL_RAGGED) flags |= KVK_FLAG_RAGGED;
+    const unsigned cluster = (unsigned)pd->backend_data[KVA__BD_CLUSTER];
+    if (cluster > 1) flags |= KVK_FLAG_CLUSTER;
     const bool fused = pd->backend_data[KVA__BD_FUSED] != 0;
     if (fused) flags |= KVK_FLAG_FUSED_MERGE;
     /* L2 evict-first K/V copies (decode kernels) when each (request, KV head)'s rows fit one query tile, so every K/V
@@ -642,7 +713,10 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
         kva__leave(st, pushed);
         return status;
     }
-    if (graph || pd->num_items > 0)
+    if ((graph || pd->num_items > 0) && cluster > 1)
+        status = kva__launch_cluster(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
+                                     cluster, "run: launching the attention kernel in clusters");
+    else if (graph || pd->num_items > 0)
         status = kva__launch_n(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
                                (pfw || hg) ? (void*)&tm : NULL, "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
@@ -915,6 +989,7 @@ static const kva__backend_ops kva__cuda_ops = {
     .variant_release = kva__cuda_variant_release,
     .plan_workers = kva__cuda_plan_workers,
     .kv_head_group = kva__cuda_kv_head_group,
+    .cluster_ok = kva__cuda_cluster_ok,
 };
 
 /* The util module: prebuilt if the fatbin loaded, else NVRTC. */
@@ -947,6 +1022,52 @@ static kva_status kva__load_util(kva_context* ctx, kva__cuda_state* st) {
     return KVA_OK;
 }
 
+/* Clusters for the tensor-core decode kernel's cluster combine (kva__cuda_cluster_ok): sm_90 with the prebuilt kernels
+   and a driver with cuLaunchKernelEx. cluster_ctas = the clusters of the bf16 head-dim-128 4-row kernel (with the
+   combine's shared memory) that fit at once, times the size: graph-mode plans of cluster descriptors run on that many
+   workers (240 of 264 on an H100 at size 8). KVATTN_CUDA_CLUSTER=0 turns clusters off; 2, 4 or 8 sets the size. */
+static void kva__cuda_cluster_init(kva_context* ctx, kva__cuda_state* st) {
+    const kva__cu_api* cu = st->cu;
+    st->cluster = 0;
+    st->cluster_ctas = 0;
+    const char* e = getenv("KVATTN_CUDA_CLUSTER");
+    int want = 8;
+    if (e && *e) want = (!strcmp(e, "2") || !strcmp(e, "4") || !strcmp(e, "8")) ? e[0] - '0' : 0;
+    if (want < 2 || st->cc != 90 || !st->aot || !cu->LaunchKernelEx || !cu->OccupancyMaxActiveClusters) return;
+    kva__kkey k;
+    memset(&k, 0, sizeof k);
+    k.family = KVA__KF_DECODE_TC;
+    k.dqk = k.dvo = 128;
+    k.qt = k.kt = k.ot = KVA_DTYPE_BF16;
+    k.rows = 4;
+    char name[128];
+    kva__kkey_name(&k, name, sizeof name);
+    int index = -1;
+    if (!kva__aot_has(name) || kva__cuda_kernel(ctx, st, &k, &index) != KVA_OK) return;
+    CUlaunchAttribute at;
+    memset(&at, 0, sizeof at);
+    at.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    at.value.clusterDim.x = (unsigned)want;
+    at.value.clusterDim.y = at.value.clusterDim.z = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = (unsigned)(want * st->num_sms * 2);
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = KVK_THREADS;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = (unsigned)(KVK_TC_CC_OFF(128, 2, 4, 4) + KVK_TC_CC_BYTES(128, 4));
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cu->OccupancyMaxActiveClusters(&n, st->kernels[index].fn, &cfg) != CUDA_SUCCESS || n < 1) return;
+    st->cluster = want;
+    st->cluster_ctas = n * want;
+    if (st->cluster_ctas > st->num_sms * st->ctas_per_sm)
+        st->cluster_ctas = st->num_sms * st->ctas_per_sm / want * want;
+    if (st->cluster_ctas < want) st->cluster = st->cluster_ctas = 0;
+    (void)ctx;
+}
+
 static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
     const kva__cu_api* cu = st->cu;
     int v;
@@ -976,6 +1097,7 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
                   "CUDA backend: device %d allows %d bytes of shared memory per block; the kernels need %d", (int)ctx->device,
                   st->max_smem_optin, kmax);
     st->ctas_per_sm = smem_sm / (kmax + 1024) >= 2 ? 2 : 1;
+    st->smem_sm = smem_sm;
     {
         const char* nb = getenv("KVATTN_BENCH_NO_BOUNDS_CHECK");
         st->no_bounds_check = nb && nb[0] == '1' && nb[1] == '\0';
@@ -1051,6 +1173,7 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
                                     "with NVRTC on first use",
                  st->cc_major, st->cc_minor);
     KVA_FORWARD(kva__load_util(ctx, st));
+    kva__cuda_cluster_init(ctx, st);
     KVA_CU_TRY(cu, cu->MemAlloc(&st->append_status, KVA__STATUS_BYTES), "CUDA backend: cuMemAlloc");
     KVA_CU_TRY(cu, cu->MemsetD8Async(st->append_status, 0, KVA__STATUS_BYTES, NULL), "CUDA backend: cuMemsetD8Async");
     KVA_CU_TRY(cu, cu->StreamSynchronize(NULL), "CUDA backend: cuStreamSynchronize");
@@ -1107,6 +1230,12 @@ kva_status kva__cuda_init(kva_context* ctx) {
     ctx->num_workers = st->num_sms * st->ctas_per_sm;
     if (ctx->small_kv_chunk == 0) ctx->small_kv_chunk = 64; /* see kva_context.small_kv_chunk */
     ctx->worker_head_bytes = (int32_t)sizeof(kvk_worker_head);
+    ctx->cluster_size = st->cluster;
+    ctx->cluster_ctas = st->cluster_ctas;
+    {
+        const char* mc = getenv("KVATTN_BENCH_CLUSTER_MAX_CHUNK"); /* A/B: the longest chunk of a cluster-combine plan */
+        ctx->cluster_max_chunk = mc && *mc ? (int32_t)strtol(mc, NULL, 10) : 256;
+    }
     kva__log(ctx, KVA_LOG_INFO, "kvattn: CUDA device %d: %s, compute capability %d.%d, %d SMs, %d workers, %s kernels",
              (int)ctx->device, st->name, st->cc_major, st->cc_minor, st->num_sms, (int)ctx->num_workers,
              st->aot ? "prebuilt + NVRTC" : "NVRTC");

@@ -184,6 +184,10 @@ typedef struct kva__cuda_state {
                                dram_gbps; KVATTN_BENCH_HG_L2_PROMO=0|1|2 for A/B) */
     int64_t hg_min_bytes;   /* KVATTN_BENCH_HG_MIN_MB: K/V bytes from which the default choice takes head groups */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */
+    int smem_sm;            /* shared memory per SM (bytes) */
+    int cluster;            /* thread-block clusters of this many CTAs for the tensor-core decode kernel's cluster
+                               combine (sm_90; KVATTN_CUDA_CLUSTER=0 off, 2/4/8 the size; default 8); 0 = none */
+    int cluster_ctas;       /* CTAs of those clusters that fit at once (cuOccupancyMaxActiveClusters x cluster) */
     char name[256];
     char arch[16];          /* NVRTC target, e.g. "sm_90a" */
     char cache_dir[1024];   /* "" = no disk cache */

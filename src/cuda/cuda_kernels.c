@@ -744,6 +744,12 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
         }
         if (attn) {
             size_t smem = kva__kkey_smem(k);
+            if (k->family == KVA__KF_DECODE_TC && k->warps != 8 && st->cc == 90) {
+                /* room for the cluster combine's buffers (KVK_FLAG_CLUSTER launches pass the larger size) */
+                const size_t cc = (size_t)KVK_TC_CC_OFF(k->dqk, KVK_DEC_ES(k->kt), k->rows, 4) +
+                                  (size_t)KVK_TC_CC_BYTES(k->dqk, k->rows);
+                if (cc <= (size_t)st->max_smem_optin) smem = cc;
+            }
             CUresult r = cu->FuncSetAttribute(e.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
             if (r != CUDA_SUCCESS) {
                 if (e.module) cu->ModuleUnload(e.module);

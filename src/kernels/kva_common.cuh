@@ -510,6 +510,44 @@ KVA_DEV void kvp_mbar_arrive(unsigned bar) {
 KVA_DEV void kvp_mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
     asm volatile("{ mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1; }" ::"r"(bar), "r"(bytes) : "memory");
 }
+/* thread-block clusters (the tensor-core decode kernel's cluster combine) */
+KVA_DEV unsigned kvp_cluster_rank() {
+    unsigned r;
+    asm volatile("{ mov.u32 %0, %%cluster_ctarank; }" : "=r"(r));
+    return r;
+}
+KVA_DEV unsigned kvp_cluster_size() {
+    unsigned r;
+    asm volatile("{ mov.u32 %0, %%cluster_nctarank; }" : "=r"(r));
+    return r;
+}
+/* every thread of every CTA arrives once (after the CTA's mbarrier init and its fence); threads that later write to
+   another CTA's shared memory wait first. The wait only counts threads that have not exited. */
+KVA_DEV void kvp_cluster_arrive_relaxed() { asm volatile("{ barrier.cluster.arrive.relaxed.aligned; }" ::: "memory"); }
+KVA_DEV void kvp_cluster_wait() { asm volatile("{ barrier.cluster.wait.aligned; }" ::: "memory"); }
+KVA_DEV void kvp_fence_mbar_init_cluster() { asm volatile("{ fence.mbarrier_init.release.cluster; }" ::: "memory"); }
+/* the address of the same shared-memory offset in cluster CTA `rank` (shared::cluster window) */
+KVA_DEV unsigned kvp_cluster_map(unsigned saddr, unsigned rank) {
+    unsigned a;
+    asm volatile("{ mapa.shared::cluster.u32 %0, %1, %2; }" : "=r"(a) : "r"(saddr), "r"(rank));
+    return a;
+}
+/* 4 bytes into another CTA's shared memory, completing 4 transaction bytes on that CTA's mbarrier */
+KVA_DEV void kvp_st_async_f32(unsigned raddr, float v, unsigned rbar) {
+    asm volatile("{ st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2]; }" ::"r"(raddr),
+                 "r"(__float_as_uint(v)), "r"(rbar)
+                 : "memory");
+}
+/* wait for the phase with this parity, acquiring at cluster scope (data that other CTAs' st.async delivered) */
+KVA_DEV void kvp_mbar_wait_cluster(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
 /* TMA tile copies into shared memory, completing on an mbarrier (tensor map in kernel-parameter space) */
 KVA_DEV void kvp_tma_load3(unsigned dst, const void* map, int c0, int c1, int c2, unsigned bar) {
     asm volatile("{ cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5]; }"

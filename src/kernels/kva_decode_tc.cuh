@@ -35,6 +35,13 @@
  * Split KV: an item with partial >= 0 writes its partial slot; with KVK_FLAG_FUSED_MERGE the CTA that writes the
  * last partial of a merge task (a counter in the high half of the task's num_partials, restored by that CTA)
  * merges the task's partials itself, so no merge kernel runs. The task of an item is in item.pad_ (finish_plan).
+ * Cluster combine (sm_90, KVK_FLAG_CLUSTER: the kernel is launched in thread-block clusters): a split item with
+ * pad_ = -n is chunk r (its cluster rank) of a unit of n chunks on ranks 0 .. n - 1, one item per CTA. Each rank owns
+ * head dims r * ceil(D / n) .. of the unit's rows: every rank pushes its normalised partial values of those dims and
+ * its rows' lse into the owner's shared memory (st.async, completing bytes on the owner's mbarrier), then waits for
+ * the n pushes into its own buffer and writes the merged outputs; rank 0 also writes the lse. Every CTA initialises
+ * its mbarrier and arrives on the cluster barrier at its start; a pushing CTA waits on that barrier first. No global
+ * partials, arrival atomic or merge by the last CTA (docs/kernels/decode.md, session 16).
  *
  * Faults: page indices are checked against the pool (one compare per lane per subtile); a bad index zero-fills
  * the token, records (request, page) in the status word, and the item's rows get o = 0, lse = -inf (partials:
@@ -180,6 +187,12 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #ifndef KVA_TC_TRACE
 #define KVA_TC_TRACE 0
 #endif
+#undef TC_CC
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && TC_NW == 4 /* the cluster combine (KVK_FLAG_CLUSTER) */
+#define TC_CC 1
+#else
+#define TC_CC 0
+#endif
 #ifndef KVA_TC_EXP /* benchmark A/B experiments (KVATTN_BENCH_TC_EXP) */
 #define KVA_TC_EXP 0
 #endif
@@ -217,6 +230,21 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     int* const s_flag = s_sbad + TC_NW * TC_ST;                    /* [4] */
 
     const unsigned flags = p.flags;
+#if TC_CC
+    /* cluster combine (KVK_FLAG_CLUSTER): this CTA's mbarrier for the partial slices other ranks push into its shared
+       memory, initialised before any rank can push (every thread arrives on the cluster barrier here; a pushing
+       thread waits on it first) */
+    const unsigned cc_bar = sbase + (unsigned)KVK_TC_CC_OFF(TC_D, TC_ES, TC_R, TC_NW);
+    const unsigned cc_lse = cc_bar + 16u;                                       /* [KVK_TC_CC_MAX][R] */
+    const unsigned cc_o = cc_lse + (unsigned)(KVK_TC_CC_MAX * TC_R * 4);        /* [n][S][R] */
+    if (flags & KVK_FLAG_CLUSTER) {
+        if (tid == 0) {
+            kvp_mbar_init(cc_bar, 1u);
+            kvp_fence_mbar_init_cluster();
+        }
+        kvp_cluster_arrive_relaxed();
+    }
+#endif
     const bool ragged = (flags & KVK_FLAG_RAGGED) != 0;
     const bool sigmoid = (flags & KVK_FLAG_SIGMOID) != 0;
     const float neg_inf = KVA_NEG_INF;
@@ -800,6 +828,17 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         if (faulted && tid == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
 
         const bool to_partial = item.partial >= 0;
+#if TC_CC
+        /* a split item of a cluster-combine plan: chunk cc_rank of a unit of cc_n chunks on ranks 0 .. cc_n - 1; rank k
+           combines head dims k * cc_s .. + cc_s - 1 of every row */
+        const bool cc = to_partial && (flags & KVK_FLAG_CLUSTER) && item.pad_ < 0 && -item.pad_ <= KVK_TC_CC_MAX;
+        const int cc_n = cc ? -item.pad_ : 1;
+        const int cc_s = (TC_D + cc_n - 1) / cc_n;
+        const unsigned cc_rank = cc ? kvp_cluster_rank() : 0u;
+        if (cc) kvp_cluster_wait(); /* every rank's mbarrier is initialised (one item per CTA in these plans) */
+#else
+        const bool cc = false;
+#endif
         {
             /* rows in parallel (unrolled), thread tid: head dims tid, tid + 128 */
             float* const po = (float*)(p.ws + p.off_partial_o);
@@ -849,10 +888,17 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                 const long long ob = to_partial ? ((long long)item.partial * p.tile_q + r) * TC_D
                                                 : (rq.qo_start + i) * p.o_stride_row + (long long)qh * p.o_stride_head;
                 if (tid == r && r < rows) {
-                    if (to_partial) pl[(long long)item.partial * p.tile_q + r] = l;
-                    else if (p.lse)
+                    if (to_partial) {
+                        if (!cc) pl[(long long)item.partial * p.tile_q + r] = l;
+                    } else if (p.lse)
                         p.lse[(rq.qo_start + i) * p.lse_stride_row + (long long)qh * p.lse_stride_head] = l;
                 }
+#if TC_CC
+                if (cc && lane == r && r < rows) /* row r's lse to every rank (warp w: ranks w, w + NW, ...) */
+                    for (int k = warp; k < cc_n; k += TC_NW)
+                        kvp_st_async_f32(kvp_cluster_map(cc_lse + (cc_rank * TC_R + (unsigned)r) * 4u, (unsigned)k), l,
+                                         kvp_cluster_map(cc_bar, (unsigned)k));
+#endif
 #if KVA_TC_EXP & 4
 #pragma unroll
                 for (int w = 0; w < TC_NW; ++w) ew[r][w] = e_[w];
@@ -873,6 +919,16 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
             for (int dd = 0; dd < (TC_D + TC_THREADS - 1) / TC_THREADS; ++dd) {
                 const int d = tid + TC_THREADS * dd;
                 if (d < TC_D) {
+#if TC_CC
+                    /* the cluster combine: this dim's values go to rank d / cc_s, slice row d % cc_s of this rank */
+                    unsigned cc_dst = 0u, cc_rb = 0u;
+                    if (cc) {
+                        const int k = d / cc_s;
+                        const int j = d - k * cc_s;
+                        cc_dst = kvp_cluster_map(cc_o + (unsigned)(((int)cc_rank * cc_s + j) * TC_R * 4), (unsigned)k);
+                        cc_rb = kvp_cluster_map(cc_bar, (unsigned)k);
+                    }
+#endif
                     float cv[TC_NW][TC_R];
 #pragma unroll
                     for (int w = 0; w < TC_NW; ++w) {
@@ -898,7 +954,11 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                             for (int w = 0; w < TC_NW; ++w) acc = fmaf(ew[r][w], cv[w][r], acc);
                             const float o = acc * rsc[r];
                             if (to_partial) {
-                                po[obase[r] + d] = o;
+#if TC_CC
+                                if (cc) kvp_st_async_f32(cc_dst + 4u * (unsigned)r, o, cc_rb);
+                                else
+#endif
+                                    po[obase[r] + d] = o;
                             } else {
 #if KVA_OT == KVK_F32
                                 ((float*)p.o)[obase[r] + d] = o;
@@ -915,11 +975,62 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         }
 
         TC_TR(7, 0);
+#if TC_CC
+        /* ---- cluster combine: wait for every rank's slice of this rank's dims (and every rank's lse), then merge
+           them as kva_merge_task_rows does (fault -> o = 0, lse = -inf; sigmoid scores: plain sums) ---- */
+        if (cc) {
+            const int rows = item.rows < TC_R ? item.rows : TC_R;
+            int cnt = TC_D - (int)cc_rank * cc_s;
+            cnt = cnt < 0 ? 0 : (cnt > cc_s ? cc_s : cnt);
+            if (tid == 0) kvp_mbar_arrive_expect_tx(cc_bar, (unsigned)(cc_n * (cnt + 1) * rows * 4));
+            kvp_mbar_wait_cluster(cc_bar, 0u);
+            const float* const ccl = (const float*)(kva_smem + KVK_TC_CC_OFF(TC_D, TC_ES, TC_R, TC_NW) + 16);
+            const float* const cco = ccl + KVK_TC_CC_MAX * TC_R;
+            for (int e = tid; e < (cnt + (cc_rank == 0u ? 1 : 0)) * rows; e += TC_THREADS) {
+                const int j = e / rows, r = e - j * rows; /* j == cnt: rank 0 writes row r's lse */
+                float mx = neg_inf;
+                int fault = 0;
+                for (int k = 0; k < cc_n; ++k) {
+                    const float l = ccl[k * TC_R + r];
+                    if (__float_as_uint(l) == KVK_FAULT_LSE_BITS) fault = 1;
+                    else mx = fmaxf(mx, l);
+                }
+                const float m_use = mx == neg_inf ? 0.0f : mx;
+                float wsum = 0.0f, acc = 0.0f;
+                for (int k = 0; k < cc_n; ++k) {
+                    const float l = ccl[k * TC_R + r];
+                    const float w = sigmoid ? 1.0f : kva_exp2(l - m_use);
+                    wsum += w;
+                    if (j < cnt) acc = fmaf(w, cco[(k * cc_s + j) * TC_R + r], acc);
+                }
+                const int pr = item.row_start + r;
+                const int i = pr / p.group_size;
+                const int qh = item.kv_head * p.group_size + pr % p.group_size;
+                if (j < cnt) {
+                    const float scale = sigmoid ? 1.0f : (wsum > 0.0f ? kva_rcp(wsum) : 0.0f);
+                    const float o = fault ? 0.0f : acc * scale; /* (a fault's lse is a NaN pattern) */
+                    const long long oi = (rq.qo_start + i) * p.o_stride_row + (long long)qh * p.o_stride_head +
+                                         (int)cc_rank * cc_s + j;
+#if KVA_OT == KVK_F32
+                    ((float*)p.o)[oi] = o;
+#elif KVA_OT == KVK_F16
+                    ((unsigned short*)p.o)[oi] = kva_f32_to_f16(o);
+#else
+                    ((unsigned short*)p.o)[oi] = kva_f32_to_bf16(o);
+#endif
+                } else if (p.lse) {
+                    float l_out = sigmoid ? 0.0f : (wsum > 0.0f ? m_use + kva_log2(wsum) : neg_inf);
+                    if (fault) l_out = neg_inf;
+                    p.lse[(rq.qo_start + i) * p.lse_stride_row + (long long)qh * p.lse_stride_head] = l_out;
+                }
+            }
+        }
+#endif
         /* ---- fused split-KV merge: the CTA that writes a task's last partial merges the task (kva_merge_arrive;
            the barrier orders this CTA's partial writes before thread 0's arrival) ---- */
         /* KVA_TC_EXP bit 3 (timing only, wrong results): no arrival and no merge, the bound on what a cheaper
            cross-CTA combine could save */
-        if (to_partial && (flags & KVK_FLAG_FUSED_MERGE) && !(KVA_TC_EXP & 8)) {
+        if (to_partial && !cc && (flags & KVK_FLAG_FUSED_MERGE) && !(KVA_TC_EXP & 8)) {
             __syncthreads();
             kvk_merge_task* const mtask = (kvk_merge_task*)(p.ws + p.off_merge) + item.pad_;
             if (tid == 0) kva_merge_arrive(mtask, s_flag);

@@ -78,6 +78,17 @@ typedef uint64_t kvk_u64;
 #define KVK_FLAG_KV_ONCE 1024u  /* tensor-core decode kernel: L2 evict-first K/V copies (each row read by one item; the host
                                    sets it only for calls reading at most 4 x L2 of K/V) */
 #define KVK_FLAG_TMA 512u       /* Hopper prefill: kvk_tma holds K/V tensor maps (TMA copies of full tiles) */
+#define KVK_FLAG_CLUSTER 2048u  /* tensor-core decode kernel (sm_90): launched in thread-block clusters; a split item with
+                                   pad_ = -n is chunk (cluster rank) of a unit of n chunks on ranks 0 .. n - 1, which
+                                   combine through distributed shared memory (KVK_TC_CC_BYTES after the kernel's
+                                   shared memory) */
+
+/* the cluster combine's shared memory (tensor-core decode kernel, after KVK_TC_SMEM_NW rounded up to 16 bytes): an
+   mbarrier (16 bytes), the lse of every rank [16][rows], the rank's slice of every rank's partial [n][ceil(d / n)][rows]
+   (at most (d + 15) x rows floats for n <= 16) */
+#define KVK_TC_CC_MAX 16
+#define KVK_TC_CC_BYTES(d, rows) (16 + KVK_TC_CC_MAX * (rows) * 4 + ((d) + KVK_TC_CC_MAX) * (rows) * 4)
+#define KVK_TC_CC_OFF(d, es, rows, nw) ((KVK_TC_SMEM_NW(d, es, rows, nw) + 15) & ~15)
 
 /* lse value written into a partial slot by a work item whose request hit an out-of-range page index
    (a NaN with a payload no arithmetic produces); the merge kernel then outputs o = 0, lse = -inf. */

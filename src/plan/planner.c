@@ -598,8 +598,41 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
 
     st = kva__make_tiles(pd, B, &s);
     if (st != KVA_OK) goto done;
+    /* Thread-block clusters (ctx->cluster_size > 1: the CUDA backend on sm_90). Graph-mode plans of a descriptor whose
+       kernel combines in clusters run on cluster_ctas workers, every plan of them (the captured launch is in
+       clusters). A plan whose (tile, KV head) units fit the clusters, with the longest tile in at most cluster_size
+       chunks of at most cluster_max_chunk tokens, gives unit u's chunks to CTAs u * cluster_size + c, which combine
+       them through distributed shared memory instead of global partials, an arrival atomic and a merge
+       (docs/kernels/decode.md, session 16). */
+    int32_t L_cc = 0;
+    {
+        const int32_t C = ctx->cluster_size;
+        const bool cl_desc = C > 1 && ctx->cluster_ctas >= C && op == KVA_OP_BATCH_DECODE && pd->kv_head_group == 1 &&
+                             params->fixed_split_size <= 0 && !params->disable_split_kv &&
+                             (!ctx->ops->cluster_ok || ctx->ops->cluster_ok(ctx, &nd, op, pd->tile_q));
+        if (cl_desc) {
+            if (graph) {
+                pd->cluster_size = C;
+                pd->num_workers = ctx->cluster_ctas;
+            }
+            const int64_t U = s.ntiles * (int64_t)nd.num_kv_heads, maxlen = kva__max_tile_len(&s);
+            const int64_t clusters = (graph ? pd->num_workers : ctx->cluster_ctas) / C;
+            int64_t floor_len = ctx->small_kv_chunk > 0 ? ctx->small_kv_chunk
+                                : ctx->min_kv_chunk > 0 ? ctx->min_kv_chunk
+                                                        : KVA__MIN_KV_CHUNK;
+            int64_t l = kva__ceil_div64(kva__ceil_div64(maxlen, C), KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
+            if (l < floor_len) l = floor_len;
+            const int64_t max_chunk = ctx->cluster_max_chunk > 0 ? ctx->cluster_max_chunk : 256;
+            if (U >= 1 && U <= clusters && maxlen > l && l <= max_chunk) {
+                L_cc = (int32_t)l;
+                pd->cluster_size = C;
+                pd->cluster_combine = 1;
+                if (!graph) pd->num_workers = (int32_t)(U * C);
+            }
+        }
+    }
     const int32_t W0 = pd->num_workers;
-    if (!graph && pd->kv_head_group == 1 && ctx->ops->plan_workers) { /* the backend may plan a small batch on fewer workers */
+    if (!graph && !pd->cluster_combine && pd->kv_head_group == 1 && ctx->ops->plan_workers) { /* the backend may plan a small batch on fewer workers */
         int64_t tokens = 0;
         for (int64_t i = 0; i < s.ntiles; ++i) tokens += s.tiles[i].hi - s.tiles[i].lo;
         const int32_t w = ctx->ops->plan_workers(ctx, &nd, op, s.ntiles * (int64_t)nd.num_kv_heads,
@@ -607,10 +640,10 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
     }
     const int64_t H = kva__unit_heads(pd);
-    int32_t L = kva__choose_chunk(ctx, pd, params, &s);
+    int32_t L = pd->cluster_combine ? L_cc : kva__choose_chunk(ctx, pd, params, &s);
     int64_t nsplit_tiles = 0, nsplit_chunks = 0, nchunks_tile = 0;
     kva__split_tiles(&s, L, params->fixed_split_size > 0, &nsplit_tiles, &nsplit_chunks, &nchunks_tile);
-    if (pd->num_workers < W0 && nchunks_tile * H > pd->num_workers) {
+    if (!pd->cluster_combine && pd->num_workers < W0 && nchunks_tile * H > pd->num_workers) {
         /* fewer workers only where each then has at most one item: with skewed lengths the chunks do not pack
            (D4 zipf on 132 instead of 264 workers: 15 % slower), and all W0 workers balance them better */
         pd->num_workers = W0;
@@ -748,9 +781,22 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
            with each sibling: the sibling loads do not depend on the compares, so the walk costs a short chain of
            integer mins, not dependent loads. The first min(W, N) items go to workers 0, 1, ... in order (all loads
            are 0; ties to the lowest id): placed directly, then the tree is built once. */
+        int64_t k = 0;
+        int64_t maxload = 0;
+        if (pd->cluster_combine) {
+            /* clusters: the chunks of unit (tile t, KV head h) on CTAs (t * H + h) * C + c, one item each (the
+               planner chose C and the chunk length so that every unit fits its cluster) */
+            const int64_t C = pd->cluster_size;
+            for (k = 0; k < N; ++k) {
+                const int64_t uid = k / H, h = k % H;
+                seq[k] = (uint32_t)k;
+                owner[k] = (int32_t)(((int64_t)unit_tile[uid] * H + h) * C + (int64_t)unit_chunk[uid]);
+                wcount[owner[k] + 1]++;
+                if ((int64_t)cost[uid] > maxload) maxload = (int64_t)cost[uid];
+            }
+        } else {
         size_t P = 1;
         while (P < (size_t)W) P *= 2;
-        int64_t k = 0;
         for (size_t i = 0; i < P; ++i) heap[P + i] = i < (size_t)W ? (uint64_t)i : UINT64_MAX;
         for (; k < N && k < W; ++k) {
             owner[k] = (int32_t)k;
@@ -773,9 +819,9 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
                 heap[pos] = x;
             }
         }
-        int64_t maxload = 0;
         for (int32_t w = 0; w < W; ++w)
             if ((int64_t)(heap[P + (size_t)w] >> 13) > maxload) maxload = (int64_t)(heap[P + (size_t)w] >> 13);
+        }
         pd->max_worker_cost = maxload;
         pd->total_cost = total_cost;
         int32_t* windptr = (int32_t*)(base + pd->off_worker_indptr);
