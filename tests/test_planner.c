@@ -492,7 +492,7 @@ static void test_random_plans(kva_context** ctxs, kva_context** ctxs2, int count
         g_head_bytes = h_rng_range(&r, 0, 1) ? 64 : 0; /* the CUDA backend's per-worker header region */
         /* a third of the plans on contexts with thread-block clusters (the CUDA backend's cluster combine on sm_90) */
         g_cluster = h_rng_range(&r, 0, 2) == 0 ? (h_rng_range(&r, 0, 1) ? 8 : 4) : 0;
-        g_cluster_ctas = g_cluster ? g_cluster * (int32_t)h_rng_range(&r, 1, 6) : 0;
+        g_cluster_ctas = g_cluster ? g_cluster * (int32_t)h_rng_range(&r, 1, 40) : 0;
         g_cluster_max_chunk = g_cluster ? (int32_t)(h_rng_range(&r, 0, 2) * 256) : 0;
         ctxs[wi]->cluster_size = ctxs2[wi]->cluster_size = g_cluster;
         ctxs[wi]->cluster_ctas = ctxs2[wi]->cluster_ctas = g_cluster_ctas;

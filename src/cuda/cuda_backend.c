@@ -1025,14 +1025,14 @@ static kva_status kva__load_util(kva_context* ctx, kva__cuda_state* st) {
 /* Clusters for the tensor-core decode kernel's cluster combine (kva__cuda_cluster_ok): sm_90 with the prebuilt kernels
    and a driver with cuLaunchKernelEx. cluster_ctas = the clusters of the bf16 head-dim-128 4-row kernel (with the
    combine's shared memory) that fit at once, times the size: graph-mode plans of cluster descriptors run on that many
-   workers (240 of 264 on an H100 at size 8). KVATTN_CUDA_CLUSTER=0 turns clusters off; 2, 4 or 8 sets the size. */
+   workers (240 of 264 on an H100 at size 8). KVATTN_CUDA_CLUSTER=0 turns clusters off; 2, 4, 8 or 16 (non-portable) sets the size. */
 static void kva__cuda_cluster_init(kva_context* ctx, kva__cuda_state* st) {
     const kva__cu_api* cu = st->cu;
     st->cluster = 0;
     st->cluster_ctas = 0;
     const char* e = getenv("KVATTN_CUDA_CLUSTER");
     int want = 8;
-    if (e && *e) want = (!strcmp(e, "2") || !strcmp(e, "4") || !strcmp(e, "8")) ? e[0] - '0' : 0;
+    if (e && *e) want = (!strcmp(e, "2") || !strcmp(e, "4") || !strcmp(e, "8") || !strcmp(e, "16")) ? atoi(e) : 0;
     if (want < 2 || st->cc != 90 || !st->aot || !cu->LaunchKernelEx || !cu->OccupancyMaxActiveClusters) return;
     kva__kkey k;
     memset(&k, 0, sizeof k);
@@ -1236,8 +1236,10 @@ kva_status kva__cuda_init(kva_context* ctx) {
         const char* mc = getenv("KVATTN_BENCH_CLUSTER_MAX_CHUNK"); /* A/B: the longest chunk of a cluster-combine plan */
         ctx->cluster_max_chunk = mc && *mc ? (int32_t)strtol(mc, NULL, 10) : 256;
     }
-    kva__log(ctx, KVA_LOG_INFO, "kvattn: CUDA device %d: %s, compute capability %d.%d, %d SMs, %d workers, %s kernels",
+    kva__log(ctx, KVA_LOG_INFO,
+             "kvattn: CUDA device %d: %s, compute capability %d.%d, %d SMs, %d workers, %s kernels, clusters of %d "
+             "(%d CTAs at once)",
              (int)ctx->device, st->name, st->cc_major, st->cc_minor, st->num_sms, (int)ctx->num_workers,
-             st->aot ? "prebuilt + NVRTC" : "NVRTC");
+             st->aot ? "prebuilt + NVRTC" : "NVRTC", st->cluster, st->cluster_ctas);
     return KVA_OK;
 }

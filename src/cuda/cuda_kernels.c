@@ -749,6 +749,8 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
                 const size_t cc = (size_t)KVK_TC_CC_OFF(k->dqk, KVK_DEC_ES(k->kt), k->rows, 4) +
                                   (size_t)KVK_TC_CC_BYTES(k->dqk, k->rows);
                 if (cc <= (size_t)st->max_smem_optin) smem = cc;
+                /* clusters of 16 CTAs (KVATTN_CUDA_CLUSTER=16) are a non-portable size */
+                (void)cu->FuncSetAttribute(e.fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
             }
             CUresult r = cu->FuncSetAttribute(e.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)smem);
             if (r != CUDA_SUCCESS) {
