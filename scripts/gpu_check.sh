@@ -83,6 +83,15 @@ if [ -x "$BUILD/tests/test_ops" ]; then
             --backend cuda --suite "$suite"
     done
 fi
+if [ -x "$BUILD/tests/test_ops" ]; then
+    # the tensor-core decode kernel's cluster combine (opt-in: KVATTN_CUDA_CLUSTER=8; sm_90 only, a no-op elsewhere)
+    for suite in decode split; do
+        echo "--- test_ops --suite $suite, KVATTN_CUDA_CLUSTER=8"
+        run_step "test_ops $suite [cuda, clusters]" 150 5 env KVATTN_CUDA_CLUSTER=8 "$BUILD/tests/test_ops" \
+            --backend cuda --suite "$suite"
+    done
+    run_step "kva_cuda_selftest [clusters]" 120 5 env KVATTN_CUDA_CLUSTER=8 "$BUILD/kva_cuda_selftest"
+fi
 for t in test_errors test_api test_formats test_variants; do
     if [ -x "$BUILD/tests/$t" ]; then
         echo "--- $t"
@@ -128,6 +137,8 @@ elif command -v compute-sanitizer >/dev/null; then
     run_step "memcheck selftest --quick" 150 30 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 \
         "$BUILD/kva_cuda_selftest" --quick
     run_step "racecheck selftest --quick" 150 30 compute-sanitizer --tool racecheck --racecheck-report hazard \
+        --error-exitcode 99 --print-limit 20 "$BUILD/kva_cuda_selftest" --quick
+    run_step "memcheck selftest --quick [clusters]" 150 10 env KVATTN_CUDA_CLUSTER=8 compute-sanitizer --tool memcheck \
         --error-exitcode 99 --print-limit 20 "$BUILD/kva_cuda_selftest" --quick
     if [ -x "$BUILD/tests/test_variants" ]; then
         run_step "memcheck test_variants ops" 200 10 compute-sanitizer --tool memcheck --error-exitcode 99 \

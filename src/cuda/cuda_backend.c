@@ -1025,13 +1025,14 @@ static kva_status kva__load_util(kva_context* ctx, kva__cuda_state* st) {
 /* Clusters for the tensor-core decode kernel's cluster combine (kva__cuda_cluster_ok): sm_90 with the prebuilt kernels
    and a driver with cuLaunchKernelEx. cluster_ctas = the clusters of the bf16 head-dim-128 4-row kernel (with the
    combine's shared memory) that fit at once, times the size: graph-mode plans of cluster descriptors run on that many
-   workers (240 of 264 on an H100 at size 8). KVATTN_CUDA_CLUSTER=0 turns clusters off; 2, 4, 8 or 16 (non-portable) sets the size. */
+   workers (240 of 264 on an H100 at size 8). Off by default; KVATTN_CUDA_CLUSTER=2, 4, 8 or 16 (non-portable) turns
+   clusters on at that size (8 is the measured one; 16 was slower everywhere). */
 static void kva__cuda_cluster_init(kva_context* ctx, kva__cuda_state* st) {
     const kva__cu_api* cu = st->cu;
     st->cluster = 0;
     st->cluster_ctas = 0;
     const char* e = getenv("KVATTN_CUDA_CLUSTER");
-    int want = 8;
+    int want = 0; /* opt-in: measured neutral (eager) to mixed (graph) on an H100, docs/kernels/decode.md session 16 */
     if (e && *e) want = (!strcmp(e, "2") || !strcmp(e, "4") || !strcmp(e, "8") || !strcmp(e, "16")) ? atoi(e) : 0;
     if (want < 2 || st->cc != 90 || !st->aot || !cu->LaunchKernelEx || !cu->OccupancyMaxActiveClusters) return;
     kva__kkey k;
