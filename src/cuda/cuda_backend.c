@@ -77,27 +77,32 @@ static kva_status kva__launch_n(kva__cuda_state* st, CUfunction f, unsigned grid
     return KVA_OK;
 }
 
+/* a 1-D launch configuration in thread-block clusters of `cluster` CTAs (*at becomes its one attribute) */
+static void kva__cluster_config(CUlaunchConfig* cfg, CUlaunchAttribute* at, unsigned grid, unsigned threads,
+                                unsigned smem, CUstream s, unsigned cluster) {
+    memset(at, 0, sizeof *at);
+    at->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    at->value.clusterDim.x = cluster;
+    at->value.clusterDim.y = at->value.clusterDim.z = 1;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->gridDimX = grid;
+    cfg->gridDimY = cfg->gridDimZ = 1;
+    cfg->blockDimX = threads;
+    cfg->blockDimY = cfg->blockDimZ = 1;
+    cfg->sharedMemBytes = smem;
+    cfg->hStream = s;
+    cfg->attrs = at;
+    cfg->numAttrs = 1;
+}
+
 /* a launch in thread-block clusters of `cluster` CTAs along x (grid a multiple of it; cuLaunchKernelEx) */
 static kva_status kva__launch_cluster(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
                                       CUstream s, void* params, unsigned cluster, const char* what) {
     KVA_RETURN_IF(!st->cu->LaunchKernelEx || cluster < 2 || grid % cluster != 0, KVA_ERR_INTERNAL,
                   "%s: a cluster launch of %u CTAs in clusters of %u is not possible here", what, grid, cluster);
     CUlaunchAttribute at;
-    memset(&at, 0, sizeof at);
-    at.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    at.value.clusterDim.x = cluster;
-    at.value.clusterDim.y = 1;
-    at.value.clusterDim.z = 1;
     CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDimX = grid;
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = threads;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = smem;
-    cfg.hStream = s;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
+    kva__cluster_config(&cfg, &at, grid, threads, smem, s, cluster);
     void* args[1] = {params};
     KVA_CU_TRY(st->cu, st->cu->LaunchKernelEx(&cfg, f, args, NULL), what);
     return KVA_OK;
@@ -155,8 +160,7 @@ static bool kva__cuda_cluster_ok(const kva_context* ctx, const kva_attention_des
     kva__kchoice c;
     if (kva__cuda_select_dev(desc, op, tile_q, 0, 0.0, st->max_smem_optin, &c) != KVA_OK) return false;
     if (c.key.family != KVA__KF_DECODE_TC) return false;
-    const size_t need = (size_t)KVK_TC_CC_OFF(c.key.dqk, KVK_DEC_ES(c.key.kt), c.key.rows, 4) +
-                        (size_t)KVK_TC_CC_BYTES(c.key.dqk, c.key.rows);
+    const size_t need = KVA__TC_SMEM_CC(c.key.dqk, c.key.kt, c.key.rows);
     return need <= (size_t)st->max_smem_optin && 2 * (need + 1024) <= (size_t)st->smem_sm;
 }
 
@@ -373,9 +377,7 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
                 status = kva__set_error(KVA_ERR_INTERNAL, "plan: a thread-block cluster plan without its kernel");
             else {
                 plan->backend_data[KVA__BD_CLUSTER] = (uint64_t)plan->cluster_size;
-                plan->backend_data[KVA__BD_SMEM] =
-                    (uint64_t)(KVK_TC_CC_OFF(c.key.dqk, KVK_DEC_ES(c.key.kt), c.key.rows, 4) +
-                               KVK_TC_CC_BYTES(c.key.dqk, c.key.rows));
+                plan->backend_data[KVA__BD_SMEM] = (uint64_t)KVA__TC_SMEM_CC(c.key.dqk, c.key.kt, c.key.rows);
                 if (plan->cluster_combine) {
                     char* base = (char*)ws->host;
                     const kva__merge_task* mt = (const kva__merge_task*)(base + plan->off_merge);
@@ -1046,19 +1048,9 @@ static void kva__cuda_cluster_init(kva_context* ctx, kva__cuda_state* st) {
     int index = -1;
     if (!kva__aot_has(name) || kva__cuda_kernel(ctx, st, &k, &index) != KVA_OK) return;
     CUlaunchAttribute at;
-    memset(&at, 0, sizeof at);
-    at.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    at.value.clusterDim.x = (unsigned)want;
-    at.value.clusterDim.y = at.value.clusterDim.z = 1;
     CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDimX = (unsigned)(want * st->num_sms * 2);
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = KVK_THREADS;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = (unsigned)(KVK_TC_CC_OFF(128, 2, 4, 4) + KVK_TC_CC_BYTES(128, 4));
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
+    kva__cluster_config(&cfg, &at, (unsigned)(want * st->num_sms * 2), KVK_THREADS,
+                        (unsigned)KVA__TC_SMEM_CC(k.dqk, k.kt, k.rows), NULL, (unsigned)want);
     int n = 0;
     if (cu->OccupancyMaxActiveClusters(&n, st->kernels[index].fn, &cfg) != CUDA_SUCCESS || n < 1) return;
     st->cluster = want;
@@ -1066,7 +1058,6 @@ static void kva__cuda_cluster_init(kva_context* ctx, kva__cuda_state* st) {
     if (st->cluster_ctas > st->num_sms * st->ctas_per_sm)
         st->cluster_ctas = st->num_sms * st->ctas_per_sm / want * want;
     if (st->cluster_ctas < want) st->cluster = st->cluster_ctas = 0;
-    (void)ctx;
 }
 
 static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {

@@ -154,6 +154,10 @@ typedef struct kva__staging_slot {
     int used;
 } kva__staging_slot;
 
+/* dynamic shared memory of the 4-warp tensor-core decode kernel with the cluster combine's buffers (KVK_FLAG_CLUSTER) */
+#define KVA__TC_SMEM_CC(dqk, kt, rows) \
+    ((size_t)KVK_TC_CC_OFF((dqk), KVK_DEC_ES(kt), (rows), 4) + (size_t)KVK_TC_CC_BYTES((dqk), (rows)))
+
 typedef struct kva__cuda_state {
     const kva__cu_api* cu;
     CUdevice dev;

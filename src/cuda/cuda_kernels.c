@@ -746,8 +746,7 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
             size_t smem = kva__kkey_smem(k);
             if (k->family == KVA__KF_DECODE_TC && k->warps != 8 && st->cc == 90) {
                 /* room for the cluster combine's buffers (KVK_FLAG_CLUSTER launches pass the larger size) */
-                const size_t cc = (size_t)KVK_TC_CC_OFF(k->dqk, KVK_DEC_ES(k->kt), k->rows, 4) +
-                                  (size_t)KVK_TC_CC_BYTES(k->dqk, k->rows);
+                const size_t cc = KVA__TC_SMEM_CC(k->dqk, k->kt, k->rows);
                 if (cc <= (size_t)st->max_smem_optin) smem = cc;
                 /* clusters of 16 CTAs (KVATTN_CUDA_CLUSTER=16) are a non-portable size */
                 (void)cu->FuncSetAttribute(e.fn, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);

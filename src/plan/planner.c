@@ -765,14 +765,14 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
            - Prefill (kva__locality_order): the items of one (request, KV head) run back to back, longest first,
              so the CTAs running at the same time share their K/V in L2 instead of every CTA streaming a
              different head's K/V from DRAM; the tail is longest first across groups (LPT's balance). */
-        kva__sort_desc(cost, order, order + u1, U);
+        if (!pd->cluster_combine) kva__sort_desc(cost, order, order + u1, U); /* (cluster plans: fixed places) */
         uint32_t* seq = (uint32_t*)kva__scratch_get(&s, KVA__S_SEQ, sizeof(uint32_t) * 4 * n1);
         if (!seq) {
             st = kva__set_error(KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory (%lld work items)", (long long)N);
             goto done;
         }
-        if (!(op != KVA_OP_BATCH_DECODE && !ctx->plan_lpt_only &&
-              kva__locality_order(&s, unit_tile, cost, U, H, W, seq))) {
+        if (!pd->cluster_combine && !(op != KVA_OP_BATCH_DECODE && !ctx->plan_lpt_only &&
+                                      kva__locality_order(&s, unit_tile, cost, U, H, W, seq))) {
             int64_t k = 0;
             for (int64_t i = 0; i < U; ++i)
                 for (int64_t h = 0; h < H; ++h) seq[k++] = (uint32_t)((int64_t)order[i] * H + h);
@@ -782,11 +782,6 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
                                 (int)W, (long long)total_cost);
             goto done;
         }
-        /* Worker loads live in a tournament tree of keys load << 13 | worker (one integer compare orders (load,
-           worker)); the root is the least-loaded worker. An update walks from the leaf to the root taking the min
-           with each sibling: the sibling loads do not depend on the compares, so the walk costs a short chain of
-           integer mins, not dependent loads. The first min(W, N) items go to workers 0, 1, ... in order (all loads
-           are 0; ties to the lowest id): placed directly, then the tree is built once. */
         int64_t k = 0;
         int64_t maxload = 0;
         if (pd->cluster_combine) {
@@ -801,32 +796,37 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
                 if ((int64_t)cost[uid] > maxload) maxload = (int64_t)cost[uid];
             }
         } else {
-        size_t P = 1;
-        while (P < (size_t)W) P *= 2;
-        for (size_t i = 0; i < P; ++i) heap[P + i] = i < (size_t)W ? (uint64_t)i : UINT64_MAX;
-        for (; k < N && k < W; ++k) {
-            owner[k] = (int32_t)k;
-            wcount[k + 1]++;
-            heap[P + (size_t)k] += (uint64_t)cost[seq[k] / (uint32_t)H] << 13;
-        }
-        for (size_t i = P - 1; i >= 1; --i) heap[i] = heap[2 * i] < heap[2 * i + 1] ? heap[2 * i] : heap[2 * i + 1];
-        for (; k < N; ++k) {
-            uint64_t x = P > 1 ? heap[1] : heap[P];
-            const int32_t w = (int32_t)(x & 8191u);
-            owner[k] = w;
-            wcount[w + 1]++;
-            x += (uint64_t)cost[seq[k] / (uint32_t)H] << 13;
-            size_t pos = P + (size_t)w;
-            heap[pos] = x;
-            while (pos > 1) {
-                const uint64_t sib = heap[pos ^ 1];
-                x = sib < x ? sib : x;
-                pos >>= 1;
-                heap[pos] = x;
+            /* Worker loads live in a tournament tree of keys load << 13 | worker (one integer compare orders (load,
+               worker)); the root is the least-loaded worker. An update walks from the leaf to the root taking the min
+               with each sibling: the sibling loads do not depend on the compares, so the walk costs a short chain of
+               integer mins, not dependent loads. The first min(W, N) items go to workers 0, 1, ... in order (all loads
+               are 0; ties to the lowest id): placed directly, then the tree is built once. */
+            size_t P = 1;
+            while (P < (size_t)W) P *= 2;
+            for (size_t i = 0; i < P; ++i) heap[P + i] = i < (size_t)W ? (uint64_t)i : UINT64_MAX;
+            for (; k < N && k < W; ++k) {
+                owner[k] = (int32_t)k;
+                wcount[k + 1]++;
+                heap[P + (size_t)k] += (uint64_t)cost[seq[k] / (uint32_t)H] << 13;
             }
-        }
-        for (int32_t w = 0; w < W; ++w)
-            if ((int64_t)(heap[P + (size_t)w] >> 13) > maxload) maxload = (int64_t)(heap[P + (size_t)w] >> 13);
+            for (size_t i = P - 1; i >= 1; --i) heap[i] = heap[2 * i] < heap[2 * i + 1] ? heap[2 * i] : heap[2 * i + 1];
+            for (; k < N; ++k) {
+                uint64_t x = P > 1 ? heap[1] : heap[P];
+                const int32_t w = (int32_t)(x & 8191u);
+                owner[k] = w;
+                wcount[w + 1]++;
+                x += (uint64_t)cost[seq[k] / (uint32_t)H] << 13;
+                size_t pos = P + (size_t)w;
+                heap[pos] = x;
+                while (pos > 1) {
+                    const uint64_t sib = heap[pos ^ 1];
+                    x = sib < x ? sib : x;
+                    pos >>= 1;
+                    heap[pos] = x;
+                }
+            }
+            for (int32_t w = 0; w < W; ++w)
+                if ((int64_t)(heap[P + (size_t)w] >> 13) > maxload) maxload = (int64_t)(heap[P + (size_t)w] >> 13);
         }
         pd->max_worker_cost = maxload;
         pd->total_cost = total_cost;
