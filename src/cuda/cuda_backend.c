@@ -41,8 +41,6 @@ enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2, KVA__BD_FUSED = 
 /* work stealing in head-group decode: a thief takes half of an item's unclaimed subtiles when there are at least this
    many (16 tokens each) */
 #define KVA__STEAL_MIN 8
-/* ... and an owner claims this many subtiles at a time (the next claim in flight while these are issued) */
-#define KVA__STEAL_CLAIM 16
 
 static kva__cuda_state* kva__st(const kva_context* ctx) { return (kva__cuda_state*)ctx->backend_state; }
 
@@ -404,18 +402,9 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
             else if (plan->off_worker_head == 0)
                 status = kva__set_error(KVA_ERR_INTERNAL, "plan: no worker header region in the CUDA plan layout");
             else {
-                if (plan->off_steal > 0) {
-                    /* claim words and pair counters start at zero (the kernel keeps them so); each item's subtiles */
-                    char* const sr = (char*)ws->host + plan->off_steal;
-                    memset(sr, 0, KVK_STEAL_HEADER + (size_t)KVK_STEAL_ITEM_BYTES * (size_t)plan->num_items);
-                    const kva__work_item* it = kva__ws_items(plan, ws->host);
-                    for (int32_t i = 0; i < plan->num_items; ++i) {
-                        const uint32_t ns = it[i].kv_end > it[i].kv_start
-                                                ? (uint32_t)((it[i].kv_end - (it[i].kv_start & ~15) + 15) >> 4)
-                                                : 0u;
-                        memcpy(sr + KVK_STEAL_HEADER + (size_t)KVK_STEAL_ITEM_BYTES * (size_t)i + 12, &ns, 4);
-                    }
-                }
+                if (plan->off_steal > 0) /* claim words and pair counters start at zero (the kernel keeps them so) */
+                    memset((char*)ws->host + plan->off_steal, 0,
+                           KVK_STEAL_HEADER + (size_t)KVK_STEAL_ITEM_BYTES * (size_t)plan->num_items);
                 kva__write_worker_heads(plan, ws);
                 status = kva__staging_copy(st, ws, plan->int_region_end, (CUstream)stream);
             }
@@ -609,7 +598,6 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     p.off_steal = (int64_t)pd->off_steal;
     p.steal_slot0 = pd->steal_slot0;
     p.steal_min = st->steal_min;
-    p.steal_claim = st->steal_claim;
     p.num_entries = pd->graph_mode ? 0 : pd->num_page_entries; /* graph replays may use a shorter page table */
     p.trace = (kvk_u64*)(uintptr_t)st->trace_ptr;
     p.q_stride_row = a->q.stride[0];
@@ -1156,9 +1144,6 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         const char* sm = getenv("KVATTN_BENCH_STEAL_MIN"); /* A/B: the fewest unclaimed subtiles worth a steal */
         st->steal_min = sm && *sm ? (int)strtol(sm, NULL, 10) : KVA__STEAL_MIN;
         if (st->steal_min < 1) st->steal_min = 1;
-        const char* sc = getenv("KVATTN_BENCH_STEAL_CLAIM"); /* A/B: subtiles an owner claims at a time */
-        st->steal_claim = sc && *sc ? (int)strtol(sc, NULL, 10) : KVA__STEAL_CLAIM;
-        if (st->steal_claim < 1 || st->steal_claim > 4096) st->steal_claim = KVA__STEAL_CLAIM;
         const char* tp = getenv("KVATTN_BENCH_TRACE_PTR"); /* benchmark: kernel timestamps into this buffer */
         st->trace_ptr = tp && *tp ? strtoull(tp, NULL, 0) : 0ull;
         if (st->no_bounds_check)

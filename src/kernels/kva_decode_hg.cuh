@@ -31,10 +31,10 @@
  *
  * Work stealing (KVK_FLAG_STEAL; docs/kernels/decode.md, session 17). CTAs with equal work end up to ~10 % of a call
  * apart (HBM does not serve them evenly), and a static plan cannot move work after launch. So the producer claims its
- * items' subtiles p.steal_claim at a time from a per-item claim word (atomicAdd; the next claim in flight while the current
- * one's copies are issued; the first claim of an item is implicit, as thieves leave unstarted items alone), and once its
- * own list is issued it steals, once: it scans the claim words for the started item with the most unclaimed subtiles
- * (at least p.steal_min) and takes the upper half by a CAS that lowers the item's end and names the thief. The consumers learn where each segment ends from the stage words. The two parts of a stolen
+ * items' subtiles HG_CLAIM at a time from a per-item claim word (atomicAdd; the next claim in flight while the current
+ * one's copies are issued), and once its own list is issued it steals, once: it scans the claim words for the item
+ * with the most unclaimed subtiles (at least p.steal_min) and takes the upper half by a CAS that lowers the item's end
+ * and names the thief. The consumers learn where each segment ends from the stage words. The two parts of a stolen
  * item go to the thief's pair of partial slots (steal_slot0 + 2 t: the owner's, + 1: the thief's); the second to
  * arrive on the item's pair counter merges them into the item's destination (the output, or its split-KV partial
  * slot, which then arrives on the item's merge task). Claim words are reset by the last CTA to finish stealing (a
@@ -69,6 +69,7 @@
 #define HG_C_THIEF (-4)            /* end of the stolen range: this CTA's steal slot steal_slot0 + 2 CTA + 1 */
 #define HG_C_STOLEN(t) (-5 - (t))  /* end of an item a thief (CTA t) took the rest of: slot steal_slot0 + 2 t */
 #define HG_C_STOLEN_CTA(code) (-5 - (code))
+#define HG_CLAIM 4                 /* subtiles an owner claims at a time (KVK_FLAG_STEAL) */
 #endif
 
 
@@ -228,20 +229,12 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 ctl(HG_C_END);
                 continue;
             }
-            /* claim p.steal_claim subtiles at a time (the next claim in flight while this one's copies are issued): a
-               thief lowers the end and the owner stops there. Thieves leave unstarted items (claim word 0) alone, so
-               the first claim is the owner's without waiting: one atomic publishes it, the next claims the second */
-            if (nsub == 0) {
-                ctl(HG_C_END);
-                continue;
-            }
+            /* claim HG_CLAIM subtiles at a time (the next claim in flight while this one's copies are issued): a
+               thief lowers the end and the owner stops there */
             unsigned long long* const word = (unsigned long long*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * it);
             unsigned long long cl = 0;
-            if (lane == 0) {
-                atomicAdd(word, (unsigned long long)p.steal_claim);
-                cl = atomicAdd(word, (unsigned long long)p.steal_claim);
-            }
-            issue(it, w, pbase, 0, p.steal_claim < nsub ? p.steal_claim : nsub);
+            if (lane == 0) cl = atomicAdd(word, (unsigned long long)HG_CLAIM);
+            window(it, w, pbase, 0); /* in flight with the claim (the owner's first claim starts at 0 unless stolen) */
             int code = HG_C_END;
             for (;;) {
                 cl = __shfl_sync(0xffffffffu, cl, 0);
@@ -252,8 +245,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                     break;
                 }
                 unsigned long long nx = 0;
-                if (lane == 0) nx = atomicAdd(word, (unsigned long long)p.steal_claim);
-                issue(it, w, pbase, pos, pos + p.steal_claim < e ? pos + p.steal_claim : e);
+                if (lane == 0) nx = atomicAdd(word, (unsigned long long)HG_CLAIM);
+                issue(it, w, pbase, pos, pos + HG_CLAIM < e ? pos + HG_CLAIM : e);
                 cl = nx;
             }
             ctl(code);
@@ -265,57 +258,39 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             const kvk_counts* cnt = (const kvk_counts*)(p.ws + p.off_counts);
             const int n_items = cnt->num_items;
             int got = -1, ja = 0, jb = 0;
-            for (int round = 0; round < 4 && got < 0; ++round) {
+            for (int round = 0; round < 3 && got < 0; ++round) {
                 unsigned long long best = 0; /* rem << 40 | tie-break << 20 | item */
-                int pending = 0;             /* unstarted items worth a steal once started */
-                /* per item: claim word, pair counter, subtiles (host-written): one 16-byte load, 8 in flight a lane */
-                for (int i0 = 0; i0 < n_items; i0 += 32 * 8) {
-                    uint4 rec[8];
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) {
-                        const int i = i0 + 32 * k + lane;
-                        rec[k] = i < n_items ? __ldcg((const uint4*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * i))
-                                             : make_uint4(0u, 0x10000u, 0u, 0u);
-                    }
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) {
-                        const int i = i0 + 32 * k + lane;
-                        if (rec[k].y >> 16) continue; /* stolen already (or past the end) */
-                        const int pos = (int)(rec[k].x & 0xffffffu), rem = (int)rec[k].w - pos;
-                        if (rem < p.steal_min || rem <= 1) continue;
-                        if (pos == 0) {
-                            pending = 1;
-                            continue;
-                        }
-                        const unsigned long long key =
-                            ((unsigned long long)rem << 40) |
-                            ((unsigned long long)((i * 40503u + blockIdx.x * 2654435761u) >> 12 & 0xfffffu) << 20) |
-                            (unsigned long long)i;
-                        best = key > best ? key : best;
-                    }
+                for (int i = lane; i < n_items; i += 32) {
+                    const unsigned long long wv =
+                        __ldcg((const unsigned long long*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * i));
+                    if (wv >> 48) continue;
+                    const int2 r = __ldcg((const int2*)&items[i].kv_start);
+                    const int ns = r.y > r.x ? (r.y - (r.x & ~15) + 15) >> 4 : 0;
+                    const int rem = ns - (int)(wv & 0xffffffull);
+                    if (rem < p.steal_min || rem <= 1) continue;
+                    const unsigned long long key = ((unsigned long long)rem << 40) |
+                                                   ((unsigned long long)((i * 40503u + blockIdx.x * 2654435761u) >> 12 &
+                                                                         0xfffffu) << 20) |
+                                                   (unsigned long long)i;
+                    best = key > best ? key : best;
                 }
 #pragma unroll
                 for (int o = 16; o >= 1; o >>= 1) {
                     const unsigned long long b2 = __shfl_xor_sync(0xffffffffu, best, o);
                     best = b2 > best ? b2 : best;
                 }
-                if (best == 0) {
-                    /* nothing started to take from: wait a little if some items have not started yet (this CTA had
-                       no work of its own, or little), else give up */
-                    if (!__any_sync(0xffffffffu, pending) || round == 3) break;
-                    __nanosleep(2000);
-                    continue;
-                }
+                if (best == 0) break;
                 const int i = (int)(best & 0xfffffull);
                 if (lane == 0) {
                     unsigned long long* const word =
                         (unsigned long long*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * i);
-                    const int ns = (int)__ldcg((const unsigned*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * i + 12));
+                    const int2 r = __ldcg((const int2*)&items[i].kv_start);
+                    const int ns = r.y > r.x ? (r.y - (r.x & ~15) + 15) >> 4 : 0;
                     unsigned long long cur = __ldcg(word);
                     for (int tries = 0; tries < 4; ++tries) {
                         if (cur >> 48) break;
                         const int pos = (int)(cur & 0xffffffull), rem = ns - pos;
-                        if (pos == 0 || rem < p.steal_min || rem <= 1) break;
+                        if (rem < p.steal_min || rem <= 1) break;
                         const int cut = pos + (rem + 1) / 2;
                         const unsigned long long nw = (unsigned long long)pos | ((unsigned long long)cut << 24) |
                                                       ((unsigned long long)(blockIdx.x + 1u) << 48);
@@ -339,19 +314,16 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 ctl(HG_C_THIEF);
                 if (lane == 0) atomicAdd(&((kvk_status*)p.ws)->steals, 1u);
             }
-            ctl(HG_C_EXIT); /* the consumers go on while this warp counts itself done */
-            unsigned done = 0;
             if (lane == 0) {
                 __threadfence();
-                done = atomicAdd((unsigned*)sreg, 1u);
+                const unsigned done = atomicAdd((unsigned*)sreg, 1u);
+                if (done == gridDim.x - 1u) {
+                    __threadfence();
+                    for (int i = 0; i < n_items; ++i)
+                        *(volatile unsigned long long*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * i) = 0ull;
+                    *(volatile unsigned*)sreg = 0u;
+                }
             }
-            if (__shfl_sync(0xffffffffu, done, 0) == gridDim.x - 1u) {
-                __threadfence();
-                for (int i = lane; i < n_items; i += 32)
-                    *(volatile unsigned long long*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * i) = 0ull;
-                if (lane == 0) *(volatile unsigned*)sreg = 0u;
-            }
-            return;
         }
         ctl(HG_C_EXIT);
         return;

@@ -88,8 +88,7 @@ typedef uint64_t kvk_u64;
 /* The steal region of a head-group decode plan (off_steal, in the plan's int region, zeroed by plan): a 64-byte header
    (the u32 count of CTAs done with stealing) and 16 bytes per work item: the item's claim word (bits 0-23: the
    subtiles its owner has claimed; 24-47: the end a thief set, in subtiles; 48-63: that thief's CTA + 1, 0 = not
-   stolen), the pair-merge arrival counter (low 16 bits: arrivals; bit 16: one side hit a bad page) and the item's
-   number of 16-token subtiles (written by the host). */
+   stolen) and the pair-merge arrival counter (low 16 bits: arrivals; bit 16: one side hit a bad page). */
 #define KVK_STEAL_HEADER 64
 #define KVK_STEAL_ITEM_BYTES 16
 #define KVK_STEAL_MAX_SUBTILES 0xff0000
@@ -176,8 +175,6 @@ typedef struct kvk_attn_params {
     kvk_i64 off_steal;          /* KVK_FLAG_STEAL: the steal region */
     kvk_i32 steal_slot0;        /* KVK_FLAG_STEAL: partial slots steal_slot0 + 2 * CTA, + 1 belong to the CTA's steal */
     kvk_i32 steal_min;          /* KVK_FLAG_STEAL: the fewest unclaimed subtiles worth stealing half of */
-    kvk_i32 steal_claim;        /* KVK_FLAG_STEAL: subtiles an owner claims at a time */
-    kvk_i32 pad_steal;
     kvk_i64 num_entries;        /* page-table entries of the plan (L2 prefetch) */
     kvk_u64* trace;             /* benchmark trace (kernels built with KVA_TC_TRACE), else NULL */
     kvk_i64 q_stride_row, q_stride_head;
