@@ -79,9 +79,6 @@ struct kva_context {
                                  workers (their grid is always launched in clusters). 0 = off */
     int32_t cluster_ctas;     /* CTAs of the clusters that fit on the device at once (a multiple of cluster_size) */
     int32_t cluster_max_chunk; /* the longest chunk (tokens) a cluster-combine plan gives one CTA */
-    int32_t steal_item_bytes; /* > 0: eager plans with head-group units (kv_head_group > 1) reserve a steal region (the
-                                 backend's claim words: 64 + this many bytes per item, in the int region) and two
-                                 partial slots per worker after the plan's own, where the workspace has room; 0 = none */
     int plan_lpt_only;        /* benchmark A/B ($KVATTN_BENCH_PLAN_LPT=1 at context creation): prefill plans use the
                                  LPT order instead of the locality order */
     /* Planner scratch buffers, reused across plans (a plan that finds them busy uses its own). */
@@ -101,7 +98,7 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
 /* Plan data: the public kva_plan's opaque bytes. Everything a backend needs at run time.           */
 
 #define KVA__PLAN_MAGIC 0x6b76617474706c6eull /* "kvattpln" */
-#define KVA__PLAN_VERSION 4
+#define KVA__PLAN_VERSION 3
 #define KVA__WS_ALIGN 256          /* alignment of every region in the workspace */
 #define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
 #define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
@@ -194,7 +191,6 @@ typedef struct kva__plan_data {
     int32_t cap_items;       /* capacity of the items region */
     int32_t cap_merge;
     int32_t cap_partials;
-    int32_t steal_slot0;     /* with a steal region: the first of 2 * num_workers partial slots after cap_partials */
     int32_t max_batch_size;  /* capacity of the request table */
     int32_t fixed_split_size;
     int64_t max_total_qo_rows;
@@ -208,7 +204,6 @@ typedef struct kva__plan_data {
     size_t off_requests;
     size_t off_items;
     size_t off_merge;
-    size_t off_steal;        /* steal region (0 = none): 64 + steal_item_bytes per item, zeroed by plan */
     size_t int_region_end;   /* bytes copied host -> device */
     size_t off_partial_o;
     size_t off_partial_lse;

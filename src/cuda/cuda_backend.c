@@ -38,9 +38,6 @@ enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2, KVA__BD_FUSED = 
 #define KVA__BD_MAGIC_VALUE 0x6b7661637564616eull /* "kvacudan" */
 /* K/V megabytes from which batch-decode plans take the head-group kernel by default (kva__cuda_kv_head_group) */
 #define KVA__HG_MIN_MB 256
-/* work stealing in head-group decode: a thief takes half of an item's unclaimed subtiles when there are at least this
-   many (16 tokens each) */
-#define KVA__STEAL_MIN 8
 
 static kva__cuda_state* kva__st(const kva_context* ctx) { return (kva__cuda_state*)ctx->backend_state; }
 
@@ -402,9 +399,6 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
             else if (plan->off_worker_head == 0)
                 status = kva__set_error(KVA_ERR_INTERNAL, "plan: no worker header region in the CUDA plan layout");
             else {
-                if (plan->off_steal > 0) /* claim words and pair counters start at zero (the kernel keeps them so) */
-                    memset((char*)ws->host + plan->off_steal, 0,
-                           KVK_STEAL_HEADER + (size_t)KVK_STEAL_ITEM_BYTES * (size_t)plan->num_items);
                 kva__write_worker_heads(plan, ws);
                 status = kva__staging_copy(st, ws, plan->int_region_end, (CUstream)stream);
             }
@@ -595,9 +589,6 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     p.off_partial_lse = (int64_t)pd->off_partial_lse;
     p.off_merge = (int64_t)pd->off_merge;
     p.off_worker_head = (int64_t)pd->off_worker_head;
-    p.off_steal = (int64_t)pd->off_steal;
-    p.steal_slot0 = pd->steal_slot0;
-    p.steal_min = st->steal_min;
     p.num_entries = pd->graph_mode ? 0 : pd->num_page_entries; /* graph replays may use a shorter page table */
     p.trace = (kvk_u64*)(uintptr_t)st->trace_ptr;
     p.q_stride_row = a->q.stride[0];
@@ -649,7 +640,6 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     memset(&tm, 0, sizeof tm);
     if (pfw && !var && kva__cuda_tma_maps(st, pd, a, &p, &tm, 0)) p.flags |= KVK_FLAG_TMA;
     const bool hg = ke->key.family == KVA__KF_DECODE_HG;
-    if (hg && pd->off_steal > 0) p.flags |= KVK_FLAG_STEAL;
     if (hg && pd->num_items > 0 && pd->num_page_entries > 0) {
         /* the plan's work items are head-group units: only this kernel runs them (a plan without page entries has
            only empty items, which never copy) */
@@ -1139,11 +1129,6 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
                                                                               : 0;
         const char* hgm = getenv("KVATTN_BENCH_HG_MIN_MB"); /* A/B: K/V megabytes from which head groups are taken */
         st->hg_min_bytes = (hgm && *hgm ? strtoll(hgm, NULL, 10) : KVA__HG_MIN_MB) * 1000000ll;
-        const char* sv = getenv("KVATTN_CUDA_STEAL"); /* 0: head-group decode without work stealing (A/B) */
-        st->steal = !(sv && sv[0] == '0' && sv[1] == '\0');
-        const char* sm = getenv("KVATTN_BENCH_STEAL_MIN"); /* A/B: the fewest unclaimed subtiles worth a steal */
-        st->steal_min = sm && *sm ? (int)strtol(sm, NULL, 10) : KVA__STEAL_MIN;
-        if (st->steal_min < 1) st->steal_min = 1;
         const char* tp = getenv("KVATTN_BENCH_TRACE_PTR"); /* benchmark: kernel timestamps into this buffer */
         st->trace_ptr = tp && *tp ? strtoull(tp, NULL, 0) : 0ull;
         if (st->no_bounds_check)
@@ -1237,7 +1222,6 @@ kva_status kva__cuda_init(kva_context* ctx) {
     ctx->num_workers = st->num_sms * st->ctas_per_sm;
     if (ctx->small_kv_chunk == 0) ctx->small_kv_chunk = 64; /* see kva_context.small_kv_chunk */
     ctx->worker_head_bytes = (int32_t)sizeof(kvk_worker_head);
-    ctx->steal_item_bytes = st->steal ? KVK_STEAL_ITEM_BYTES : 0;
     ctx->cluster_size = st->cluster;
     ctx->cluster_ctas = st->cluster_ctas;
     {

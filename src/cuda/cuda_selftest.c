@@ -25,7 +25,6 @@
 #include <string.h>
 
 #include "kvattn.h"
-#include "../kernels/kva_kparams.h" /* kvk_status: the steal count of head-group decode */
 
 static int npass, nfail, verbose, quick;
 
@@ -57,7 +56,6 @@ static int npass, nfail, verbose, quick;
 static int cpu_mode;
 static int hg_device; /* compute capability 9.0: head-group decode plans are possible */
 static int hg_ctx;    /* the context under test was created with KVATTN_CUDA_DECODE_HG=1 */
-static long long hg_steals; /* ranges stolen by head-group decode runs (the workspace status word after each run) */
 static void* dalloc(size_t n) {
     void* p = NULL;
     if (cpu_mode) {
@@ -637,22 +635,14 @@ static void run_case(kva_context* ctx, const tcase* c) {
             if (c->expect_hg && hg_device)
                 CHECK(info.kv_head_group > 1, "%s: the plan should read KV heads in groups (kv_head_group %d)",
                       c->name, info.kv_head_group);
-            int steals = 0;
-            if (info.kv_head_group > 1) { /* the status region (zeroed by the plan) counts this run's steals */
-                kvk_status ks;
-                CU(cudaMemcpy(&ks, W.w.device, sizeof ks, cudaMemcpyDeviceToHost));
-                steals = (int)ks.steals;
-                hg_steals += steals;
-            }
             int bad = compare(&P, c->name, 0);
             CHECK(bad == 0, "%s: %d mismatches (items %d, merges %d, tile %d, chunk %d)", c->name, bad,
                   info.num_work_items, info.num_merge_tasks, info.tile_q, info.kv_chunk_size);
             kva_fault_report fr;
             CHECK(kva_read_faults(ctx, &W.w, &fr, NULL) == KVA_OK && !fr.faulted, "%s: no faults expected", c->name);
             if (verbose)
-                printf("  %s: ok (%d items, %d merges, tile %d, chunk %d, heads per item %d, %d steals)\n", c->name,
-                       info.num_work_items, info.num_merge_tasks, info.tile_q, info.kv_chunk_size, info.kv_head_group,
-                       steals);
+                printf("  %s: ok (%d items, %d merges, tile %d, chunk %d, heads per item %d)\n", c->name,
+                       info.num_work_items, info.num_merge_tasks, info.tile_q, info.kv_chunk_size, info.kv_head_group);
         }
     }
     ws_free(&W);
@@ -1374,48 +1364,24 @@ int main(int argc, char** argv) {
     test_append_and_merge(ctx);
     kva_context_destroy(ctx);
     if (!cpu_mode) {
-        /* head-group decode: contexts that take it wherever it is supported, with the fused merge and without, with
-           work stealing as by default, with a thief taking half of any item with 2 or more unclaimed subtiles
-           (KVATTN_BENCH_STEAL_MIN=1: a steal in nearly every multi-subtile case), and without stealing */
-        static const struct {
-            int nofused;
-            const char* steal;     /* KVATTN_CUDA_STEAL */
-            const char* steal_min; /* KVATTN_BENCH_STEAL_MIN */
-            const char* label;
-        } hcfg[] = {{0, NULL, NULL, "fused merge, stealing"},
-                    {1, NULL, NULL, "merge kernel, stealing"},
-                    {0, NULL, "1", "fused merge, eager stealing"},
-                    {1, NULL, "1", "merge kernel, eager stealing"},
-                    {0, "0", NULL, "fused merge, no stealing"}};
-        for (int k = 0; k < (int)(sizeof hcfg / sizeof hcfg[0]); ++k) {
-            const int nofused = hcfg[k].nofused;
+        /* head-group decode: contexts that take it wherever it is supported, with the fused merge and without */
+        for (int nofused = 0; nofused < 2; ++nofused) {
             setenv("KVATTN_CUDA_DECODE_HG", "1", 1);
             if (nofused) setenv("KVATTN_BENCH_NO_FUSED_MERGE", "1", 1);
-            if (hcfg[k].steal) setenv("KVATTN_CUDA_STEAL", hcfg[k].steal, 1);
-            if (hcfg[k].steal_min) setenv("KVATTN_BENCH_STEAL_MIN", hcfg[k].steal_min, 1);
             kva_context* hctx = NULL;
             st = kva_context_create(&opt, &hctx);
             unsetenv("KVATTN_CUDA_DECODE_HG");
             unsetenv("KVATTN_BENCH_NO_FUSED_MERGE");
-            unsetenv("KVATTN_CUDA_STEAL");
-            unsetenv("KVATTN_BENCH_STEAL_MIN");
             CHECK(st == KVA_OK, "context with KVATTN_CUDA_DECODE_HG=1: %s", kva_last_error_message());
             if (st != KVA_OK) continue;
-            printf("head-group decode (%s)%s\n", hcfg[k].label,
+            printf("head-group decode (%s merge)%s\n", nofused ? "kernel" : "fused",
                    hg_device ? "" : ": not a compute capability 9.0 device, the plans keep one head per item");
             hg_ctx = 1;
-            hg_steals = 0;
-            test_decode_hg(hctx, nofused && !hcfg[k].steal_min);
-            if (!nofused || hcfg[k].steal_min) {
+            test_decode_hg(hctx, nofused);
+            if (!nofused) {
                 test_fault(hctx, 0, 0);
                 test_fault(hctx, 1, 0);
                 test_fault(hctx, 1, 1);
-            }
-            if (hg_device) {
-                const int stealing = !hcfg[k].steal;
-                CHECK(stealing ? hg_steals > 0 : hg_steals == 0, "head-group decode (%s): %lld ranges stolen",
-                      hcfg[k].label, hg_steals);
-                printf("  %lld ranges stolen\n", hg_steals);
             }
             hg_ctx = 0;
             kva_context_destroy(hctx);

@@ -28,17 +28,6 @@
  * rows get o = 0, lse = -inf (partials: KVK_FAULT_LSE_BITS, which the merge turns into o = 0, lse = -inf).
  * Split KV: partial slots of HG x g rows; with KVK_FLAG_FUSED_MERGE the CTA that writes a task's last partial merges
  * it (as in kva_decode_tc.cuh), else the merge kernel does.
- *
- * Work stealing (KVK_FLAG_STEAL; docs/kernels/decode.md, session 17). CTAs with equal work end up to ~10 % of a call
- * apart (HBM does not serve them evenly), and a static plan cannot move work after launch. So the producer claims its
- * items' subtiles HG_CLAIM at a time from a per-item claim word (atomicAdd; the next claim in flight while the current
- * one's copies are issued), and once its own list is issued it steals, once: it scans the claim words for the item
- * with the most unclaimed subtiles (at least p.steal_min) and takes the upper half by a CAS that lowers the item's end
- * and names the thief. The consumers learn where each segment ends from the stage words. The two parts of a stolen
- * item go to the thief's pair of partial slots (steal_slot0 + 2 t: the owner's, + 1: the thief's); the second to
- * arrive on the item's pair counter merges them into the item's destination (the output, or its split-KV partial
- * slot, which then arrives on the item's merge task). Claim words are reset by the last CTA to finish stealing (a
- * count in the region's header), pair counters by the CTA that merged the pair: every run starts from zeros.
  */
 #include "kva_common.cuh"
 
@@ -56,20 +45,6 @@
 #endif
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
-#endif
-
-#ifndef KVA_HG_CODES
-#define KVA_HG_CODES
-/* stage words (producer -> consumers): subtile j of the current segment (bad: its page index is outside the pool), or
-   a control word (negative), sent on two consecutive stages so that both consumer parities see it */
-#define HG_SUB(j, bad) (((j) << 1) | (bad))
-#define HG_C_EXIT (-1)             /* no more segments */
-#define HG_C_STEAL (-2)            /* a stolen range follows (its item index in s_flag[3]) */
-#define HG_C_END (-3)              /* end of an item: its own destination */
-#define HG_C_THIEF (-4)            /* end of the stolen range: this CTA's steal slot steal_slot0 + 2 CTA + 1 */
-#define HG_C_STOLEN(t) (-5 - (t))  /* end of an item a thief (CTA t) took the rest of: slot steal_slot0 + 2 t */
-#define HG_C_STOLEN_CTA(code) (-5 - (code))
-#define HG_CLAIM 4                 /* subtiles an owner claims at a time (KVK_FLAG_STEAL) */
 #endif
 
 
@@ -114,23 +89,20 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const unsigned sbase = (sraw + 1023u) & ~1023u;
     char* const smem = kva_smem + (sbase - sraw);
     const unsigned full0 = sbase + (unsigned)(HG_S * HG_SB), empty0 = full0 + 8u * HG_S;
-    int* const s_meta = (int*)(smem + HG_S * HG_SB + 16 * HG_S); /* [S]: the stage's word (HG_SUB / HG_C_*) */
-    int* const s_flag = s_meta + HG_S; /* [8]: [0..2] fused merge, [3] stolen item, [4..5] pair merge */
+    int* const s_fault = (int*)(smem + HG_S * HG_SB + 16 * HG_S);  /* [S]: the stage's subtile hit a bad page */
+    int* const s_flag = s_fault + HG_S;                             /* [4]: fused merge */
     float* const s_comb = (float*)(smem + KVK_HG_OFF_COMB(HG_D, HG_G)); /* [HG][32][HG_CW] */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
     const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
     const float neg_inf = KVA_NEG_INF;
-    const bool steal = (p.flags & KVK_FLAG_STEAL) != 0u;
-    char* const sreg = p.ws + p.off_steal; /* KVK_FLAG_STEAL: header, then KVK_STEAL_ITEM_BYTES per item */
 
     if (tid == 0) {
         for (int s = 0; s < HG_S; ++s) {
             kvp_mbar_init(full0 + 8u * s, 1);
             kvp_mbar_init(empty0 + 8u * s, HG_G);
         }
-        for (int k = 0; k < 8; ++k) s_flag[k] = 0;
         asm volatile("{ fence.mbarrier_init.release.cluster; }" ::: "memory");
     }
     /* the worker's header (kvk_worker_head): item range, first item and its request */
@@ -158,174 +130,53 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     __syncthreads();
 
     if (warp == HG_NC) {
-        /* ================= producer =================
-           Stage words: HG_SUB(j, bad) for subtile j of the current segment (bad: its page index is outside the pool,
-           nothing copied), or a control word, sent twice (stages c and c + 1: one for each consumer parity). */
+        /* ================= producer ================= */
         int c = 0;
-        /* page indices of 32 subtiles from wb (lane l: subtile wb + l) of the item being issued */
-        int wb = -64, pg = 0, sl = 0, w_item = -1;
-        auto ctl = [&](int code) {
-            for (int k = 0; k < 2; ++k, ++c) {
-                if (lane == 0) {
-                    const int st = c % HG_S;
-                    if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
-                    atomicExch(s_meta + st, code); /* shared atomics: racecheck-clean, read after the full barrier */
-                    kvp_mbar_arrive(full0 + 8u * st);
-                }
-                __syncwarp();
-            }
-        };
-        /* load the page indices of subtiles [j, j + 32) of item `iw` (w, its request's first page-table entry pbase) */
-        auto window = [&](int iw, const kvk_work_item& w, int pbase, int j) {
-            const int t0 = w.kv_start & ~15;
-            const int nsub = w.kv_end > w.kv_start ? (w.kv_end - t0 + 15) >> 4 : 0;
-            w_item = iw;
-            wb = j;
-            pg = 0, sl = 0;
-            if (j + lane < nsub) {
-                const int tok = t0 + 16 * (j + lane);
-                const int e = (int)kva_fastdiv((unsigned)tok, p.ps_mul, p.ps_shift);
-                pg = kva_ldg_i32(p.indices + pbase + e);
-                sl = tok - e * p.page_size;
-            }
-        };
-        /* issue subtiles [ja, jb) of item `iw` */
-        auto issue = [&](int iw, const kvk_work_item& w, int pbase, int ja, int jb) {
-            const int head0 = w.kv_head * HG_G;
-            for (int j = ja; j < jb; ++j, ++c) {
-                if (iw != w_item || j < wb || j >= wb + 32) window(iw, w, pbase, j);
-                const int pgl = __shfl_sync(0xffffffffu, pg, j - wb), sll = __shfl_sync(0xffffffffu, sl, j - wb);
-                if (lane == 0) {
-                    const int st = c % HG_S;
-                    if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
-                    const bool bad = !KVA_NO_BOUNDS_CHECK && (unsigned long long)(unsigned)pgl >=
-                                                                (unsigned long long)p.num_pages;
-                    atomicExch(s_meta + st, HG_SUB(j, bad ? 1 : 0));
-                    const unsigned fb = full0 + 8u * st, dst = sbase + (unsigned)(st * HG_SB);
-                    if (bad) {
-                        const unsigned long long k = ~(((unsigned long long)(unsigned)w.req << 32) |
-                                                       (unsigned long long)(unsigned)pgl);
-                        atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key, k);
-                        kvp_mbar_arrive(fb);
-                    } else {
-                        kvp_mbar_arrive_expect_tx(fb, (unsigned)HG_SB);
-#pragma unroll
-                        for (int cb = 0; cb < HG_NCB; ++cb) {
-                            kvp_tma_load4(dst + (unsigned)(cb * HG_BOX), tm.k, cb * 64, sll, head0, pgl, fb);
-                            kvp_tma_load4(dst + (unsigned)((HG_NCB + cb) * HG_BOX), tm.v, cb * 64, sll, head0, pgl, fb);
-                        }
-                    }
-                }
-                __syncwarp();
-            }
-        };
         for (int it = it0; it < it1; ++it) {
             const kvk_work_item w = it == it0 ? h_item : items[it];
             const int t0 = w.kv_start & ~15;
             const int nsub = w.kv_end > w.kv_start ? (w.kv_end - t0 + 15) >> 4 : 0;
+            if (nsub == 0) continue;
             const int pbase = it == it0 ? h_rq.kv_start : reqs[w.req].kv_start;
-            if (!steal) {
-                issue(it, w, pbase, 0, nsub);
-                ctl(HG_C_END);
-                continue;
-            }
-            /* claim HG_CLAIM subtiles at a time (the next claim in flight while this one's copies are issued): a
-               thief lowers the end and the owner stops there */
-            unsigned long long* const word = (unsigned long long*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * it);
-            unsigned long long cl = 0;
-            if (lane == 0) cl = atomicAdd(word, (unsigned long long)HG_CLAIM);
-            window(it, w, pbase, 0); /* in flight with the claim (the owner's first claim starts at 0 unless stolen) */
-            int code = HG_C_END;
-            for (;;) {
-                cl = __shfl_sync(0xffffffffu, cl, 0);
-                const int pos = (int)(cl & 0xffffffull), thief = (int)(cl >> 48);
-                const int e = thief ? (int)((cl >> 24) & 0xffffffull) : nsub;
-                if (pos >= e) {
-                    code = thief ? HG_C_STOLEN(thief - 1) : HG_C_END;
-                    break;
+            const int head0 = w.kv_head * HG_G;
+            for (int s0 = 0; s0 < nsub; s0 += 32) {
+                int pg = 0, sl = 0;
+                if (s0 + lane < nsub) {
+                    const int tok = t0 + 16 * (s0 + lane);
+                    const int e = (int)kva_fastdiv((unsigned)tok, p.ps_mul, p.ps_shift);
+                    pg = kva_ldg_i32(p.indices + pbase + e);
+                    sl = tok - e * p.page_size;
                 }
-                unsigned long long nx = 0;
-                if (lane == 0) nx = atomicAdd(word, (unsigned long long)HG_CLAIM);
-                issue(it, w, pbase, pos, pos + HG_CLAIM < e ? pos + HG_CLAIM : e);
-                cl = nx;
-            }
-            ctl(code);
-        }
-        if (steal) {
-            /* this worker's list is issued: steal the upper half of the unclaimed subtiles of the item with the most
-               of them (at least p.steal_min), once; then count this CTA done with the claim words (the last one
-               resets them for the next run) */
-            const kvk_counts* cnt = (const kvk_counts*)(p.ws + p.off_counts);
-            const int n_items = cnt->num_items;
-            int got = -1, ja = 0, jb = 0;
-            for (int round = 0; round < 3 && got < 0; ++round) {
-                unsigned long long best = 0; /* rem << 40 | tie-break << 20 | item */
-                for (int i = lane; i < n_items; i += 32) {
-                    const unsigned long long wv =
-                        __ldcg((const unsigned long long*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * i));
-                    if (wv >> 48) continue;
-                    const int2 r = __ldcg((const int2*)&items[i].kv_start);
-                    const int ns = r.y > r.x ? (r.y - (r.x & ~15) + 15) >> 4 : 0;
-                    const int rem = ns - (int)(wv & 0xffffffull);
-                    if (rem < p.steal_min || rem <= 1) continue;
-                    const unsigned long long key = ((unsigned long long)rem << 40) |
-                                                   ((unsigned long long)((i * 40503u + blockIdx.x * 2654435761u) >> 12 &
-                                                                         0xfffffu) << 20) |
-                                                   (unsigned long long)i;
-                    best = key > best ? key : best;
-                }
+                const int n = nsub - s0 < 32 ? nsub - s0 : 32;
+                for (int l = 0; l < n; ++l, ++c) {
+                    const int pgl = __shfl_sync(0xffffffffu, pg, l), sll = __shfl_sync(0xffffffffu, sl, l);
+                    if (lane == 0) {
+                        const int st = c % HG_S;
+                        if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
+                        const bool bad = !KVA_NO_BOUNDS_CHECK && (unsigned long long)(unsigned)pgl >=
+                                                                    (unsigned long long)p.num_pages;
+                        atomicExch(s_fault + st, bad ? 1 : 0); /* shared atomics: the consumers read it after the
+                                                                   full barrier, racecheck-clean */
+                        const unsigned fb = full0 + 8u * st, dst = sbase + (unsigned)(st * HG_SB);
+                        if (bad) {
+                            const unsigned long long k = ~(((unsigned long long)(unsigned)w.req << 32) |
+                                                           (unsigned long long)(unsigned)pgl);
+                            atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key, k);
+                            kvp_mbar_arrive(fb);
+                        } else {
+                            kvp_mbar_arrive_expect_tx(fb, (unsigned)HG_SB);
 #pragma unroll
-                for (int o = 16; o >= 1; o >>= 1) {
-                    const unsigned long long b2 = __shfl_xor_sync(0xffffffffu, best, o);
-                    best = b2 > best ? b2 : best;
-                }
-                if (best == 0) break;
-                const int i = (int)(best & 0xfffffull);
-                if (lane == 0) {
-                    unsigned long long* const word =
-                        (unsigned long long*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * i);
-                    const int2 r = __ldcg((const int2*)&items[i].kv_start);
-                    const int ns = r.y > r.x ? (r.y - (r.x & ~15) + 15) >> 4 : 0;
-                    unsigned long long cur = __ldcg(word);
-                    for (int tries = 0; tries < 4; ++tries) {
-                        if (cur >> 48) break;
-                        const int pos = (int)(cur & 0xffffffull), rem = ns - pos;
-                        if (rem < p.steal_min || rem <= 1) break;
-                        const int cut = pos + (rem + 1) / 2;
-                        const unsigned long long nw = (unsigned long long)pos | ((unsigned long long)cut << 24) |
-                                                      ((unsigned long long)(blockIdx.x + 1u) << 48);
-                        const unsigned long long prev = atomicCAS(word, cur, nw);
-                        if (prev == cur) {
-                            got = i, ja = cut, jb = ns;
-                            break;
+                            for (int cb = 0; cb < HG_NCB; ++cb) {
+                                kvp_tma_load4(dst + (unsigned)(cb * HG_BOX), tm.k, cb * 64, sll, head0, pgl, fb);
+                                kvp_tma_load4(dst + (unsigned)((HG_NCB + cb) * HG_BOX), tm.v, cb * 64, sll, head0, pgl,
+                                              fb);
+                            }
                         }
-                        cur = prev;
                     }
-                }
-                got = __shfl_sync(0xffffffffu, got, 0);
-                ja = __shfl_sync(0xffffffffu, ja, 0);
-                jb = __shfl_sync(0xffffffffu, jb, 0);
-            }
-            if (got >= 0) {
-                if (lane == 0) atomicExch(s_flag + 3, got);
-                ctl(HG_C_STEAL);
-                const kvk_work_item w = items[got];
-                issue(got, w, reqs[w.req].kv_start, ja, jb);
-                ctl(HG_C_THIEF);
-                if (lane == 0) atomicAdd(&((kvk_status*)p.ws)->steals, 1u);
-            }
-            if (lane == 0) {
-                __threadfence();
-                const unsigned done = atomicAdd((unsigned*)sreg, 1u);
-                if (done == gridDim.x - 1u) {
-                    __threadfence();
-                    for (int i = 0; i < n_items; ++i)
-                        *(volatile unsigned long long*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * i) = 0ull;
-                    *(volatile unsigned*)sreg = 0u;
+                    __syncwarp();
                 }
             }
         }
-        ctl(HG_C_EXIT);
         return;
     }
 
@@ -341,36 +192,13 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const unsigned krow = (unsigned)((h * 16 + kt) * 128), vrow = (unsigned)((h * 16 + vt) * 128);
     float* const comb = s_comb + (h * 32 + lane) * HG_CW;
     const bool fused = (p.flags & KVK_FLAG_FUSED_MERGE) != 0u;
-    /* this warp takes the stages of its parity: c = part, part + 2, ... (the producer's stage sequence) */
-    int c = part;
-    /* the stage word of stage c, once its full barrier completed */
-    auto next_word = [&]() -> int {
-        const int st = c % HG_S;
-        kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
-        return atomicAdd(s_meta + st, 0);
-    };
-    auto release = [&]() {
-        __syncwarp();
-        if (lane == 0) kvp_mbar_arrive(empty0 + 8u * (c % HG_S));
-        c += 2;
-    };
-    int it = it0, seg_item = it0;
-    bool thief_seg = false;
-    kvk_work_item w = h_item;
-    kvk_request rq = h_rq;
-    for (;;) {
-        if (it >= it1) {
-            /* after the worker's list: the producer's HG_C_STEAL (a stolen range follows) or HG_C_EXIT */
-            const int word = next_word();
-            release();
-            if (word != HG_C_STEAL || thief_seg) break;
-            thief_seg = true;
-            seg_item = atomicAdd(s_flag + 3, 0);
-            w = items[seg_item];
-            rq = reqs[w.req];
-        }
+    int c = 0;
+    for (int it = it0; it < it1; ++it) {
+        const kvk_work_item w = it == it0 ? h_item : items[it];
+        const kvk_request rq = it == it0 ? h_rq : reqs[w.req];
         const int kv0 = w.kv_start, kv1 = w.kv_end;
         const int t0 = kv0 & ~15;
+        const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
         const int kvh = w.kv_head * HG_G + h;
         /* Q^T fragments (B = Q^T[16 cols x 8 rows]): row r8 (query head kvh * g + r8), columns 16 ks + 2 q4 (+1), +8 */
         unsigned qb[HG_KS][2];
@@ -388,21 +216,17 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         float acc[HG_MT][4];
 #pragma unroll
         for (int mt = 0; mt < HG_MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-        int faulted = 0, code;
-        for (;;) {
-            const int word = next_word();
-            if (word < 0) {
-                code = word;
-                release();
-                break;
-            }
-            if (word & 1) {
+        int faulted = 0;
+        for (int j = 0; j < nsub; ++j, ++c) {
+            if ((j & 1) != part) continue;
+            const int st = c % HG_S;
+            kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
+            if (atomicAdd(s_fault + st, 0)) {
                 faulted = 1;
-                release();
+                __syncwarp();
+                if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
                 continue;
             }
-            const int j = word >> 1;
-            const int st = c % HG_S;
             const unsigned kbase = sbase + (unsigned)(st * HG_SB), vbase = kbase + (unsigned)(HG_NCB * HG_BOX);
             float sa[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}; /* two independent MMA chains */
 #pragma unroll
@@ -459,7 +283,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 a[3] &= mhi;
                 HG_MMA(acc[mt], a, pb0, pb1);
             }
-            release();
+            __syncwarp();
+            if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
         }
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) {
@@ -498,13 +323,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
         }
         kvp_named_sync(1u + (unsigned)h, 64u);
-        /* where the result goes: the item's own destination, or (a stolen item) one of the steal pair's slots: the
-           owner's part in steal_slot0 + 2 t, the thief's in + 1 (t: the thief's CTA) */
-        const bool pair = code != HG_C_END;
-        const int slot = code == HG_C_END     ? w.partial
-                         : code == HG_C_THIEF ? p.steal_slot0 + 2 * (int)blockIdx.x + 1
-                                              : p.steal_slot0 + 2 * HG_C_STOLEN_CTA(code);
-        const bool to_partial = slot >= 0;
+        const bool to_partial = w.partial >= 0;
         if (part == 0) {
             /* ---- write rows 2 q4 and 2 q4 + 1 of this head (columns 16 mt + r8, + 8) ---- */
             const float lg0 = l0 > 0.f ? m0 + kva_log2(l0) : neg_inf, lg1 = l1 > 0.f ? m1 + kva_log2(l1) : neg_inf;
@@ -516,8 +335,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
             const int ra = 2 * q4, rb = 2 * q4 + 1;
             if (to_partial) {
-                float* const po = (float*)(p.ws + p.off_partial_o) + ((long long)slot * p.tile_q + h * g) * HG_D;
-                float* const pl = (float*)(p.ws + p.off_partial_lse) + (long long)slot * p.tile_q + h * g;
+                float* const po = (float*)(p.ws + p.off_partial_o) + ((long long)w.partial * p.tile_q + h * g) * HG_D;
+                float* const pl = (float*)(p.ws + p.off_partial_lse) + (long long)w.partial * p.tile_q + h * g;
 #pragma unroll
                 for (int mt = 0; mt < HG_MT; ++mt) {
                     const int d0 = 16 * mt + r8;
@@ -543,66 +362,11 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                     if (rb < g) p.lse[la + (long long)rb * p.lse_stride_head] = e1;
                 }
             }
-        }
-        /* ---- a stolen item: the owner and the thief each wrote their part; the second to arrive (acq_rel on the
-           item's pair counter, ordered after the CTA's writes by the named barrier) merges the two into the item's
-           destination: the output, or its split-KV partial slot (a fault there keeps KVK_FAULT_LSE_BITS) ---- */
-        bool merged_pair = false;
-        if (pair) {
-            if (faulted && part == 0 && lane == 0) atomicOr(s_flag + 6, 1);
-            kvp_named_sync(1u + HG_G, 32u * HG_NC);
-            if (tid == 0) {
-                const int any = atomicExch(s_flag + 6, 0);
-                unsigned* const cnt = (unsigned*)(sreg + KVK_STEAL_HEADER + KVK_STEAL_ITEM_BYTES * seg_item + 8);
-                unsigned old;
-                asm volatile("{ atom.add.acq_rel.gpu.u32 %0, [%1], %2; }"
-                             : "=r"(old)
-                             : "l"(cnt), "r"(1u | (any ? 0x10000u : 0u))
-                             : "memory");
-                const int second = (old & 0xffffu) == 1u;
-                if (second) *cnt = 0u; /* both sides arrived: reset for the next run */
-                s_flag[4] = second;
-                s_flag[5] = any | (int)(old >> 16);
-            }
-            kvp_named_sync(1u + HG_G, 32u * HG_NC);
-            merged_pair = s_flag[4] != 0;
-            if (merged_pair) {
-                const int first = p.steal_slot0 + 2 * (code == HG_C_THIEF ? (int)blockIdx.x : HG_C_STOLEN_CTA(code));
-                const int anyf = s_flag[5];
-                kvk_merge_task tk;
-                tk.req = w.req;
-                tk.kv_head = w.kv_head;
-                tk.row_start = w.row_start;
-                tk.rows = w.rows;
-                tk.partial_first = first;
-                tk.num_partials = 2;
-                if (w.partial < 0) {
-                    kva_merge_task_rows(&tk, rq.qo_start, (const float*)(p.ws + p.off_partial_o),
-                                        (const float*)(p.ws + p.off_partial_lse), p.tile_q, HG_D, g * HG_G, 0, p.o,
-                                        KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
-                                        p.lse_stride_head, warp, HG_NC, lane, 8);
-                } else if (!anyf) {
-                    /* into the item's partial slot: rows r of the task are rows r of the slot (f32, row-major) */
-                    tk.kv_head = 0;
-                    tk.row_start = 0;
-                    kva_merge_task_rows(&tk, 0, (const float*)(p.ws + p.off_partial_o),
-                                        (const float*)(p.ws + p.off_partial_lse), p.tile_q, HG_D, p.tile_q, 0,
-                                        (float*)(p.ws + p.off_partial_o) + (long long)w.partial * p.tile_q * HG_D,
-                                        KVK_F32, 0, HG_D, (float*)(p.ws + p.off_partial_lse) +
-                                        (long long)w.partial * p.tile_q, 0, 1, warp, HG_NC, lane, 8);
-                } else {
-                    float* const pl = (float*)(p.ws + p.off_partial_lse) + (long long)w.partial * p.tile_q;
-                    for (int r = tid; r < w.rows; r += 32 * HG_NC) pl[r] = __uint_as_float(KVK_FAULT_LSE_BITS);
-                }
-                if (anyf && tid == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
-            }
-        } else if (faulted && part == 0 && h == 0 && lane == 0) {
-            atomicAdd(&((kvk_status*)p.ws)->count, 1u);
+            if (faulted && h == 0 && lane == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
         }
         /* ---- fused split-KV merge (kva_decode_tc.cuh's protocol): the consumer warps' partial writes are ordered
-           before thread 0's acq_rel arrival by the named barrier; the last arriving CTA merges the task. A stolen
-           item's partial arrives once, from the side that merged the pair. ---- */
-        if (w.partial >= 0 && fused && (!pair || merged_pair)) {
+           before thread 0's acq_rel arrival by the named barrier; the last arriving CTA merges the task ---- */
+        if (to_partial && fused) {
             kvp_named_sync(1u + HG_G, 32u * HG_NC);
             kvk_merge_task* const mtask = (kvk_merge_task*)(p.ws + p.off_merge) + w.pad_;
             if (tid == 0) kva_merge_arrive(mtask, s_flag);
@@ -620,16 +384,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                                     KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
                                     p.lse_stride_head, warp, HG_NC, lane, 8);
             }
-        }
-        kvp_named_sync(1u + HG_G, 32u * HG_NC); /* s_flag and s_comb are reused by the next segment */
-        if (thief_seg) {
-            it = it1; /* the next word is HG_C_EXIT */
-            continue;
-        }
-        if (++it < it1) {
-            seg_item = it;
-            w = items[it];
-            rq = reqs[w.req];
+            kvp_named_sync(1u + HG_G, 32u * HG_NC); /* s_flag is reused by the next item */
         }
     }
 #else

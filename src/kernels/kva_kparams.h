@@ -55,13 +55,13 @@ typedef uint64_t kvk_u64;
 
 /* geometry of the head-group decode kernel (kva_decode_hg.cuh, sm_90): a ring of stages of one 16-token subtile of
    K and V for g heads (d / 64 TMA boxes of [g][16][128 B] each: d * g * 64 bytes), 192 KB at head dim 128 x 4 heads;
-   full and empty mbarriers and a stage word per stage, 32 bytes of merge and steal flags; the combine buffer [g][32 lanes]
+   full and empty mbarriers and a fault word per stage, 16 bytes of merge flags; the combine buffer [g][32 lanes]
    of 5 + d / 4 floats (odd: conflict-free); 1 KB of slack to align the stages to the 128-byte swizzle's period. */
 #define KVK_HG_STAGES(d) ((d) == 64 ? 12 : 6)
 #define KVK_HG_STAGE_BYTES(d, g) ((d) * (g) * 64)
 #define KVK_HG_COMB_FLOATS(d) (5 + (d) / 4)
 #define KVK_HG_OFF_COMB(d, g) \
-    ((KVK_HG_STAGES(d) * KVK_HG_STAGE_BYTES(d, g) + 20 * KVK_HG_STAGES(d) + 32 + 15) & ~15)
+    ((KVK_HG_STAGES(d) * KVK_HG_STAGE_BYTES(d, g) + 20 * KVK_HG_STAGES(d) + 16 + 15) & ~15)
 #define KVK_HG_SMEM(d, g) (1024 + KVK_HG_OFF_COMB(d, g) + (g) * 32 * KVK_HG_COMB_FLOATS(d) * 4)
 #define KVK_HG_THREADS(g) (32 * (2 * (g) + 1))
 
@@ -82,16 +82,6 @@ typedef uint64_t kvk_u64;
                                    pad_ = -n is chunk (cluster rank) of a unit of n chunks on ranks 0 .. n - 1, which
                                    combine through distributed shared memory (KVK_TC_CC_BYTES after the kernel's
                                    shared memory) */
-#define KVK_FLAG_STEAL 4096u    /* head-group decode kernel: work stealing (kva_decode_hg.cuh) over the plan's steal region
-                                   at off_steal and the steal partial slots from steal_slot0 */
-
-/* The steal region of a head-group decode plan (off_steal, in the plan's int region, zeroed by plan): a 64-byte header
-   (the u32 count of CTAs done with stealing) and 16 bytes per work item: the item's claim word (bits 0-23: the
-   subtiles its owner has claimed; 24-47: the end a thief set, in subtiles; 48-63: that thief's CTA + 1, 0 = not
-   stolen) and the pair-merge arrival counter (low 16 bits: arrivals; bit 16: one side hit a bad page). */
-#define KVK_STEAL_HEADER 64
-#define KVK_STEAL_ITEM_BYTES 16
-#define KVK_STEAL_MAX_SUBTILES 0xff0000
 
 /* the cluster combine's shared memory (tensor-core decode kernel, after KVK_TC_SMEM_NW rounded up to 16 bytes): an
    mbarrier (16 bytes), the lse of every rank [16][rows], the rank's slice of every rank's partial [n][ceil(d / n)][rows]
@@ -108,7 +98,7 @@ typedef uint64_t kvk_u64;
 typedef struct kvk_status {
     kvk_u64 first_key; /* atomicMax of ~((request << 32) | (u32)page): the smallest (request, page) wins */
     kvk_u32 count;     /* number of faulting work items */
-    kvk_u32 steals;    /* head-group decode with KVK_FLAG_STEAL: ranges stolen since the plan (diagnostics, tests) */
+    kvk_u32 pad0;
 } kvk_status;
 
 typedef struct kvk_request {
@@ -172,9 +162,6 @@ typedef struct kvk_attn_params {
     kvk_i64 off_counts, off_worker_indptr, off_requests, off_items, off_partial_o, off_partial_lse;
     kvk_i64 off_merge;          /* merge tasks (fused merge) */
     kvk_i64 off_worker_head;    /* kvk_worker_head[grid] (decode kernels) */
-    kvk_i64 off_steal;          /* KVK_FLAG_STEAL: the steal region */
-    kvk_i32 steal_slot0;        /* KVK_FLAG_STEAL: partial slots steal_slot0 + 2 * CTA, + 1 belong to the CTA's steal */
-    kvk_i32 steal_min;          /* KVK_FLAG_STEAL: the fewest unclaimed subtiles worth stealing half of */
     kvk_i64 num_entries;        /* page-table entries of the plan (L2 prefetch) */
     kvk_u64* trace;             /* benchmark trace (kernels built with KVA_TC_TRACE), else NULL */
     kvk_i64 q_stride_row, q_stride_head;

@@ -221,8 +221,7 @@ typedef struct kva__caps {
     int32_t partials;
 } kva__caps;
 
-static void kva__layout(kva__plan_data* pd, const kva__caps* c, bool host_staging, size_t head_bytes,
-                        size_t steal_item_bytes) {
+static void kva__layout(kva__plan_data* pd, const kva__caps* c, bool host_staging, size_t head_bytes) {
     size_t off = KVA__STATUS_BYTES;
     pd->off_counts = off;
     off = kva__align_up(off + sizeof(kva__counts), KVA__WS_ALIGN);
@@ -239,21 +238,12 @@ static void kva__layout(kva__plan_data* pd, const kva__caps* c, bool host_stagin
     off = kva__align_up(off + sizeof(kva__work_item) * (size_t)c->items, KVA__WS_ALIGN);
     pd->off_merge = off;
     off = kva__align_up(off + sizeof(kva__merge_task) * (size_t)c->merge, KVA__WS_ALIGN);
-    pd->off_steal = 0;
-    pd->steal_slot0 = 0;
-    size_t slots = (size_t)c->partials;
-    if (steal_item_bytes > 0) {
-        pd->off_steal = off;
-        off = kva__align_up(off + 64 + steal_item_bytes * (size_t)c->items, KVA__WS_ALIGN);
-        pd->steal_slot0 = c->partials;
-        slots += 2 * (size_t)pd->num_workers;
-    }
     pd->int_region_end = off;
     pd->off_partial_o = off;
-    off = kva__align_up(off + sizeof(float) * slots * (size_t)pd->tile_q * (size_t)pd->desc.head_dim_vo,
+    off = kva__align_up(off + sizeof(float) * (size_t)c->partials * (size_t)pd->tile_q * (size_t)pd->desc.head_dim_vo,
                         KVA__WS_ALIGN);
     pd->off_partial_lse = off;
-    off = kva__align_up(off + sizeof(float) * slots * (size_t)pd->tile_q, KVA__WS_ALIGN);
+    off = kva__align_up(off + sizeof(float) * (size_t)c->partials * (size_t)pd->tile_q, KVA__WS_ALIGN);
     pd->device_bytes = off;
     pd->host_bytes = host_staging ? pd->int_region_end : 0;
     pd->cap_items = c->items;
@@ -693,18 +683,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         caps.merge = (int32_t)n_merge;
         caps.partials = (int32_t)n_partials;
     }
-    {
-        /* a steal region for head-group plans (eager only: graph plans never take head groups), where the workspace
-           has room for it (a workspace sized for the plan without it still plans, without stealing) */
-        const size_t head_bytes = ctx->worker_head_bytes > 0 ? (size_t)ctx->worker_head_bytes : 0;
-        const bool steal = !graph && pd->kv_head_group > 1 && ctx->steal_item_bytes > 0 && n_items < (1 << 20) &&
-                           (int64_t)pd->num_workers * 2 + n_partials < INT32_MAX &&
-                           kva__ceil_div64(max_kv, 16) + 16 < 0xff0000;
-        kva__layout(pd, &caps, host_staging, head_bytes, steal ? (size_t)ctx->steal_item_bytes : 0);
-        if (steal && ws &&
-            (ws->device_bytes < pd->device_bytes || (host_staging && ws->host_bytes < pd->host_bytes)))
-            kva__layout(pd, &caps, host_staging, head_bytes, 0);
-    }
+    kva__layout(pd, &caps, host_staging, ctx->worker_head_bytes > 0 ? (size_t)ctx->worker_head_bytes : 0);
 
     if (!ws) goto done; /* size query */
 
@@ -938,7 +917,7 @@ KVA_API kva_status kva_workspace_bound(kva_context* context, const kva_attention
     kva__caps c = kva__bound_caps(&pd, max_batch_size, max_total_qo_rows);
     pd.tile_q = KVA__MAX_TILE_Q;
     kva__layout(&pd, &c, !context->ops->plans_on_host_memory,
-                context->worker_head_bytes > 0 ? (size_t)context->worker_head_bytes : 0, 0);
+                context->worker_head_bytes > 0 ? (size_t)context->worker_head_bytes : 0);
     size_t best_dev = pd.device_bytes, best_host = pd.host_bytes;
     if (device_bytes) *device_bytes = best_dev;
     if (host_bytes) *host_bytes = best_host;
