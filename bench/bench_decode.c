@@ -198,7 +198,10 @@ static void wl_setup(kva_context* ctx, const wl* w, void* dsrc, size_t src_bytes
     } else {
         int* indices = (int*)malloc(sizeof(int) * (size_t)(npages > 0 ? npages : 1));
         for (int64_t i = 0; i < npages; ++i) indices[i] = (int)i;
-        for (int64_t i = npages - 1; i > 0; --i) { /* scattered pages */
+        /* scattered pages; KVATTN_BENCH_PAGES_SEQ=1 (probe): each request's pages in pool order */
+        const char* seq = getenv("KVATTN_BENCH_PAGES_SEQ");
+        const int scatter = !(seq && seq[0] == '1');
+        for (int64_t i = npages - 1; scatter && i > 0; --i) {
             int64_t j = (int64_t)(xs() % (uint64_t)(i + 1));
             int t = indices[i];
             indices[i] = indices[j];
