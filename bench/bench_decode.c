@@ -250,7 +250,12 @@ static void wl_setup(kva_context* ctx, const wl* w, void* dsrc, size_t src_bytes
     R->a.q = kva_tensor_make(R->q, KVA_DTYPE_BF16, 3, B, HQ, D, 0);
     R->a.o = kva_tensor_make(R->o, KVA_DTYPE_BF16, 3, B, HQ, D, 0);
     R->a.lse = kva_tensor_make(R->lse, KVA_DTYPE_F32, 2, B, HQ, 0, 0);
-    KV(kva_paged_kv_init(&R->a.paged, R->k, R->v, w->kv, KVA_LAYOUT_NHD, npages, ps, HK, D, D));
+    {
+        /* KVATTN_BENCH_LAYOUT_HND=1 (probe): the pools read as HND (a head's rows of a page as one block) */
+        const char* hnd = getenv("KVATTN_BENCH_LAYOUT_HND");
+        const kva_layout lay = hnd && hnd[0] == '1' ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        KV(kva_paged_kv_init(&R->a.paged, R->k, R->v, w->kv, lay, npages, ps, HK, D, D));
+    }
     R->a.paged.indices = R->dind;
     R->a.stream = s;
     R->bytes = (double)tokens * HK * 2 * D * kes + (double)B * HQ * D * 2 * 2;
@@ -313,7 +318,8 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
                            cudaStream_t s, const struct cudaDeviceProp* prop) {
     const int nslot = 16, maxw = 4096;
     unsigned long long* dtr = NULL;
-    CU(cudaMalloc((void**)&dtr, sizeof(unsigned long long) * nslot * maxw));
+    /* 16 slots per CTA, then one SM id per CTA (at grid * 16 + CTA) */
+    CU(cudaMalloc((void**)&dtr, sizeof(unsigned long long) * (nslot + 1) * maxw));
     char buf[64];
     snprintf(buf, sizeof buf, "%p", (void*)dtr);
     setenv("KVATTN_BENCH_TRACE_PTR", buf, 1);
@@ -327,10 +333,13 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
         cudaFree(dtr);
         return;
     }
-    const int W = kva_context_num_workers(ctx);
     wl_run T;
     wl_setup(ctx, w, dsrc, src_bytes, s, &T, R);
-    unsigned long long* h = (unsigned long long*)calloc((size_t)nslot * maxw, sizeof *h);
+    /* the plan's workers = the kernel's grid (the SM ids follow the grid's 16 slots per CTA) */
+    kva_plan_info pinfo;
+    kva_plan_get_info(&T.plan, &pinfo);
+    const int W = pinfo.num_workers > 0 ? pinfo.num_workers : kva_context_num_workers(ctx);
+    unsigned long long* h = (unsigned long long*)calloc((size_t)(nslot + 1) * maxw, sizeof *h);
     (void)prop;
     /* D7 workloads: the graph-mode plan, replayed from a captured graph as the timed rows do */
     cudaGraph_t graph = NULL;
@@ -338,7 +347,7 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
     if (w->graph) capture_run(ctx, &T, s, &graph, &exec);
     for (int rep = 0; rep < 5; ++rep) {
         /* reps 0-2 warm up; rep 3: cold L2 (flushed), as timed; rep 4: right after rep 3, no flush (warm caches) */
-        CU(cudaMemsetAsync(dtr, 0, sizeof(unsigned long long) * nslot * maxw, s));
+        CU(cudaMemsetAsync(dtr, 0, sizeof(unsigned long long) * (nslot + 1) * maxw, s));
         float us;
         if (rep < 4) {
             us = time_once(ctx, &T, exec, s, rep);
@@ -354,7 +363,7 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
         }
         if (rep < 3) continue;
         printf("%s", rep == 3 ? "[cold L2] " : "[warm, no flush] ");
-        CU(cudaMemcpy(h, dtr, sizeof(unsigned long long) * nslot * (W < maxw ? W : maxw), cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(h, dtr, sizeof(unsigned long long) * (nslot + 1) * (W < maxw ? W : maxw), cudaMemcpyDeviceToHost));
         const char* tdir = getenv("KVA_BENCH_TRACE_DIR");
         if (tdir && rep == 3) { /* raw per-CTA trace (SM clock slots, global timer start/end) */
             char fn[512];
@@ -363,11 +372,12 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
             if (f) {
                 fprintf(f, "cta");
                 for (int i = 0; i < nslot; ++i) fprintf(f, ",s%d", i);
-                fprintf(f, "\n");
-                for (int b = 0; b < W && b < maxw; ++b) {
+                fprintf(f, ",smid\n");
+                const int wn = W < maxw ? W : maxw;
+                for (int b = 0; b < wn; ++b) {
                     fprintf(f, "%d", b);
                     for (int i = 0; i < nslot; ++i) fprintf(f, ",%llu", h[(size_t)b * nslot + i]);
-                    fprintf(f, "\n");
+                    fprintf(f, ",%llu\n", h[(size_t)wn * nslot + b]);
                 }
                 fclose(f);
             }

@@ -1118,6 +1118,9 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     if (tid == 0 && p.trace) {
         p.trace[blockIdx.x * 16 + 10] = kva_clock_dep(0u);
         p.trace[blockIdx.x * 16 + 15] = kva_globaltimer();
+        unsigned smid;
+        asm volatile("{ mov.u32 %0, %%smid; }" : "=r"(smid));
+        p.trace[gridDim.x * 16 + blockIdx.x] = smid; /* after the grid's slots (the benchmark allocates 17 per CTA) */
     }
 #endif
 }
