@@ -144,8 +144,24 @@ static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attentio
                                       int64_t units, int64_t tokens) {
     const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
     if (!st || st->decode_all_workers || op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(desc) ||
-        st->ctas_per_sm < 2 || units > st->num_sms || tokens > 4096ll * st->num_sms)
+        st->ctas_per_sm < 2 || units > st->num_sms)
         return ctx->num_workers;
+    if (tokens > 4096ll * st->num_sms) {
+        /* more than 4096 K/V rows per SM: only where the 8-warp tensor-core kernel streams them (kva__cuda_want_8_warps:
+           head dim 128, 16-bit KV, its shared memory fits). With 4 warps one CTA per SM keeps half the bytes in
+           flight (1 x 128k 0.9-1.2 % slower, session 9); with 8 warps 1 x 128k is 4.3 % faster on the H200 and
+           0.4-0.6 % on the H100 (docs/kernels/decode.md, session 17): 128 items of 8k and one-pass merges of 16
+           partials instead of 264 items and merges of 33. */
+        kva__kchoice c;
+        const int32_t g = desc->num_kv_heads > 0 ? desc->num_qo_heads / desc->num_kv_heads : 1;
+        if (st->tc_warps == 4 || desc->head_dim_qk != 128 ||
+            (desc->kv_dtype != KVA_DTYPE_F16 && desc->kv_dtype != KVA_DTYPE_BF16) || g < 1 || g > KVA__MAX_TILE_Q ||
+            kva__cuda_select_dev(desc, op, g, 0, 0.0, st->max_smem_optin, &c) != KVA_OK ||
+            c.key.family != KVA__KF_DECODE_TC)
+            return ctx->num_workers;
+        c.key.warps = 8;
+        if (kva__kkey_smem(&c.key) > (size_t)st->max_smem_optin) return ctx->num_workers;
+    }
     return st->num_sms;
 }
 
