@@ -137,31 +137,31 @@ static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attenti
    keeps enough bytes in flight). H100, interleaved cold launches (docs/kernels/decode.md): D1 16 x 1k +9.9 %,
    1 x 4k +4.4 %, 1 x 32k +1.1 %, 16 x 4k and 1 x 128k within +-0.6 %; batches with more units than SMs (64 x 1k:
    -6 % on one worker per SM) keep both, and so do batches whose chunks do not give one item per worker (the
-   planner checks; D4 zipf lengths were 15 % slower on one worker per SM), and calls of more than 4096 rows per SM
-   (1 x 128k: about 1 % slower on one worker per SM, in three calls). KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns it off
-   (A/B). */
+   planner checks; D4 zipf lengths were 15 % slower on one worker per SM), and calls of more than 1024 rows per SM
+   that the 8-warp kernel does not stream (below). KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns it off (A/B). */
 static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
                                       int64_t units, int64_t tokens) {
     const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
     if (!st || st->decode_all_workers || op != KVA_OP_BATCH_DECODE || kva__cuda_prefill_prefer_for_decode(desc) ||
         st->ctas_per_sm < 2 || units > st->num_sms)
         return ctx->num_workers;
-    if (tokens > 4096ll * st->num_sms) {
-        /* more than 4096 K/V rows per SM: only where the 8-warp tensor-core kernel streams them (kva__cuda_want_8_warps:
-           head dim 128, 16-bit KV, its shared memory fits). With 4 warps one CTA per SM keeps half the bytes in
-           flight (1 x 128k 0.9-1.2 % slower, session 9); with 8 warps 1 x 128k is 4.3 % faster on the H200 and
-           0.4-0.6 % on the H100 (docs/kernels/decode.md, session 17): 128 items of 8k and one-pass merges of 16
-           partials instead of 264 items and merges of 33. */
-        kva__kchoice c;
-        const int32_t g = desc->num_kv_heads > 0 ? desc->num_qo_heads / desc->num_kv_heads : 1;
-        if (st->tc_warps == 4 || desc->head_dim_qk != 128 ||
-            (desc->kv_dtype != KVA_DTYPE_F16 && desc->kv_dtype != KVA_DTYPE_BF16) || g < 1 || g > KVA__MAX_TILE_Q ||
-            kva__cuda_select_dev(desc, op, g, 0, 0.0, st->max_smem_optin, &c) != KVA_OK ||
-            c.key.family != KVA__KF_DECODE_TC)
-            return ctx->num_workers;
+    /* Whether the 8-warp tensor-core kernel will stream the plan (kva__cuda_want_8_warps: head dim 128, 16-bit KV, its
+       shared memory fits; at least 512 rows per worker). One CTA of 4 warps per SM keeps half the bytes in flight:
+       fine for small calls (1 x 4k 5.8 % and 16 x 1k 8.3 % faster than two CTAs per SM, session 9), slower from about
+       2000 K/V rows per SM (fp8 1 x 32k 5 % and 1 x 128k 1 % slower). With 8 warps one CTA per SM is the faster plan
+       at every size measured: 1 x 128k 4.3 % faster than 264 workers on the H200, 0.3-0.6 % on the H100 (session 17:
+       128 items of 8k and one-pass merges of 16 partials instead of 264 items and merges of 33). */
+    kva__kchoice c;
+    const int32_t g = desc->num_kv_heads > 0 ? desc->num_qo_heads / desc->num_kv_heads : 1;
+    bool w8 = st->tc_warps != 4 && desc->head_dim_qk == 128 &&
+              (desc->kv_dtype == KVA_DTYPE_F16 || desc->kv_dtype == KVA_DTYPE_BF16) && g >= 1 &&
+              g <= KVA__MAX_TILE_Q && kva__cuda_select_dev(desc, op, g, 0, 0.0, st->max_smem_optin, &c) == KVA_OK &&
+              c.key.family == KVA__KF_DECODE_TC;
+    if (w8) {
         c.key.warps = 8;
-        if (kva__kkey_smem(&c.key) > (size_t)st->max_smem_optin) return ctx->num_workers;
+        w8 = kva__kkey_smem(&c.key) <= (size_t)st->max_smem_optin;
     }
+    if (!w8 && tokens > 1024ll * st->num_sms) return ctx->num_workers;
     return st->num_sms;
 }
 
