@@ -139,6 +139,12 @@ static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attenti
    -6 % on one worker per SM) keep both, and so do batches whose chunks do not give one item per worker (the
    planner checks; D4 zipf lengths were 15 % slower on one worker per SM), and calls of more than 1024 rows per SM
    that the 8-warp kernel does not stream (below). KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns it off (A/B). */
+/* The tensor-core decode kernels that have an 8-warp form the backend takes by default (head dim 128, 16-bit KV:
+   kva__cuda_want_8_warps, and kva__cuda_plan_workers' choice of one worker per SM) */
+static bool kva__cuda_w8_key(const kva__kkey* k) {
+    return k->family == KVA__KF_DECODE_TC && k->dqk == 128 && (k->kt == KVA_DTYPE_F16 || k->kt == KVA_DTYPE_BF16);
+}
+
 static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
                                       int64_t units, int64_t tokens) {
     const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
@@ -153,10 +159,8 @@ static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attentio
        128 items of 8k and one-pass merges of 16 partials instead of 264 items and merges of 33). */
     kva__kchoice c;
     const int32_t g = desc->num_kv_heads > 0 ? desc->num_qo_heads / desc->num_kv_heads : 1;
-    bool w8 = st->tc_warps != 4 && desc->head_dim_qk == 128 &&
-              (desc->kv_dtype == KVA_DTYPE_F16 || desc->kv_dtype == KVA_DTYPE_BF16) && g >= 1 &&
-              g <= KVA__MAX_TILE_Q && kva__cuda_select_dev(desc, op, g, 0, 0.0, st->max_smem_optin, &c) == KVA_OK &&
-              c.key.family == KVA__KF_DECODE_TC;
+    bool w8 = st->tc_warps != 4 && g >= 1 && g <= KVA__MAX_TILE_Q &&
+              kva__cuda_select_dev(desc, op, g, 0, 0.0, st->max_smem_optin, &c) == KVA_OK && kva__cuda_w8_key(&c.key);
     if (w8) {
         c.key.warps = 8;
         w8 = kva__kkey_smem(&c.key) <= (size_t)st->max_smem_optin;
@@ -331,7 +335,7 @@ static int kva__cuda_want_8_warps(const kva__cuda_state* st, const kva__plan_dat
     if (st->ctas_per_sm < 2) return 0;
     const int64_t rows_per_worker =
         plan->total_kv_tokens * (int64_t)plan->desc.num_kv_heads / (int64_t)plan->num_workers;
-    return k->dqk == 128 && (k->kt == KVA_DTYPE_F16 || k->kt == KVA_DTYPE_BF16) && rows_per_worker >= 512;
+    return kva__cuda_w8_key(k) && rows_per_worker >= 512;
 }
 
 static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, const kva_workspace* ws, void* stream) {
