@@ -180,7 +180,12 @@ typedef struct wl_run {
 
 static void wl_setup(kva_context* ctx, const wl* w, void* dsrc, size_t src_bytes, cudaStream_t s, wl_run* R,
                      const wl_run* share) {
-    const int B = w->batch, HQ = w->hq, HK = w->hkv, D = w->d, ps = w->page_size;
+    const int B = w->batch, HQ = w->hq, HK = w->hkv, D = w->d;
+    /* KVATTN_BENCH_PAGE_SIZE=N (probe): every workload's pools with pages of N tokens (with KVATTN_BENCH_PAGES_SEQ=1
+       and KVATTN_BENCH_LAYOUT_HND=1 and N >= the longest request, each head's K and V are one contiguous block, as
+       the SDPA peers' [B, H, L, D] tensors are) */
+    const char* pse = getenv("KVATTN_BENCH_PAGE_SIZE");
+    const int ps = pse && atoi(pse) > 0 ? atoi(pse) : w->page_size;
     const size_t kes = kva_dtype_size(w->kv);
     memset(R, 0, sizeof *R);
     int* indptr = (int*)calloc((size_t)B + 1, sizeof(int));

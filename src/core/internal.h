@@ -284,11 +284,11 @@ typedef struct kva__backend_ops {
        the lengths. */
     int32_t (*plan_workers)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int64_t units,
                             int64_t tokens);
-    /* KV heads per unit for a plan outside graph mode (NULL: 1), given the validated params and the sum of the KV
-       lengths; a result G > 1 must divide num_kv_heads and may set *workers (1 <= *workers <= ctx->num_workers) to
-       the worker count of its kernel. */
+    /* KV heads per unit for a plan outside graph mode (NULL: 1), given the validated params and the sum and maximum
+       of the KV lengths; a result G > 1 must divide num_kv_heads and may set *workers (1 <= *workers <=
+       ctx->num_workers) to the worker count of its kernel. */
     int32_t (*kv_head_group)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
-                             const kva_plan_params* params, int64_t total_kv, int32_t* workers);
+                             const kva_plan_params* params, int64_t total_kv, int64_t max_kv, int32_t* workers);
     /* With ctx->cluster_size > 1: whether a batch-decode plan of this descriptor at this tile size runs on a kernel
        that combines split KV inside thread-block clusters (NULL: yes). */
     bool (*cluster_ok)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int32_t tile_q);

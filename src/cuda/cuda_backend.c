@@ -192,7 +192,8 @@ static bool kva__cuda_cluster_ok(const kva_context* ctx, const kva_attention_des
    must not depend on the rest of the batch), on devices of compute capability 9.0, for calls that read at least
    hg_min_bytes of K/V (KVATTN_CUDA_DECODE_HG=1: every call in the kernel's scope; =0: never). */
 static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
-                                       const kva_plan_params* params, int64_t total_kv, int32_t* workers) {
+                                       const kva_plan_params* params, int64_t total_kv, int64_t max_kv,
+                                       int32_t* workers) {
     const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
     if (!st || st->decode_hg == 0 || op != KVA_OP_BATCH_DECODE || st->cc != 90 || !st->cu->TensorMapEncodeTiled ||
         params->fixed_split_size > 0 || params->num_pages > INT32_MAX) /* num_pages 0: the pool size is known at run */
@@ -209,6 +210,15 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
        +1.5 to +3 % from 268 MB; 1 x 128k (2 units, 537 MB): H200 +1.6 %, H100 -6 % (without the promotion) */
     const int64_t units = (int64_t)params->batch_size * (H / G);
     if (st->decode_hg < 0 && (bytes < st->hg_min_bytes || units < 16)) return 1;
+    /* and only where its units need no split: at least 0.9 units per SM and no request over twice the mean length.
+       Otherwise the head-group plan cuts every unit (or the long request's) into chunks with partials and merges,
+       while the tensor-core kernel's per-head units are H / G times as many. Sequential A/B on an H100 with page-index
+       batches in kva_decode_tc.cuh (docs/kernels/decode.md, session 18): 16 x 4k (32 units) -2.2 % and D4 1 x 32k +
+       63 x 512 -3.5 % on the tensor-core kernel, D3 64 x 8k (64 units) -0.6 %; 64 x 1k (128 units) +2.8 %, 64 x 4k
+       +1.3 %, 64 x 8k to 256 x 2k +0.6 to +0.9 % and D2 +0.5 % (the head-group kernel stays there) */
+    if (st->decode_hg < 0 &&
+        (units * 10 < (int64_t)st->num_sms * 9 || max_kv * (int64_t)params->batch_size > 2 * total_kv))
+        return 1;
     const int32_t per_sm = G == 4 ? 1 : st->ctas_per_sm;
     *workers = st->num_sms * per_sm;
     return G;
@@ -377,6 +387,7 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
     if (status == KVA_OK && st->tc_generic_merge && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 8;
     if (status == KVA_OK && st->tc_exp && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= st->tc_exp << 8;
+    if (status == KVA_OK && st->hg_exp && c.key.family == KVA__KF_DECODE_HG) c.key.nochk |= st->hg_exp << 8;
     if (status == KVA_OK && st->no_l2_hint &&
         (c.key.family == KVA__KF_DECODE || c.key.family == KVA__KF_DECODE_TC)) c.key.nochk |= 4;
     if (status == KVA_OK) status = kva__cuda_kernel(ctx, st, &c.key, &index);
@@ -1127,6 +1138,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->tc_generic_merge = gm && gm[0] == '1' && gm[1] == '\0';
         const char* te = getenv("KVATTN_BENCH_TC_EXP"); /* A/B experiments in the tensor-core decode kernel */
         st->tc_exp = te ? (int)(strtol(te, NULL, 0) & 0xff) : 0;
+        const char* he = getenv("KVATTN_BENCH_HG_EXP"); /* A/B experiments in the head-group decode kernel */
+        st->hg_exp = he ? (int)(strtol(he, NULL, 0) & 0xff) : 0;
         const char* npt = getenv("KVATTN_BENCH_NO_PAGED_TMA"); /* A/B: paged K/V by cp.async (ragged keeps TMA) */
         st->no_paged_tma = npt && npt[0] == '1' && npt[1] == '\0';
         const char* nh = getenv("KVATTN_BENCH_NO_L2_HINT"); /* A/B: decode K/V copies without the L2 evict-first policy */

@@ -196,6 +196,20 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #ifndef KVA_TC_EXP /* benchmark A/B experiments (KVATTN_BENCH_TC_EXP) */
 #define KVA_TC_EXP 0
 #endif
+/* page indices in batches: where every subtile of an item lies in one page (page sizes that are multiples of 16, items
+   on the 16-token grid) and the item has at least 4 subtiles per warp, lane l of a warp loads the page of the warp's
+   subtile 32 b + l of the item when the warp reaches batch b, and the subtiles take their page from it by a shuffle.
+   One page-index load per subtile, each waited on by the subtile's copies, cost 1-2.5 % on large calls at page size
+   16 against the same pool read with pages of 256 tokens; loading the next batch ahead as well gained nothing
+   (H100, docs/kernels/decode.md, session 18). TC_EXP bit 5 (A/B): one load per subtile, one subtile ahead, as before;
+   bit 7 (probe, page tables with indices[i] = i only): no page-index load at all. Not on sm_80 with fp8 KV, whose
+   kernels spill with it. */
+#undef TC_PB
+#if (KVA_TC_EXP & 32) || (TC_FP8 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900)
+#define TC_PB 0
+#else
+#define TC_PB 1
+#endif
 #ifndef KVA_TC_GENERIC_MERGE /* benchmark A/B: the fused merge always through kva_merge_task_rows */
 #define KVA_TC_GENERIC_MERGE 0
 #endif
@@ -354,6 +368,9 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     const char* pr_vb = vbase;
     /* the producer's next item starts as the header's first item, with its request's KV base */
     int pr_nx_it = it_begin, pr_nx_rq_ok = 1, pr_nx_rbase = h_rq.kv_start;
+    /* page-index batches (TC_PB): this lane's entry of the current batch of the producer's item and the batch's number
+       (-1: none loaded for this item; TC_PR_NEXT resets it) */
+    int pb_cur = 0, pb_b = -1;
     kvk_work_item pr_nx = h_item;
     bool alive = true;
 
@@ -376,6 +393,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
             pr_kb = kbase + (long long)w_.kv_head * p.k_stride_head * TC_ES;                                  \
             pr_vb = vbase + (long long)w_.kv_head * p.v_stride_head * TC_ES;                                  \
             pr_s = warp;                                                                                      \
+            pb_b = -1; /* no page-index batch of the new item yet */                                          \
             pr_nx_rq_ok = 0;                                                                                  \
             if (pr_it + 1 < it_end) {                                                                         \
                 pr_nx = kva_tc_load_item(items + pr_it + 1);                                                  \
@@ -403,18 +421,37 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         if ((R).live) {                                                                                       \
             const int j_ = pr_kv0 + pr_s * 16 + ptok;                                                         \
             (R).one_page = ps16 && ((pr_kv0 + pr_s * 16) & 15) == 0;                                          \
+            /* warp-uniform: every subtile of this item lies in one page */                                   \
+            const bool bat_ = TC_PB && !ragged && (R).one_page && (pr_kv0 & 15) == 0 && pr_nsub >= 4 * TC_NW; \
+            int pgb_ = 0;                                                                                     \
+            if (bat_) {                                                                                       \
+                const int k_ = pr_s / TC_NW, b_ = k_ >> 5;                                                    \
+                if (pb_b != b_) {                                                                             \
+                    TC_PB_LOAD(pb_cur, b_);                                                                   \
+                    pb_b = b_;                                                                                \
+                }                                                                                             \
+                pgb_ = __shfl_sync(0xffffffffu, pb_cur, k_ & 31);                                             \
+            }                                                                                                 \
             if (j_ < pr_kv1) {                                                                                \
                 (R).has = 1;                                                                                  \
                 if (ragged) {                                                                                 \
                     (R).sl = pr_rbase + j_;                                                                   \
                 } else {                                                                                      \
                     const int e_ = (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift);                      \
-                    (R).pg = kva_ldg_i32(p.indices + pr_rbase + e_);                                          \
+                    (R).pg = bat_ ? pgb_ : (KVA_TC_EXP & 128) ? pr_rbase + e_ : kva_ldg_i32(p.indices + pr_rbase + e_); \
                     (R).sl = j_ - e_ * p.page_size;                                                           \
                 }                                                                                             \
             }                                                                                                 \
             TC_PR_NEXT();                                                                                     \
         }                                                                                                     \
+    } while (0)
+    /* batch B_ of the producer's item: lane l loads the page of the warp's subtile 32 B_ + l (0 past the item) */
+#define TC_PB_LOAD(DST, B_)                                                                                   \
+    do {                                                                                                      \
+        const int jb_ = pr_kv0 + 16 * (warp + TC_NW * (32 * (B_) + lane));                                    \
+        (DST) = jb_ < pr_kv1 ? kva_ldg_i32(p.indices + pr_rbase +                                             \
+                                           (int)kva_fastdiv((unsigned)jb_, p.ps_mul, p.ps_shift))             \
+                             : 0;                                                                             \
     } while (0)
 
     /* issue a fetched subtile into stage ST_ (cp.async, zero-fill past the range or on a bad page): the owner lane
@@ -1127,6 +1164,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 
 #undef TC_PR_NEXT
 #undef TC_FETCH
+#undef TC_PB_LOAD
 #undef TC_ISSUE
 #undef TC_LOAD_Q
 #undef TC_LOAD_Q_ROW

@@ -543,7 +543,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
     const int32_t B = params->batch_size;
     if (!graph && ctx->ops->kv_head_group) {
         int32_t w = 0;
-        const int32_t G = ctx->ops->kv_head_group(ctx, &nd, op, params, total_kv, &w);
+        const int32_t G = ctx->ops->kv_head_group(ctx, &nd, op, params, total_kv, max_kv, &w);
         if (G > 1 && nd.num_kv_heads % G == 0) {
             pd->kv_head_group = G;
             if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
