@@ -210,14 +210,15 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
        +1.5 to +3 % from 268 MB; 1 x 128k (2 units, 537 MB): H200 +1.6 %, H100 -6 % (without the promotion) */
     const int64_t units = (int64_t)params->batch_size * (H / G);
     if (st->decode_hg < 0 && (bytes < st->hg_min_bytes || units < 16)) return 1;
-    /* and only where its units need no split: at least 0.9 units per SM and no request over twice the mean length.
-       Otherwise the head-group plan cuts every unit (or the long request's) into chunks with partials and merges,
-       while the tensor-core kernel's per-head units are H / G times as many. Sequential A/B on an H100 with page-index
-       batches in kva_decode_tc.cuh (docs/kernels/decode.md, session 18): 16 x 4k (32 units) -2.2 % and D4 1 x 32k +
-       63 x 512 -3.5 % on the tensor-core kernel, D3 64 x 8k (64 units) -0.6 %; 64 x 1k (128 units) +2.8 %, 64 x 4k
-       +1.3 %, 64 x 8k to 256 x 2k +0.6 to +0.9 % and D2 +0.5 % (the head-group kernel stays there) */
+    /* and only where its units are not cut into many chunks: at least one unit per 4 SMs and no request over twice
+       the mean length. Otherwise the head-group plan splits every unit (or the long request's) into 4 or more chunks
+       with partials and merges, while the tensor-core kernel's per-head units are H / G times as many. Sequential A/B
+       with page-index batches in kva_decode_tc.cuh (docs/kernels/decode.md, session 18): 16 x 4k (32 units) -2.2 %
+       on the tensor-core kernel on an H100, +0.1 % on an H200; D4 1 x 32k + 63 x 512 -3.5 % / -1.9 %; D3 64 x 8k (64
+       units) -0.6 % on the H100 but +10.5 % on the H200, so it keeps the head-group kernel, as do 64 x 1k (+2.8 %
+       on the H100) and the larger calls */
     if (st->decode_hg < 0 &&
-        (units * 10 < (int64_t)st->num_sms * 9 || max_kv * (int64_t)params->batch_size > 2 * total_kv))
+        (units * 4 < (int64_t)st->num_sms || max_kv * (int64_t)params->batch_size > 2 * total_kv))
         return 1;
     const int32_t per_sm = G == 4 ? 1 : st->ctas_per_sm;
     *workers = st->num_sms * per_sm;

@@ -421,25 +421,28 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         if ((R).live) {                                                                                       \
             const int j_ = pr_kv0 + pr_s * 16 + ptok;                                                         \
             (R).one_page = ps16 && ((pr_kv0 + pr_s * 16) & 15) == 0;                                          \
-            /* warp-uniform: every subtile of this item lies in one page */                                   \
-            const bool bat_ = TC_PB && !ragged && (R).one_page && (pr_kv0 & 15) == 0 && pr_nsub >= 4 * TC_NW; \
-            int pgb_ = 0;                                                                                     \
-            if (bat_) {                                                                                       \
+            if (!TC_PB || ragged || !(R).one_page || (pr_kv0 & 15) != 0 || pr_nsub < 4 * TC_NW) {            \
+                if (j_ < pr_kv1) {                                                                            \
+                    (R).has = 1;                                                                              \
+                    if (ragged) {                                                                             \
+                        (R).sl = pr_rbase + j_;                                                               \
+                    } else {                                                                                  \
+                        const int e_ = (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift);                  \
+                        (R).pg = (KVA_TC_EXP & 128) ? pr_rbase + e_ : kva_ldg_i32(p.indices + pr_rbase + e_); \
+                        (R).sl = j_ - e_ * p.page_size;                                                       \
+                    }                                                                                         \
+                }                                                                                             \
+            } else { /* warp-uniform: every subtile of this item lies in one page; its page from the batch */ \
                 const int k_ = pr_s / TC_NW, b_ = k_ >> 5;                                                    \
                 if (pb_b != b_) {                                                                             \
                     TC_PB_LOAD(pb_cur, b_);                                                                   \
                     pb_b = b_;                                                                                \
                 }                                                                                             \
-                pgb_ = __shfl_sync(0xffffffffu, pb_cur, k_ & 31);                                             \
-            }                                                                                                 \
-            if (j_ < pr_kv1) {                                                                                \
-                (R).has = 1;                                                                                  \
-                if (ragged) {                                                                                 \
-                    (R).sl = pr_rbase + j_;                                                                   \
-                } else {                                                                                      \
-                    const int e_ = (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift);                      \
-                    (R).pg = bat_ ? pgb_ : (KVA_TC_EXP & 128) ? pr_rbase + e_ : kva_ldg_i32(p.indices + pr_rbase + e_); \
-                    (R).sl = j_ - e_ * p.page_size;                                                           \
+                const int pgb_ = __shfl_sync(0xffffffffu, pb_cur, k_ & 31);                                   \
+                if (j_ < pr_kv1) {                                                                            \
+                    (R).has = 1;                                                                              \
+                    (R).pg = pgb_;                                                                            \
+                    (R).sl = j_ - (int)kva_fastdiv((unsigned)j_, p.ps_mul, p.ps_shift) * p.page_size;         \
                 }                                                                                             \
             }                                                                                                 \
             TC_PR_NEXT();                                                                                     \
