@@ -2023,6 +2023,44 @@ static void suite_long(void) {
     c.mask = KVA_MASK_CAUSAL;
     c.window = 4000;
     go(c);
+    /* pages of other multiples of 16, requests long enough for several batches of page indices per warp (the CUDA
+       tensor-core decode kernel loads a warp's page indices 32 subtiles at a time where every subtile lies in one page) */
+    static const int bps[] = {32, 48, 256};
+    for (int i = 0; i < 3; ++i) {
+        h_case_default(&c, H_OP_DECODE);
+        c.batch = 3;
+        c.max_kv = 12000;
+        c.hq = 8;
+        c.hkv = 2;
+        c.dqk = c.dvo = 128;
+        c.q_dt = c.kv_dt = c.o_dt = KVA_DTYPE_BF16;
+        c.page_size = bps[i];
+        c.layout = i == 1 ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
+        go(c);
+    }
+    /* equal long requests that the CUDA planner does not split: items of two page-index batches per warp on the
+       8-warp plan (16 x 4200: 128 units, one worker per SM) and on the 4-warp plan (64 x 2100: 512 units) */
+    {
+        static int32_t fq[64], fk[64];
+        static const int fb[2] = {16, 64}, fl[2] = {4200, 2100};
+        for (int k = 0; k < 2; ++k) {
+            for (int b = 0; b < fb[k]; ++b) {
+                fq[b] = 1;
+                fk[b] = fl[k];
+            }
+            h_case_default(&c, H_OP_DECODE);
+            c.batch = fb[k];
+            c.max_kv = fl[k];
+            c.hq = 32;
+            c.hkv = 8;
+            c.dqk = c.dvo = 128;
+            c.q_dt = c.kv_dt = c.o_dt = KVA_DTYPE_BF16;
+            g_force_qo = fq;
+            g_force_kv = fk;
+            go(c);
+            g_force_qo = g_force_kv = NULL;
+        }
+    }
 }
 
 static void suite_fuzz(void) {
