@@ -213,9 +213,14 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #endif
 /* the batch path takes items of at most TC_PB_MAXB batches per warp: 1, the case the GPU tests have run (items of up
    to 32 subtiles per warp: 2048 tokens on 4 warps, 4096 on 8); longer items (1 x 128k's chunks of 8k, say) keep the
-   per-subtile loads until test_ops --suite long's unsplit 16 x 4200 and 64 x 2100 cases have run on the device */
+   per-subtile loads until test_ops --suite long's unsplit 16 x 4200 and 64 x 2100 cases have run on the device
+   (KVATTN_BENCH_TC_EXP=64 builds the kernels without the limit) */
 #undef TC_PB_MAXB
+#if KVA_TC_EXP & 64 /* TC_EXP bit 6 (tests and A/B, NVRTC builds): batches for items of any length */
+#define TC_PB_MAXB (1 << 20)
+#else
 #define TC_PB_MAXB 1
+#endif
 #ifndef KVA_TC_GENERIC_MERGE /* benchmark A/B: the fused merge always through kva_merge_task_rows */
 #define KVA_TC_GENERIC_MERGE 0
 #endif
