@@ -46,9 +46,6 @@
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
-#ifndef KVA_HG_EXP /* benchmark A/B experiments (KVATTN_BENCH_HG_EXP) */
-#define KVA_HG_EXP 0
-#endif
 
 
 #undef HG_G
@@ -142,28 +139,14 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             if (nsub == 0) continue;
             const int pbase = it == it0 ? h_rq.kv_start : reqs[w.req].kv_start;
             const int head0 = w.kv_head * HG_G;
-            /* lane l holds the page of subtile s0 + l; the next 32 subtiles' pages are loaded before this batch is
-               issued, so a page-table line that the stream evicted from L2 is fetched while 32 subtiles go out */
-            int pg_n = 0, sl_n = 0;
-#define HG_PAGES(S0_)                                                                                         \
-    do {                                                                                                      \
-        pg_n = 0;                                                                                             \
-        sl_n = 0;                                                                                             \
-        if ((S0_) + lane < nsub) {                                                                            \
-            const int tok_ = t0 + 16 * ((S0_) + lane);                                                        \
-            const int e_ = (int)kva_fastdiv((unsigned)tok_, p.ps_mul, p.ps_shift);                            \
-            pg_n = kva_ldg_i32(p.indices + pbase + e_);                                                       \
-            sl_n = tok_ - e_ * p.page_size;                                                                   \
-        }                                                                                                     \
-    } while (0)
-            HG_PAGES(0);
             for (int s0 = 0; s0 < nsub; s0 += 32) {
-                const int pg = pg_n, sl = sl_n;
-#if !(KVA_HG_EXP & 1) /* HG_EXP bit 0 (A/B): each batch's pages loaded when the batch starts */
-                if (s0 + 32 < nsub) HG_PAGES(s0 + 32);
-#else
-                (void)0;
-#endif
+                int pg = 0, sl = 0;
+                if (s0 + lane < nsub) {
+                    const int tok = t0 + 16 * (s0 + lane);
+                    const int e = (int)kva_fastdiv((unsigned)tok, p.ps_mul, p.ps_shift);
+                    pg = kva_ldg_i32(p.indices + pbase + e);
+                    sl = tok - e * p.page_size;
+                }
                 const int n = nsub - s0 < 32 ? nsub - s0 : 32;
                 for (int l = 0; l < n; ++l, ++c) {
                     const int pgl = __shfl_sync(0xffffffffu, pg, l), sll = __shfl_sync(0xffffffffu, sl, l);
@@ -192,11 +175,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                     }
                     __syncwarp();
                 }
-#if KVA_HG_EXP & 1
-                if (s0 + 32 < nsub) HG_PAGES(s0 + 32);
-#endif
             }
-#undef HG_PAGES
         }
         return;
     }
