@@ -255,6 +255,9 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     int* const s_flag = s_sbad + TC_NW * TC_ST;                    /* [4] */
 
     const unsigned flags = p.flags;
+    /* the merge kernel, when launched after this one with programmatic stream serialisation, may start now: it reads
+       its tasks and then waits for this grid (kva_merge_partials) */
+    kva_pdl_launch_dependents();
 #if TC_CC
     /* cluster combine (KVK_FLAG_CLUSTER): this CTA's mbarrier for the partial slices other ranks push into its shared
        memory, initialised before any rank can push (every thread arrives on the cluster barrier here; a pushing
