@@ -5,6 +5,8 @@
 set -u
 source "$(dirname "$0")/gpu_env.sh" pdl
 export KVA_TEST_BACKEND=cuda
+echo "== page-index batches for items of any length (KVATTN_BENCH_TC_EXP=64; main's next step, docs/kernels/decode.md)"
+KVATTN_BENCH_TC_EXP=64 timeout 300 "$BUILD/tests/test_ops" --backend cuda --suite long 2>&1 | tail -1
 for v in 1 2; do
     echo "== KVATTN_CUDA_PDL_MERGE=$v: tests"
     for s in decode split long; do
