@@ -2039,11 +2039,13 @@ static void suite_long(void) {
         go(c);
     }
     /* equal long requests that the CUDA planner does not split: items of two page-index batches per warp on the
-       8-warp plan (16 x 4200: 128 units, one worker per SM) and on the 4-warp plan (64 x 2100: 512 units) */
+       8-warp plan (16 x 4200: 128 units, one worker per SM) and on the 4-warp plan (64 x 2100: 512 units); bf16 and
+       fp8 KV */
     {
         static int32_t fq[64], fk[64];
-        static const int fb[2] = {16, 64}, fl[2] = {4200, 2100};
-        for (int k = 0; k < 2; ++k) {
+        static const int fb[4] = {16, 64, 16, 64}, fl[4] = {4200, 2100, 4200, 2100};
+        static const kva_dtype fkv[4] = {KVA_DTYPE_BF16, KVA_DTYPE_BF16, KVA_DTYPE_E4M3, KVA_DTYPE_E5M2};
+        for (int k = 0; k < 4; ++k) {
             for (int b = 0; b < fb[k]; ++b) {
                 fq[b] = 1;
                 fk[b] = fl[k];
@@ -2054,7 +2056,12 @@ static void suite_long(void) {
             c.hq = 32;
             c.hkv = 8;
             c.dqk = c.dvo = 128;
-            c.q_dt = c.kv_dt = c.o_dt = KVA_DTYPE_BF16;
+            c.q_dt = c.o_dt = KVA_DTYPE_BF16;
+            c.kv_dt = fkv[k]; /* fp8 KV (with scales): its own build of the kernel */
+            if (k >= 2) {
+                c.k_scale = 0.75f;
+                c.v_scale = 1.5f;
+            }
             g_force_qo = fq;
             g_force_kv = fk;
             go(c);
