@@ -113,31 +113,6 @@ static kva_status kva__launch(kva__cuda_state* st, CUfunction f, unsigned grid, 
     return kva__launch_n(st, f, grid, KVK_THREADS, smem, s, params, NULL, what);
 }
 
-/* KVATTN_CUDA_PDL_MERGE: the merge kernel launched with programmatic stream serialisation after the attention kernel
-   (its CTAs read their tasks while the attention kernel finishes, then wait for it: griddepcontrol). sm_90 only. */
-static bool kva__cuda_pdl_merge(const kva__cuda_state* st) {
-    return st->pdl_merge && st->cc == 90 && st->cu->LaunchKernelEx;
-}
-static kva_status kva__launch_pdl(kva__cuda_state* st, CUfunction f, unsigned grid, CUstream s, void* params,
-                                  const char* what) {
-    CUlaunchAttribute at;
-    memset(&at, 0, sizeof at);
-    at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    at.value.programmaticStreamSerializationAllowed = 1;
-    CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDimX = grid;
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = KVK_THREADS;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.hStream = s;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
-    void* args[1] = {params};
-    KVA_CU_TRY(st->cu, st->cu->LaunchKernelEx(&cfg, f, args, NULL), what);
-    return KVA_OK;
-}
-
 /* ---------------------------------------------------------------------------------------------- */
 /* Descriptor checks and tile size                                                                 */
 
@@ -422,8 +397,6 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
         plan->backend_data[KVA__BD_MAGIC] = KVA__BD_MAGIC_VALUE;
         plan->backend_data[KVA__BD_FUSED] = (c.key.family == KVA__KF_DECODE_TC || c.key.family == KVA__KF_DECODE_HG) &&
                                             (!st->no_fused_merge || plan->cluster_combine) &&
-                                            !(kva__cuda_pdl_merge(st) && (st->pdl_merge == 2 || plan->graph_mode) &&
-                                              !plan->cluster_combine) &&
                                             plan->int_region_end > 0 && kva__prepare_fused_merge(plan, ws);
         plan->backend_data[KVA__BD_CLUSTER] = 0;
         if (plan->cluster_size > 1) {
@@ -782,10 +755,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
         unsigned mgrid = (unsigned)pd->num_workers;
         if (!graph && pd->num_merge < pd->num_workers) mgrid = (unsigned)pd->num_merge;
-        status = kva__cuda_pdl_merge(st)
-                     ? kva__launch_pdl(st, st->fn_merge_partials, mgrid, s, &mp,
-                                       "run: launching the merge kernel (programmatic dependent launch)")
-                     : kva__launch(st, st->fn_merge_partials, mgrid, 0, s, &mp, "run: launching the merge kernel");
+        status = kva__launch(st, st->fn_merge_partials, mgrid, 0, s, &mp, "run: launching the merge kernel");
     }
     kva__leave(st, pushed);
     return status;
@@ -1156,8 +1126,6 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_bounds_check = nb && nb[0] == '1' && nb[1] == '\0';
         const char* nf = getenv("KVATTN_BENCH_NO_FUSED_MERGE"); /* A/B of the fused split-KV merge */
         st->no_fused_merge = nf && nf[0] == '1' && nf[1] == '\0';
-        const char* pm = getenv("KVATTN_CUDA_PDL_MERGE"); /* opt-in experiment: the merge kernel under PDL */
-        st->pdl_merge = pm && (pm[0] == '1' || pm[0] == '2') && pm[1] == '\0' ? pm[0] - '0' : 0;
         const char* nw = getenv("KVATTN_BENCH_NO_WGMMA"); /* A/B: the mma.sync prefill mainloop on sm_90 too */
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
         const char* nt = getenv("KVATTN_BENCH_NO_TMA"); /* A/B: the Hopper prefill kernel copies K/V without TMA */

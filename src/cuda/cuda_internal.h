@@ -181,9 +181,6 @@ typedef struct kva__cuda_state {
     int no_l2_hint;         /* KVATTN_BENCH_NO_L2_HINT=1: decode kernels built without the K/V L2 evict-first policy */
     int pf_exp;             /* KVATTN_BENCH_PF_EXP=n: timing experiments n compiled into the prefill kernels (KVP_EXP) */
     int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
-    int pdl_merge;          /* KVATTN_CUDA_PDL_MERGE=1: graph-mode tensor-core decode plans merge split KV in the merge
-                               kernel, launched with programmatic stream serialisation (sm_90); =2: every split plan of
-                               the tensor-core and head-group decode kernels (experiment, opt-in) */
     int decode_hg;          /* KVATTN_CUDA_DECODE_HG: -1 (default) head-group decode plans where they pay
                                (kva__cuda_kv_head_group), 0 never, 1 wherever supported */
     int hg_heads;           /* KVATTN_BENCH_HG_HEADS=2|4: heads per head-group item (A/B; 0 = the default choice) */

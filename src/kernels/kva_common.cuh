@@ -454,19 +454,6 @@ KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
     return r;
 }
 KVA_DEV void kva_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
-/* Programmatic dependent launch (sm_90): let the next kernel in the stream, when it was launched with programmatic
-   stream serialisation, start its CTAs now (no-op otherwise); and, in such a kernel, wait until the grids it depends
-   on have completed and their memory is visible. */
-KVA_DEV void kva_pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{ griddepcontrol.launch_dependents; }" ::: "memory");
-#endif
-}
-KVA_DEV void kva_pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("{ griddepcontrol.wait; }" ::: "memory");
-#endif
-}
 
 /* One online-softmax step of the decode kernels on an S^T fragment of m16n8k16 (16 keys x 8 query rows): this lane
    holds keys g8 and g8 + 8 of rows 2 q4 (x[0], x[2]) and 2 q4 + 1 (x[1], x[3]), base-2 logits, -inf where masked.

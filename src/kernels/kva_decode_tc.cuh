@@ -197,8 +197,7 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #define KVA_TC_EXP 0
 #endif
 /* page indices in batches: where every subtile of an item lies in one page (page sizes that are multiples of 16, items
-   on the 16-token grid) and the item has at least 4 subtiles per warp (and at most TC_PB_MAXB batches of 32 per warp,
-   below), lane l of a warp loads the page of the warp's subtile 32 b + l of the item when the warp reaches batch b,
+   on the 16-token grid) and the item has at least 4 subtiles per warp, lane l of a warp loads the page of the warp's subtile 32 b + l of the item when the warp reaches batch b,
    and the subtiles take their page from it by a shuffle.
    One page-index load per subtile, each waited on by the subtile's copies, cost 1-2.5 % on large calls at page size
    16 against the same pool read with pages of 256 tokens; loading the next batch ahead as well gained nothing
@@ -210,16 +209,6 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #define TC_PB 0
 #else
 #define TC_PB 1
-#endif
-/* the batch path takes items of at most TC_PB_MAXB batches per warp: 1, the case the GPU tests have run (items of up
-   to 32 subtiles per warp: 2048 tokens on 4 warps, 4096 on 8); longer items (1 x 128k's chunks of 8k, say) keep the
-   per-subtile loads until test_ops --suite long's unsplit 16 x 4200 and 64 x 2100 cases have run on the device
-   (KVATTN_BENCH_TC_EXP=64 builds the kernels without the limit) */
-#undef TC_PB_MAXB
-#if KVA_TC_EXP & 64 /* TC_EXP bit 6 (tests and A/B, NVRTC builds): batches for items of any length */
-#define TC_PB_MAXB (1 << 20)
-#else
-#define TC_PB_MAXB 1
 #endif
 #ifndef KVA_TC_GENERIC_MERGE /* benchmark A/B: the fused merge always through kva_merge_task_rows */
 #define KVA_TC_GENERIC_MERGE 0
@@ -255,9 +244,6 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     int* const s_flag = s_sbad + TC_NW * TC_ST;                    /* [4] */
 
     const unsigned flags = p.flags;
-    /* the merge kernel, when launched after this one with programmatic stream serialisation, may start now: it reads
-       its tasks and then waits for this grid (kva_merge_partials) */
-    kva_pdl_launch_dependents();
 #if TC_CC
     /* cluster combine (KVK_FLAG_CLUSTER): this CTA's mbarrier for the partial slices other ranks push into its shared
        memory, initialised before any rank can push (every thread arrives on the cluster barrier here; a pushing
@@ -435,8 +421,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         if ((R).live) {                                                                                       \
             const int j_ = pr_kv0 + pr_s * 16 + ptok;                                                         \
             (R).one_page = ps16 && ((pr_kv0 + pr_s * 16) & 15) == 0;                                          \
-            if (!TC_PB || ragged || !(R).one_page || (pr_kv0 & 15) != 0 || pr_nsub < 4 * TC_NW ||            \
-                pr_nsub > TC_PB_MAXB * 32 * TC_NW) {                                                          \
+            if (!TC_PB || ragged || !(R).one_page || (pr_kv0 & 15) != 0 || pr_nsub < 4 * TC_NW) {             \
                 if (j_ < pr_kv1) {                                                                            \
                     (R).has = 1;                                                                              \
                     if (ragged) {                                                                             \
@@ -1183,7 +1168,6 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 #undef TC_PR_NEXT
 #undef TC_FETCH
 #undef TC_PB_LOAD
-#undef TC_PB_MAXB
 #undef TC_ISSUE
 #undef TC_LOAD_Q
 #undef TC_LOAD_Q_ROW

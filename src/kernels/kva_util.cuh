@@ -18,24 +18,11 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_partials(
     const float* pl = (const float*)(p.ws + p.off_partial_lse);
     const int ntasks = counts->num_merge;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    /* the plan (tasks, requests) was written before the attention kernel started, so it is read before the wait for
-       that kernel's partials (programmatic dependent launch, KVK_MERGE_PDL: the wait returns at once otherwise) */
-    int t = blockIdx.x;
-    kvk_merge_task tk;
-    int qo_start = 0;
-    if (t < ntasks) {
-        tk = tasks[t];
-        qo_start = reqs[tk.req].qo_start;
-    }
-    kva_pdl_wait();
-    for (; t < ntasks; t += gridDim.x) {
-        if (t != (int)blockIdx.x) {
-            tk = tasks[t];
-            qo_start = reqs[tk.req].qo_start;
-        }
-        kva_merge_task_rows(&tk, qo_start, po, pl, p.tile_q, p.dvo, p.group_size, p.sigmoid, p.o, p.o_dtype,
-                            p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row, p.lse_stride_head, warp, nwarps,
-                            lane, 16);
+    for (int t = blockIdx.x; t < ntasks; t += gridDim.x) {
+        const kvk_merge_task tk = tasks[t];
+        kva_merge_task_rows(&tk, reqs[tk.req].qo_start, po, pl, p.tile_q, p.dvo, p.group_size, p.sigmoid, p.o,
+                            p.o_dtype, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row, p.lse_stride_head,
+                            warp, nwarps, lane, 16);
     }
 }
 
