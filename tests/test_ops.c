@@ -1487,6 +1487,19 @@ static void sweep_attention(const h_case* base) {
     go(c);
 }
 
+/* Cases given as --case strings (h_case_parse), e.g. serving shapes outside the sweeps. */
+static void go_strings(const char* const* cases, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        h_case c;
+        char err[256];
+        if (!h_case_parse(cases[i], &c, err, sizeof err)) {
+            h_failf(__FILE__, __LINE__, "case \"%s\": %s", cases[i], err);
+            continue;
+        }
+        go(c);
+    }
+}
+
 static void suite_decode(void) {
     h_case b;
     h_case_default(&b, H_OP_DECODE);
@@ -1500,6 +1513,29 @@ static void suite_decode(void) {
     b.hq = 8;
     b.hkv = 1;
     go(b);
+    /* serving shapes beyond the sweep: groups of 5 to 64 query heads per KV head (the tensor-core and head-group
+       kernels' row tiling), page sizes 3, 5, 17, 48, 128, 1024, head dims 64 and 256 with large groups and fp8 KV,
+       MHA with odd pages, graph mode, window + soft cap, ALiBi and RoPE on grouped heads */
+    static const char* const shapes[] = {
+        "op=decode B=3 kv=700 hq=48 hkv=4 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16",
+        "op=decode B=5 kv=3000 hq=64 hkv=4 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16",
+        "op=decode B=2 kv=5000 hq=32 hkv=1 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=16",
+        "op=decode B=2 kv=2000 hq=64 hkv=1 dqk=64 dvo=64 qt=bf16 kvt=bf16 ot=bf16 ps=32",
+        "op=decode B=3 kv=1500 hq=24 hkv=4 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=5",
+        "op=decode B=2 kv=2500 hq=32 hkv=2 dqk=256 dvo=256 qt=bf16 kvt=bf16 ot=bf16 ps=16",
+        "op=decode B=2 kv=2500 hq=32 hkv=2 dqk=256 dvo=256 qt=bf16 kvt=e4m3 ot=bf16 ps=16 ks=0.5 vs=2",
+        "op=decode B=4 kv=4100 hq=64 hkv=4 dqk=128 dvo=128 qt=bf16 kvt=e5m2 ot=bf16 ps=64 ks=1.5 vs=0.25",
+        "op=decode B=3 kv=999 hq=12 hkv=12 dqk=64 dvo=64 qt=f16 kvt=f16 ot=f16 ps=17 layout=HND",
+        "op=decode B=3 kv=999 hq=40 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=1 layout=HND",
+        "op=decode B=7 kv=777 hq=96 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=128 graph=1",
+        "op=decode B=9 kv=2048 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=1024",
+        "op=decode B=4 kv=3333 hq=28 hkv=4 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 win=1000 cap=30",
+        "op=decode B=4 kv=3333 hq=16 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 pos=alibi",
+        "op=decode B=4 kv=3333 hq=16 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 pos=rope",
+        "op=decode B=3 kv=999 hq=40 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=3 layout=HND graph=1 lse=1",
+        "op=decode B=2 kv=9000 hq=20 hkv=4 dqk=64 dvo=64 qt=f16 kvt=e4m3 ot=f16 ps=48 layout=HND ks=0.8 vs=1.1",
+    };
+    go_strings(shapes, sizeof shapes / sizeof shapes[0]);
 }
 
 static void suite_prefill(void) {
@@ -2068,6 +2104,12 @@ static void suite_long(void) {
             g_force_qo = g_force_kv = NULL;
         }
     }
+    /* long calls of large groups (16 query heads per KV head, 1 x 64k) and of many long requests with empty ones */
+    static const char* const shapes[] = {
+        "op=decode B=1 kv=65536 hq=128 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16",
+        "op=decode B=6 kv=20000 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 empty=30 lse=1",
+    };
+    go_strings(shapes, sizeof shapes / sizeof shapes[0]);
 }
 
 static void suite_fuzz(void) {
