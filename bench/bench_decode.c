@@ -19,6 +19,8 @@
  *                         [--extra] (small eager "X1" and graph "X7" shapes, only with this flag)
  * --ab-env: the A/B's second arm is a context created with VAR set; --ab-layout: the second arm runs the same plan
  * on the same pools read as HND (no second context).
+ * Probes (environment): KVATTN_BENCH_PAGE_SIZE=N pools of N-token pages (KVATTN_BENCH_PAGES_SEQ=1: each request's pages
+ * in pool order), KVATTN_BENCH_LAYOUT_HND=1 HND pools, KVATTN_BENCH_FIXED_SPLIT=N eager plans with KV chunks of N tokens.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
@@ -246,6 +248,10 @@ static void wl_setup(kva_context* ctx, const wl* w, void* dsrc, size_t src_bytes
     if (w->graph) {
         pp.graph_mode = 1;
         pp.max_batch_size = B;
+    } else {
+        /* KVATTN_BENCH_FIXED_SPLIT=N (probe): eager plans with KV chunks of N tokens (fixed_split_size) */
+        const char* fs = getenv("KVATTN_BENCH_FIXED_SPLIT");
+        if (fs && atoi(fs) > 0) pp.fixed_split_size = atoi(fs);
     }
     size_t db = 0, hb = 0;
     if (w->graph) KV(kva_workspace_bound(ctx, &d, KVA_OP_BATCH_DECODE, B, B, &db, &hb));
