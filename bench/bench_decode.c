@@ -43,7 +43,8 @@ typedef struct wl {
     int page_size;
     int batch;
     int* lens;
-    int graph; /* D7: time graph replays */
+    int graph;  /* D7: time graph replays */
+    int layers; /* D7 "32 layers" rows: one graph of this many calls on separate K/V pools, timed per call */
     char group[16];
 } wl;
 
@@ -147,6 +148,14 @@ static void build_workloads(int quick, int extra) {
     w = add("D7", "D7 graph replay", 32, 8, 128, KVA_DTYPE_BF16, 16, 16);
     uniform(w, 1024);
     w->graph = 1;
+    /* a decode step's attention layers in one graph: 32 calls of the same plan, each on its own K/V pools (a
+       layer's cache: 32 x 4.2 MB at 1 x 1k, more than the L2), time per layer */
+    for (int b = 1; b <= 16; b += 15) {
+        w = add("D7", "D7 graph, 32 layers", 32, 8, 128, KVA_DTYPE_BF16, 16, b);
+        uniform(w, 1024);
+        w->graph = 1;
+        w->layers = 32;
+    }
     if (extra) { /* --extra: small GQA 32/8 shapes around the planner's shortest chunk, eager ("X1") and graph ("X7") */
         static const int xs_[][2] = {{1, 256}, {1, 512}, {1, 2048}, {1, 8192}, {2, 1024}, {4, 1024}, {8, 512}, {2, 2048}};
         for (int gph = 0; gph < 2; ++gph)
@@ -172,6 +181,7 @@ static int matches(const char* only, const wl* w) {
 /* one workload's device buffers and plan */
 typedef struct wl_run {
     void *k, *v, *q, *o, *lse;
+    size_t pool_bytes;
     int* dind;
     kva_workspace ws;
     kva_plan plan;
@@ -215,6 +225,7 @@ static void wl_setup(kva_context* ctx, const wl* w, void* dsrc, size_t src_bytes
             indices[j] = t;
         }
         const size_t pool_bytes = (size_t)npages * ps * HK * D * kes;
+        R->pool_bytes = pool_bytes;
         CU(cudaMalloc(&R->k, pool_bytes));
         CU(cudaMalloc(&R->v, pool_bytes));
         for (size_t off = 0; off < pool_bytes; off += src_bytes) {
@@ -319,6 +330,28 @@ static void capture_run(kva_context* ctx, wl_run* R, cudaStream_t s, cudaGraph_t
     CU(cudaStreamSynchronize(s));
     CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     KV(kva_run(ctx, &R->plan, &R->ws, &R->a));
+    CU(cudaStreamEndCapture(s, graph));
+    CU(cudaGraphInstantiate(exec, *graph, 0));
+}
+
+/* D7 "32 layers" rows: L kva_run calls of one plan captured into one graph, call l on its own copy of the K/V pools
+   (pools[2 (l - 1)], pools[2 (l - 1) + 1] for l >= 1; freed by the caller), as a decode step runs its layers */
+static void capture_layers(kva_context* ctx, wl_run* R, int L, cudaStream_t s, cudaGraph_t* graph,
+                           cudaGraphExec_t* exec, void** pools) {
+    for (int l = 0; l < 2 * (L - 1); ++l) {
+        CU(cudaMalloc(&pools[l], R->pool_bytes));
+        CU(cudaMemcpy(pools[l], (l & 1) ? R->v : R->k, R->pool_bytes, cudaMemcpyDeviceToDevice));
+    }
+    CU(cudaStreamSynchronize(s));
+    CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int l = 0; l < L; ++l) {
+        kva_run_args a = R->a;
+        if (l > 0) {
+            a.paged.k_data = pools[2 * (l - 1)];
+            a.paged.v_data = pools[2 * (l - 1) + 1];
+        }
+        KV(kva_run(ctx, &R->plan, &R->ws, &a));
+    }
     CU(cudaStreamEndCapture(s, graph));
     CU(cudaGraphInstantiate(exec, *graph, 0));
 }
@@ -559,10 +592,13 @@ int main(int argc, char** argv) {
         float* times = (float*)malloc(sizeof(float) * (size_t)iters);
         cudaGraphExec_t exec = NULL;
         cudaGraph_t graph = NULL;
-        if (w->graph) capture_run(ctx, &R, s, &graph, &exec);
+        const int L = w->layers > 1 ? w->layers : 1;
+        void** lpools = L > 1 ? (void**)calloc((size_t)(2 * L), sizeof(void*)) : NULL;
+        if (L > 1) capture_layers(ctx, &R, L, s, &graph, &exec, lpools);
+        else if (w->graph) capture_run(ctx, &R, s, &graph, &exec);
         for (int it = -3; it < iters; ++it) {
             float t = time_once(ctx, &R, exec, s, it);
-            if (it >= 0) times[it] = t;
+            if (it >= 0) times[it] = t / (float)L;
         }
         qsort(times, (size_t)iters, sizeof(float), cmp_f);
         const double t_us = times[iters / 2];
@@ -578,14 +614,16 @@ int main(int argc, char** argv) {
             CU(cudaEventSynchronize(g_e1));
             float ms = 0;
             CU(cudaEventElapsedTime(&ms, g_e0, g_e1));
-            const double warm_us = ms * 1000.0 / reps;
-            printf("%-28s %-12s %10.1f us per replay, back to back (warm L2)\n", "D7 graph replay (warm)", w->label,
-                   warm_us);
+            const double warm_us = ms * 1000.0 / reps / L;
+            printf("%-28s %-12s %10.1f us per %s, back to back (warm L2)\n", L > 1 ? "D7 32 layers (warm)" :
+                   "D7 graph replay (warm)", w->label, warm_us, L > 1 ? "layer" : "replay");
             char nm[128];
             snprintf(nm, sizeof nm, "%s (warm)", w->name);
             csv_row(fcsv, w, nm, &R, warm_us);
             cudaGraphExecDestroy(exec);
             cudaGraphDestroy(graph);
+            for (int l = 0; lpools && l < 2 * (L - 1); ++l) cudaFree(lpools[l]);
+            free(lpools);
         }
         /* bounds-check A/B: D1 64 x 8k, D5 page 16 and page 1 */
         /* (D7 rows: eager launches of the graph-mode plan) */

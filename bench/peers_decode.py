@@ -90,6 +90,8 @@ def main():
         kvdt = r["kv_dtype"]
         is_graph = r["group"] == "D7"
         warm = "(warm)" in r["name"]
+        # "D7 graph, 32 layers": one graph of 32 calls, each on its own K/V (a decode step's layers), per-call time
+        layers = 32 if "32 layers" in r["name"] else 1
         uniform = len(set(lens)) == 1
         if r["group"] == "BC":  # bounds-check A/B rows: kvattn only
             results.append(res)
@@ -100,18 +102,20 @@ def main():
             L = lens[0]
             try:
                 q = torch.randn(B, hq, 1, d, device=dev, dtype=torch.bfloat16)
-                k = torch.randn(B, hkv, L, d, device=dev, dtype=torch.bfloat16)
-                v = torch.randn(B, hkv, L, d, device=dev, dtype=torch.bfloat16)
+                ks = [torch.randn(B, hkv, L, d, device=dev, dtype=torch.bfloat16) for _ in range(layers)]
+                vs = [torch.randn(B, hkv, L, d, device=dev, dtype=torch.bfloat16) for _ in range(layers)]
                 for key, be in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
                     try:
                         def call(be=be):
                             with sdpa_kernel([be]):
-                                return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                                for k, v in zip(ks, vs):
+                                    out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                                return out
                         fn = graphed(call) if is_graph else call
-                        res[key] = warm_replay(fn) if warm else time_cold(fn, args.iters)
+                        res[key] = (warm_replay(fn) if warm else time_cold(fn, args.iters)) / layers
                     except Exception as e:
                         res["note"] += "%s: %s; " % (key, str(e).splitlines()[0][:60])
-                del q, k, v
+                del q, ks, vs
             except torch.OutOfMemoryError:
                 res["note"] += "SDPA OOM; "
         elif not uniform:
@@ -128,7 +132,8 @@ def main():
                 indices = torch.randperm(total, device=dev).to(torch.int32)
                 last = torch.tensor([l - (n - 1) * ps for l, n in zip(lens, npg)], dtype=torch.int32, device=dev)
                 kdt = torch.float8_e4m3fn if kvdt == "e4m3" else torch.bfloat16
-                kc = torch.randn(total, 2, ps, hkv, d, device=dev, dtype=torch.bfloat16).to(kdt)
+                kcs = [torch.randn(total, 2, ps, hkv, d, device=dev, dtype=torch.bfloat16).to(kdt)
+                       for _ in range(layers)]
                 q = torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16)
                 wsb = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
                 w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(wsb, "NHD", use_cuda_graph=is_graph,
@@ -136,11 +141,13 @@ def main():
                                                                   paged_kv_indices_buffer=indices if is_graph else None,
                                                                   paged_kv_last_page_len_buffer=last if is_graph else None)
                 w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.bfloat16, kv_data_type=kdt)
-                fn = lambda: w.run(q, kc)
-                if is_graph:
-                    fn = graphed(fn)
-                res["fi"] = warm_replay(fn) if warm else time_cold(fn, args.iters)
-                del kc, q, wsb
+                def fcall():
+                    for kc in kcs:
+                        out = w.run(q, kc)
+                    return out
+                fn = graphed(fcall) if is_graph else fcall
+                res["fi"] = (warm_replay(fn) if warm else time_cold(fn, args.iters)) / layers
+                del kcs, q, wsb
             except Exception as e:
                 res["note"] += "FlashInfer: %s; " % str(e).splitlines()[0][:80]
         results.append(res)
@@ -159,7 +166,8 @@ def main():
         name, hbm, torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), fi_version))
     lines.append("date: %s; commit: %s; cold L2 (512 MB overwrite before each call), CUDA events, median of %d" % (
         datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), commit, args.iters))
-    lines.append("D7 rows: CUDA-graph replay (cold: one replay after a flush; warm: back-to-back replays)")
+    lines.append("D7 rows: CUDA-graph replay (cold: one replay after a flush; warm: back-to-back replays); "
+                 "'32 layers': one graph of 32 calls, each on its own K/V, time per call")
     lines.append("")
     # D4 load balance: ragged vs equal lengths of the same bytes
     eq = {r["row"]["name"].replace("D4eq ", "D4 "): float(r["row"]["kvattn_us"]) for r in results if r["row"]["group"] == "D4eq"}
