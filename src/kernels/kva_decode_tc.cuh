@@ -197,8 +197,8 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #define KVA_TC_EXP 0
 #endif
 /* page indices in batches: where every subtile of an item lies in one page (page sizes that are multiples of 16, items
-   on the 16-token grid) and the item has at least 4 subtiles per warp, lane l of a warp loads the page of the warp's subtile 32 b + l of the item when the warp reaches batch b,
-   and the subtiles take their page from it by a shuffle.
+   on the 16-token grid) and the item has at least 4 subtiles per warp, lane l of a warp loads the page of the warp's
+   subtile 32 b + l of the item when the warp reaches batch b, and the subtiles take their page from it by a shuffle.
    One page-index load per subtile, each waited on by the subtile's copies, cost 1-2.5 % on large calls at page size
    16 against the same pool read with pages of 256 tokens; loading the next batch ahead as well gained nothing
    (H100, docs/kernels/decode.md, session 18). TC_EXP bit 5 (A/B): one load per subtile, one subtile ahead, as before;
