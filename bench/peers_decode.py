@@ -19,6 +19,17 @@ import subprocess
 import sys
 
 
+def graphed(fn):
+    """fn captured into a CUDA graph (after one eager warm-up call); returns the graph's replay."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--csv", required=True, help="CSV from kva_bench_decode --csv")
@@ -57,14 +68,6 @@ def main():
             if i >= 3:
                 ts.append(s.elapsed_time(e) * 1000.0)
         return statistics.median(ts)
-
-    def graphed(fn):
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return g.replay
 
     def warm_replay(fn, reps=200):
         s = torch.cuda.Event(enable_timing=True)

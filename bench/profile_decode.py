@@ -31,6 +31,7 @@ def main():
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import kvattn
+    from peers_decode import graphed  # bench/ is the script's directory, first on sys.path
 
     dev = torch.device("cuda")
     hq, hkv, d, ps = 32, 8, 128, 16
@@ -96,14 +97,6 @@ def main():
             print("    k%d %-90s grid %-14s block %-12s regs %-4s smem %-6s dur %.2f us%s" % (
                 j, nm, "x".join(map(str, k["grid"])), "x".join(map(str, k["block"])), k["regs"], k["smem"],
                 statistics.median(durs), " (gap before %.2f us)" % statistics.median(gap) if gap else ""))
-
-    def graphed(fn):
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        return g.replay
 
     peers = [p for p in args.peers.split(",") if p]
     for shp in args.shapes.split(","):

@@ -421,7 +421,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         if ((R).live) {                                                                                       \
             const int j_ = pr_kv0 + pr_s * 16 + ptok;                                                         \
             (R).one_page = ps16 && ((pr_kv0 + pr_s * 16) & 15) == 0;                                          \
-            if (!TC_PB || ragged || !(R).one_page || (pr_kv0 & 15) != 0 || pr_nsub < 4 * TC_NW) {             \
+            if (!TC_PB || ragged || !(R).one_page || pr_nsub < 4 * TC_NW) {                                   \
                 if (j_ < pr_kv1) {                                                                            \
                     (R).has = 1;                                                                              \
                     if (ragged) {                                                                             \
