@@ -45,6 +45,7 @@ typedef struct wl {
     int* lens;
     int graph;  /* D7: time graph replays */
     int layers; /* D7 "32 layers" rows: one graph of this many calls on separate K/V pools, timed per call */
+    int pdl;    /* kva_run_args.enable_pdl (D7 "32 layers, PDL" rows; KVATTN_BENCH_PDL=1: every row) */
     char group[16];
 } wl;
 
@@ -155,6 +156,15 @@ static void build_workloads(int quick, int extra) {
         uniform(w, 1024);
         w->graph = 1;
         w->layers = 32;
+    }
+    /* the same with programmatic dependent launch (kva_run_args.enable_pdl): each call's CTAs start while the
+       previous call finishes (the SDPA peers have no such switch) */
+    for (int b = 1; b <= 16; b += 15) {
+        w = add("D7", "D7 graph, 32 layers, PDL", 32, 8, 128, KVA_DTYPE_BF16, 16, b);
+        uniform(w, 1024);
+        w->graph = 1;
+        w->layers = 32;
+        w->pdl = 1;
     }
     if (extra) { /* --extra: small GQA 32/8 shapes around the planner's shortest chunk, eager ("X1") and graph ("X7") */
         static const int xs_[][2] = {{1, 256}, {1, 512}, {1, 2048}, {1, 8192}, {2, 1024}, {4, 1024}, {8, 512}, {2, 2048}};
@@ -280,6 +290,10 @@ static void wl_setup(kva_context* ctx, const wl* w, void* dsrc, size_t src_bytes
     }
     R->a.paged.indices = R->dind;
     R->a.stream = s;
+    {
+        const char* pe = getenv("KVATTN_BENCH_PDL");
+        R->a.enable_pdl = w->pdl || (pe && pe[0] == '1');
+    }
     R->bytes = (double)tokens * HK * 2 * D * kes + (double)B * HQ * D * 2 * 2;
     free(indptr);
     free(last);

@@ -345,6 +345,13 @@ typedef struct kva_run_args {
     int32_t num_variant_tensors;
     const void* const* variant_tensors;    /* host array of num_variant_tensors pointers to f32 data in backend
                                               memory (device memory for CUDA); each must be non-NULL */
+    /* Programmatic dependent launch (CUDA, compute capability 9.0+; FlashInfer's enable_pdl): 1 = launch the call's
+       kernels so that their CTAs may start while the previous kernel of the stream finishes (they read and write
+       nothing an earlier kernel may touch until it has completed and its memory is visible), and let the next
+       kernel, if it was launched the same way, start early in turn; this hides launch latency between kernels
+       that run back to back, also inside a CUDA graph. 0 (default) = plain launches. Elsewhere 1 is accepted and
+       has no effect. Other values are refused. */
+    int32_t enable_pdl;
 } kva_run_args;
 
 KVA_API void kva_run_args_init(kva_run_args* args);

@@ -496,6 +496,10 @@ static void test_run(void) {
     RUN("run: o negative row stride", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
     a = F.args; a.k_scale = NAN;
     RUN("run: k_scale NaN", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.enable_pdl = 2;
+    RUN("run: enable_pdl 2", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.enable_pdl = -1;
+    RUN("run: enable_pdl -1", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
     a = F.args; a.paged.dtype = KVA_DTYPE_BF16;
     RUN("run: paged dtype bf16 (plan f16)", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
     a = F.args; a.paged.page_size = PS * 2;

@@ -257,6 +257,7 @@ class kva_run_args(Structure):
         ("num_variant_scalars", c_int32),
         ("num_variant_tensors", c_int32),
         ("variant_tensors", c_void_p),  # const void* const* (host array of backend pointers)
+        ("enable_pdl", c_int32),
     ]
 
 

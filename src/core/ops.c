@@ -74,6 +74,8 @@ static kva_status kva__check_paged(const kva__plan_data* pd, const kva_paged_kv*
 static kva_status kva__check_run_args(const kva__plan_data* pd, const kva_run_args* a) {
     const kva_attention_desc* d = &pd->desc;
     KVA_RETURN_IF(!a, KVA_ERR_INVALID_ARGUMENT, "run: args is NULL");
+    KVA_RETURN_IF(a->enable_pdl != 0 && a->enable_pdl != 1, KVA_ERR_INVALID_ARGUMENT,
+                  "run: enable_pdl = %d (must be 0 or 1)", (int)a->enable_pdl);
     const int64_t rows = pd->total_qo_rows;
     if (rows > 0) {
         int64_t qs[3] = {rows, d->num_qo_heads, d->head_dim_qk};

@@ -95,15 +95,47 @@ static void kva__cluster_config(CUlaunchConfig* cfg, CUlaunchAttribute* at, unsi
     cfg->numAttrs = 1;
 }
 
-/* a launch in thread-block clusters of `cluster` CTAs along x (grid a multiple of it; cuLaunchKernelEx) */
+/* a launch in thread-block clusters of `cluster` CTAs along x (grid a multiple of it; cuLaunchKernelEx), with
+   programmatic stream serialisation when pdl (kva__launch_x) */
 static kva_status kva__launch_cluster(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
-                                      CUstream s, void* params, unsigned cluster, const char* what) {
+                                      CUstream s, void* params, unsigned cluster, int pdl, const char* what) {
     KVA_RETURN_IF(!st->cu->LaunchKernelEx || cluster < 2 || grid % cluster != 0, KVA_ERR_INTERNAL,
                   "%s: a cluster launch of %u CTAs in clusters of %u is not possible here", what, grid, cluster);
-    CUlaunchAttribute at;
+    CUlaunchAttribute at[2];
     CUlaunchConfig cfg;
-    kva__cluster_config(&cfg, &at, grid, threads, smem, s, cluster);
+    kva__cluster_config(&cfg, &at[0], grid, threads, smem, s, cluster);
+    if (pdl) {
+        memset(&at[1], 0, sizeof at[1]);
+        at[1].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        at[1].value.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs = 2;
+    }
     void* args[1] = {params};
+    KVA_CU_TRY(st->cu, st->cu->LaunchKernelEx(&cfg, f, args, NULL), what);
+    return KVA_OK;
+}
+
+/* a launch of one of kva_run's kernels: with pdl (kva_run_args.enable_pdl, and the kernel waits for its predecessors:
+   kva__kentry.pdl), through cuLaunchKernelEx with programmatic stream serialisation, so that its CTAs may start while
+   the previous kernel of the stream finishes; otherwise a plain launch */
+static kva_status kva__launch_x(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
+                                CUstream s, void* params, void* tma, int pdl, const char* what) {
+    if (!pdl) return kva__launch_n(st, f, grid, threads, smem, s, params, tma, what);
+    CUlaunchAttribute at;
+    memset(&at, 0, sizeof at);
+    at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    at.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = grid;
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = threads;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.sharedMemBytes = smem;
+    cfg.hStream = s;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    void* args[2] = {params, tma};
     KVA_CU_TRY(st->cu, st->cu->LaunchKernelEx(&cfg, f, args, NULL), what);
     return KVA_OK;
 }
@@ -730,6 +762,8 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
                              : ke->key.family == KVA__KF_DECODE_TC && ke->key.warps == 8 ? 256u
                              : hg ? (unsigned)KVK_HG_THREADS(ke->key.rows)
                                   : (unsigned)KVK_THREADS;
+    /* programmatic dependent launch where asked for and the kernel waits for its predecessors (else a plain launch) */
+    const int pdl = a->enable_pdl != 0 && ke->pdl;
     if (var) { /* the variant's kernels take their parameters after the built-in block */
         kvk_vattn_params vpp;
         vpp.base = p;
@@ -738,24 +772,25 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
         vmp.base = mp;
         vmp.vp = vpar;
         if (graph || pd->num_items > 0)
-            status = kva__launch_n(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &vpp, NULL,
-                                   "run: launching the variant's attention kernel");
+            status = kva__launch_x(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &vpp, NULL,
+                                   pdl, "run: launching the variant's attention kernel");
         if (status == KVA_OK && (graph || pd->num_merge > 0))
-            status = kva__launch(st, ke->fn_vmerge, (unsigned)pd->num_workers, 0, s, &vmp,
-                                 "run: launching the variant's merge kernel");
+            status = kva__launch_x(st, ke->fn_vmerge, (unsigned)pd->num_workers, KVK_THREADS, 0, s, &vmp, NULL, pdl,
+                                   "run: launching the variant's merge kernel");
         kva__leave(st, pushed);
         return status;
     }
     if ((graph || pd->num_items > 0) && cluster > 1)
         status = kva__launch_cluster(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
-                                     cluster, "run: launching the attention kernel in clusters");
+                                     cluster, pdl, "run: launching the attention kernel in clusters");
     else if (graph || pd->num_items > 0)
-        status = kva__launch_n(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
-                               (pfw || hg) ? (void*)&tm : NULL, "run: launching the attention kernel");
+        status = kva__launch_x(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
+                               (pfw || hg) ? (void*)&tm : NULL, pdl, "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
         unsigned mgrid = (unsigned)pd->num_workers;
         if (!graph && pd->num_merge < pd->num_workers) mgrid = (unsigned)pd->num_merge;
-        status = kva__launch(st, st->fn_merge_partials, mgrid, 0, s, &mp, "run: launching the merge kernel");
+        status = kva__launch_x(st, st->fn_merge_partials, mgrid, KVK_THREADS, 0, s, &mp, NULL,
+                               a->enable_pdl != 0 && st->merge_pdl, "run: launching the merge kernel");
     }
     kva__leave(st, pushed);
     return status;
@@ -1049,6 +1084,7 @@ static kva_status kva__load_util(kva_context* ctx, kva__cuda_state* st) {
         m = st->util_module;
     }
     KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_merge_partials, m, "kva_merge_partials"), "CUDA backend: kernel");
+    st->merge_pdl = kva__cuda_func_pdl(st, st->fn_merge_partials);
     KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_merge_state, m, "kva_merge_state"), "CUDA backend: kernel");
     KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_merge_states, m, "kva_merge_states"), "CUDA backend: kernel");
     KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_append, m, "kva_append_paged"), "CUDA backend: kernel");

@@ -145,6 +145,8 @@ typedef struct kva__kentry {
     CUfunction fn_vmerge; /* user variants: the variant's split-KV merge kernel (same module) */
     CUmodule module; /* JIT module (owned), or NULL for prebuilt */
     int max_smem_set;
+    int pdl; /* compiled for compute capability >= 9.0 (PTX version), so its CTAs wait for the kernels before them
+                (kva_pdl_wait): it may be launched with programmatic stream serialisation (kva_run_args.enable_pdl) */
 } kva__kentry;
 
 typedef struct kva__staging_slot {
@@ -201,6 +203,7 @@ typedef struct kva__cuda_state {
     kva__kentry kernels[KVA__MAX_KERNELS];
     int num_kernels;        /* entries [0, num_kernels) are immutable once published */
     CUfunction fn_merge_partials, fn_merge_state, fn_merge_states, fn_append;
+    int merge_pdl;          /* fn_merge_partials may be launched with programmatic stream serialisation (as kentry.pdl) */
     CUdeviceptr append_status; /* kvk_status for append faults (no workspace there) */
     kva__staging_slot staging[KVA__STAGING_SLOTS];
     int staging_next;
@@ -208,5 +211,8 @@ typedef struct kva__cuda_state {
 
 /* Get (load or compile) the kernel of a key; returns its index in st->kernels. */
 kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kkey* k, int* index);
+/* 1 when f may be launched with programmatic stream serialisation on this device: compute capability >= 9.0, a driver
+   with cuLaunchKernelEx, and f compiled for a virtual architecture >= 9.0 (its kva_pdl_wait is real) */
+int kva__cuda_func_pdl(const kva__cuda_state* st, CUfunction f);
 
 #endif /* KVA_CUDA_INTERNAL_H */

@@ -180,6 +180,13 @@ size_t kva__kkey_smem(const kva__kkey* k) {
     return 0;
 }
 
+int kva__cuda_func_pdl(const kva__cuda_state* st, CUfunction f) {
+    int ptx = 0;
+    if (!f || st->cc < 90 || !st->cu->LaunchKernelEx || !st->cu->FuncGetAttribute) return 0;
+    if (st->cu->FuncGetAttribute(&ptx, CU_FUNC_ATTRIBUTE_PTX_VERSION, f) != CUDA_SUCCESS) return 0;
+    return ptx >= 90;
+}
+
 int kva__aot_has(const char* name) {
     int lo = 0, hi = kva__num_aot_names - 1;
     while (lo <= hi) {
@@ -761,6 +768,7 @@ kva_status kva__cuda_kernel(kva_context* ctx, kva__cuda_state* st, const kva__kk
             /* the most shared memory per SM, so that two CTAs fit (a preference; ignored where unsupported) */
             (void)cu->FuncSetAttribute(e.fn, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100);
         }
+        e.pdl = kva__cuda_func_pdl(st, e.fn) && (!e.fn_vmerge || kva__cuda_func_pdl(st, e.fn_vmerge));
         st->kernels[n] = e;
         __atomic_store_n(&st->num_kernels, n + 1, __ATOMIC_RELEASE);
         *index = n;

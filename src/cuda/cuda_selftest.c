@@ -12,9 +12,12 @@
  *            that request's rows are o = 0, lse = -inf, the others match the reference, kva_read_faults reports
  *            the request and the index, and the next read is clean;
  *   capture  plan during capture -> KVA_ERR_CAPTURE_ACTIVE;
+ *   pdl      chains of calls where each reads the previous one's output, with programmatic dependent launch (eager and
+ *            in a graph; tensor-core, head-group and merge kernels): equal to the chain without it, bit for bit;
  *   append / merge_state / merge_states small checks.
- * Usage: kva_cuda_selftest [--quick] [--verbose] [--cpu] (--cpu: the same checks on the CPU backend, which
- * validates this file's reference; no GPU needed). Prints "N passed, N failed" last.
+ * Usage: kva_cuda_selftest [--quick] [--verbose] [--cpu] [--pdl-only] (--cpu: the same checks on the CPU backend,
+ * which validates this file's reference; no GPU needed; --pdl-only: only the default context's PDL chains).
+ * Prints "N passed, N failed" last.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
@@ -26,7 +29,7 @@
 
 #include "kvattn.h"
 
-static int npass, nfail, verbose, quick;
+static int npass, nfail, verbose, quick, pdl_only;
 
 #define CHECK(cond, ...)                                \
     do {                                                \
@@ -953,6 +956,120 @@ static void test_graph(kva_context* ctx) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
+/* Programmatic dependent launch (kva_run_args.enable_pdl): a chain of NC decode calls of one plan and workspace where
+   call i reads call i-1's output as its q (x[i] = attn(x[i-1])), run back to back on one stream. Call i's CTAs may
+   start while call i-1 still runs; they must read q, the page table and the plan's merge counters only after it
+   completed. The chain with enable_pdl = 1 (eager, then captured into a CUDA graph and replayed) must equal the
+   chain without it bit for bit, and stage 1 must match the float64 reference. The outputs are poisoned (NaN) before
+   each chain, so a call that read its q early reads NaN. graph: plan in graph mode (264 CTAs of 4 warps; idle CTAs
+   exit at once and make room for the next call's CTAs); else an eager plan. */
+#define PDL_NC 6
+static void test_pdl(kva_context* ctx, const char* tag, int graph_plan) {
+    tcase c = base_case("pdl");
+    c.B = 5;
+    c.max_kv = 900;
+    c.long_kv = quick ? 1800 : 7000; /* split KV: the fused merge's counters (or the merge kernel) in the chain */
+    prob P;
+    init_prob(&P, &c);
+    prob_build(&P);
+    ref_compute(&P, NULL);
+    prob_upload(&P);
+    const int HQ = c.hq, D = c.D, R = P.total_rows;
+    const size_t xb = (size_t)R * HQ * D * 2, lb = (size_t)R * HQ * 4;
+    void* x[PDL_NC + 1];
+    void* l[PDL_NC + 1];
+    x[0] = P.q;
+    l[0] = NULL;
+    for (int i = 1; i <= PDL_NC; ++i) {
+        x[i] = dalloc(xb + 256);
+        l[i] = dalloc(lb + 256);
+    }
+    kva_plan_params pp;
+    fill_params(&P, &pp);
+    if (graph_plan) {
+        pp.graph_mode = 1;
+        pp.max_batch_size = c.B;
+    }
+    ws_t W;
+    ws_alloc(ctx, &P.d, KVA_OP_BATCH_DECODE, &pp, &W, graph_plan ? c.B : 0, graph_plan ? c.B : 0);
+    cudaStream_t s = NULL;
+    if (!cpu_mode) CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    kva_plan plan;
+    kva_status st = kva_plan_make(ctx, &P.d, KVA_OP_BATCH_DECODE, &pp, &W.w, &plan, s);
+    CHECK(st == KVA_OK, "pdl %s: plan: %s", tag, kva_last_error_message());
+    kva_plan_info info;
+    kva_plan_get_info(&plan, &info);
+    unsigned char* want = (unsigned char*)malloc((PDL_NC + 1) * (xb + lb));
+    unsigned char* got = (unsigned char*)malloc(xb + lb);
+    /* three chains: 0 without PDL (the expected bits), 1 with PDL, 2 with PDL captured into a graph and replayed */
+    for (int mode = 0; mode < 3 && st == KVA_OK; ++mode) {
+        if (mode == 2 && cpu_mode) break;
+        for (int i = 1; i <= PDL_NC; ++i) {
+            dset(x[i], 0xff, xb); /* NaN */
+            dset(l[i], 0xff, lb);
+        }
+        cudaGraph_t graph = NULL;
+        cudaGraphExec_t exec = NULL;
+        if (mode == 2) CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        for (int i = 1; i <= PDL_NC && st == KVA_OK; ++i) {
+            kva_run_args a;
+            fill_args(&P, &a, s, NULL);
+            a.q = kva_tensor_make(x[i - 1], c.qt, 3, R, HQ, D, 0);
+            a.o = kva_tensor_make(x[i], c.ot, 3, R, HQ, D, 0);
+            a.lse = kva_tensor_make(l[i], KVA_DTYPE_F32, 2, R, HQ, 0, 0);
+            a.enable_pdl = mode > 0;
+            st = kva_run(ctx, &plan, &W.w, &a);
+            CHECK(st == KVA_OK, "pdl %s: run %d of chain %d: %s", tag, i, mode, kva_last_error_message());
+        }
+        if (mode == 2) {
+            CU(cudaStreamEndCapture(s, &graph));
+            CU(cudaGraphInstantiate(&exec, graph, 0));
+            for (int i = 1; i <= PDL_NC; ++i) { /* the capture ran nothing: poison again, replay twice */
+                CU(cudaMemsetAsync(x[i], 0xff, xb, s));
+                CU(cudaMemsetAsync(l[i], 0xff, lb, s));
+            }
+            CU(cudaGraphLaunch(exec, s));
+            CU(cudaGraphLaunch(exec, s));
+        }
+        if (!cpu_mode) CU(cudaStreamSynchronize(s));
+        int diff = 0;
+        for (int i = 1; i <= PDL_NC; ++i) {
+            unsigned char* dst = mode == 0 ? want + (size_t)i * (xb + lb) : got;
+            dget(dst, x[i], xb);
+            dget(dst + xb, l[i], lb);
+            if (mode > 0 && memcmp(dst, want + (size_t)i * (xb + lb), xb + lb) != 0) diff = diff ? diff : i;
+        }
+        if (mode > 0)
+            CHECK(diff == 0, "pdl %s: the chain %s equals the chain without PDL bit for bit (first differing call %d; "
+                  "%d items, %d merges, %d workers)", tag, mode == 1 ? "with PDL" : "with PDL in a graph", diff,
+                  info.num_work_items, info.num_merge_tasks, info.num_workers);
+        if (mode == 1) { /* stage 1 against the float64 reference */
+            void *o0 = P.o, *l0 = P.lse;
+            P.o = x[1];
+            P.lse = l[1];
+            const int bad = compare(&P, "pdl stage 1", 0);
+            P.o = o0;
+            P.lse = l0;
+            CHECK(bad == 0, "pdl %s: stage 1 matches the reference (%d mismatches)", tag, bad);
+        }
+        if (exec) cudaGraphExecDestroy(exec);
+        if (graph) cudaGraphDestroy(graph);
+    }
+    if (verbose)
+        printf("  pdl %s: %d calls per chain, %d items, %d merges, %d workers\n", tag, PDL_NC, info.num_work_items,
+               info.num_merge_tasks, info.num_workers);
+    free(want);
+    free(got);
+    for (int i = 1; i <= PDL_NC; ++i) {
+        dfree(x[i]);
+        dfree(l[i]);
+    }
+    if (s) cudaStreamDestroy(s);
+    ws_free(&W);
+    prob_free(&P);
+}
+
+/* ---------------------------------------------------------------------------------------------- */
 
 static void test_fault(kva_context* ctx, int split, int negative) {
     tcase c = base_case("fault");
@@ -1334,6 +1451,7 @@ int main(int argc, char** argv) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--cpu")) cpu_mode = 1;
         else if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) verbose = 1;
+        else if (!strcmp(argv[i], "--pdl-only")) pdl_only = 1;
     }
     kva_context_options opt;
     kva_context_options_init(&opt);
@@ -1352,6 +1470,13 @@ int main(int argc, char** argv) {
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess)
             hg_device = major == 9 && minor == 0;
+    }
+    test_pdl(ctx, "eager plan", 0);
+    test_pdl(ctx, "graph-mode plan", 1);
+    if (pdl_only) {
+        kva_context_destroy(ctx);
+        printf("%d passed, %d failed\n", npass, nfail);
+        return nfail ? 1 : 0;
     }
     test_decode_matrix(ctx);
     if (!cpu_mode) {
@@ -1378,6 +1503,7 @@ int main(int argc, char** argv) {
                    hg_device ? "" : ": not a compute capability 9.0 device, the plans keep one head per item");
             hg_ctx = 1;
             test_decode_hg(hctx, nofused);
+            test_pdl(hctx, nofused ? "head groups, merge kernel" : "head groups", 0);
             if (!nofused) {
                 test_fault(hctx, 0, 0);
                 test_fault(hctx, 1, 0);

@@ -454,6 +454,22 @@ KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
     return r;
 }
 KVA_DEV void kva_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
+/* Programmatic dependent launch (kva_run_args.enable_pdl; sm_90+). kva_pdl_start lets the next kernel of the stream, if
+   it was launched with programmatic stream serialisation, start its CTAs now; kva_pdl_wait, in a kernel so launched,
+   blocks until the grids before it have completed and their memory is visible (in any other launch both are no-ops).
+   Every kernel kva_run launches calls kva_pdl_wait, in every CTA, before it touches memory that an earlier kernel may
+   write (q, K/V, page table, outputs, the plan's partials and merge counters); before it only the plan's read-only
+   regions (worker headers) are read and L2 prefetches issued. */
+KVA_DEV void kva_pdl_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{ griddepcontrol.launch_dependents; }" ::: "memory");
+#endif
+}
+KVA_DEV void kva_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{ griddepcontrol.wait; }" ::: "memory");
+#endif
+}
 
 /* One online-softmax step of the decode kernels on an S^T fragment of m16n8k16 (16 keys x 8 query rows): this lane
    holds keys g8 and g8 + 8 of rows 2 q4 (x[0], x[2]) and 2 q4 + 1 (x[1], x[3]), base-2 logits, -inf where masked.

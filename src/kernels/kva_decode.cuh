@@ -148,6 +148,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(con
 #else
 extern "C" __global__ void __launch_bounds__(KVK_THREADS, 2) KVA_KERNEL_NAME(const kvk_attn_params p) {
 #endif
+    kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh) */
+    kva_pdl_wait();
     extern __shared__ __align__(16) char kva_smem[];
     const int tid = threadIdx.x;
     const int lane = tid & 31;

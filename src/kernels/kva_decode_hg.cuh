@@ -98,6 +98,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
     const float neg_inf = KVA_NEG_INF;
 
+    kva_pdl_start();
     if (tid == 0) {
         for (int s = 0; s < HG_S; ++s) {
             kvp_mbar_init(full0 + 8u * s, 1);
@@ -127,6 +128,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
         }
     }
+    kva_pdl_wait(); /* programmatic dependent launch (kva_common.cuh): only the read-only header was read so far */
     __syncthreads();
 
     if (warp == HG_NC) {

@@ -244,6 +244,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     int* const s_flag = s_sbad + TC_NW * TC_ST;                    /* [4] */
 
     const unsigned flags = p.flags;
+    kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh): the next kernel may start its CTAs */
 #if TC_CC
     /* cluster combine (KVK_FLAG_CLUSTER): this CTA's mbarrier for the partial slices other ranks push into its shared
        memory, initialised before any rank can push (every thread arrives on the cluster barrier here; a pushing
@@ -307,6 +308,12 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
             h_rq = reqs[h_item.req];
         }
     }
+#endif
+    /* programmatic dependent launch: the header is the plan's read-only region; everything below (page table, q, K/V,
+       outputs, partials, merge counters) waits for the kernels before this one (TC_EXP bit 6, only to show that the
+       selftest's PDL chain catches a missing wait: none) */
+#if !(KVA_TC_EXP & 64)
+    kva_pdl_wait();
 #endif
     TC_TR(1, it_begin);
 

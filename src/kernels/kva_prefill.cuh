@@ -1900,6 +1900,8 @@ extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, KVP_MINB) KVA_KERNEL_NA
 #else
 extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, KVP_MINB) KVA_KERNEL_NAME(const kvk_attn_params p) {
 #endif
+    kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh) */
+    kva_pdl_wait();
     extern __shared__ __align__(128) char kvp_smem_raw[];
     char* const kvp_smem = kvp_smem_raw;
     const int it_begin = ((const kvk_i32*)(p.ws + p.off_worker_indptr))[blockIdx.x];
@@ -1939,6 +1941,8 @@ extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, KVP_MINB) KVA_KERNEL_NA
    consumers (224) with setmaxnreg. */
 extern "C" __global__ void __launch_bounds__(KVP_CTA_NT, 1) KVA_KERNEL_NAME(const kvk_attn_params p,
                                                                              const __grid_constant__ kvk_tma tm) {
+    kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh) */
+    kva_pdl_wait();
     extern __shared__ __align__(128) char kvp_smem_raw[];
     /* the warpgroup MMA's 128-byte swizzle repeats every 1024 bytes: align the base (KVK_PFW_SMEM has the slack) */
     char* const kvp_smem = kvp_smem_raw + ((1024u - (kva_smem_addr(kvp_smem_raw) & 1023u)) & 1023u);

@@ -11,6 +11,8 @@
 /* Plan merge: task t merges partial slots partial_first .. +num_partials of rows [0, rows) of its tile. */
 
 extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_partials(const kvk_merge_params p) {
+    kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh) */
+    kva_pdl_wait();
     const kvk_counts* counts = (const kvk_counts*)(p.ws + p.off_counts);
     const kvk_merge_task* tasks = (const kvk_merge_task*)(p.ws + p.off_merge);
     const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);

@@ -42,6 +42,8 @@ extern "C" __global__ void kva_variant_check(const kvk_vparams p, float* out) {
 #endif
 
 extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) KVA_VMERGE_NAME(const __grid_constant__ kvk_vmerge_params vmp) {
+    kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh) */
+    kva_pdl_wait();
     const kvk_merge_params& p = vmp.base;
     const kvk_vparams* const vp = &vmp.vp;
     (void)vp;
