@@ -14,7 +14,9 @@
 #   4. kva_bench_decode on WORKLOADS.md D1-D7, then bench/peers_decode.py (torch SDPA cuDNN/flash, FlashInfer)
 #      -> $OUT/bench_decode.md; the results table is printed last
 # GPU_CHECK_TESTS=0 / GPU_CHECK_SANITIZE=0 / GPU_CHECK_BENCH=0 skip steps 2 / 3 / 4 (e.g. two calls, one for the
-# tests and sanitizers and one for the benchmark, each well inside a call's time limit).
+# tests and sanitizers and one for the benchmark, each well inside a call's time limit). Within step 2,
+# GPU_CHECK_OPS=0 skips the test_ops suites and GPU_CHECK_REST=0 everything else (the whole of step 2 takes close to
+# the 10 minutes of one call: run the two halves in two calls).
 set -u
 if [ -z "${BUILD:-}" ]; then
     if [ -x build-dev/kva_cuda_selftest ]; then BUILD=build-dev; else BUILD=build-cuda; fi
@@ -67,7 +69,7 @@ fi
 if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
 section "2a. test suite with KVA_TEST_BACKEND=cuda"
 export KVA_TEST_BACKEND=cuda
-if [ -x "$BUILD/tests/test_ops" ]; then
+if [ "${GPU_CHECK_OPS:-1}" = 1 ] && [ -x "$BUILD/tests/test_ops" ]; then
     for suite in decode split merge append single prefill ragged fuzz long ref; do
         echo "--- test_ops --suite $suite"
         limit=75
@@ -76,7 +78,7 @@ if [ -x "$BUILD/tests/test_ops" ]; then
         run_step "test_ops $suite [cuda]" $limit 25 "$BUILD/tests/test_ops" --backend cuda --suite "$suite"
     done
 fi
-if [ -x "$BUILD/tests/test_ops" ]; then
+if [ "${GPU_CHECK_OPS:-1}" = 1 ] && [ -x "$BUILD/tests/test_ops" ]; then
     # the head-group decode kernel wherever it is supported (the default takes it only for calls of >= 256 MB)
     for suite in decode split fuzz; do
         echo "--- test_ops --suite $suite, KVATTN_CUDA_DECODE_HG=1"
@@ -84,7 +86,15 @@ if [ -x "$BUILD/tests/test_ops" ]; then
             --backend cuda --suite "$suite"
     done
 fi
-if [ -x "$BUILD/tests/test_ops" ]; then
+if [ "${GPU_CHECK_OPS:-1}" = 1 ] && [ -x "$BUILD/tests/test_ops" ]; then
+    # every run with programmatic dependent launch (kva_run_args.enable_pdl): decode, prefill, ragged, variants
+    for suite in fuzz split; do
+        echo "--- test_ops --suite $suite, KVA_TEST_PDL=1"
+        run_step "test_ops $suite [cuda, PDL]" 200 5 env KVA_TEST_PDL=1 "$BUILD/tests/test_ops" --backend cuda \
+            --suite "$suite"
+    done
+fi
+if [ "${GPU_CHECK_OPS:-1}" = 1 ] && [ -x "$BUILD/tests/test_ops" ]; then
     # the tensor-core decode kernel's cluster combine (opt-in: KVATTN_CUDA_CLUSTER=8; sm_90 only, a no-op elsewhere)
     for suite in decode split; do
         echo "--- test_ops --suite $suite, KVATTN_CUDA_CLUSTER=8"
@@ -93,6 +103,7 @@ if [ -x "$BUILD/tests/test_ops" ]; then
     done
     run_step "kva_cuda_selftest [clusters]" 120 5 env KVATTN_CUDA_CLUSTER=8 "$BUILD/kva_cuda_selftest"
 fi
+if [ "${GPU_CHECK_REST:-1}" = 1 ]; then
 for t in test_errors test_api test_formats test_variants; do
     if [ -x "$BUILD/tests/$t" ]; then
         echo "--- $t"
@@ -127,6 +138,7 @@ run_step "kva_cuda_selftest" 120 0 "$BUILD/kva_cuda_selftest" --verbose
 section "2c. NVRTC: covering set of kernel variants (sm_80, sm_90a), spill check"
 if [ -x "$BUILD/kva_cuda_jit_test" ]; then run_step "kva_cuda_jit_test" 120 20 "$BUILD/kva_cuda_jit_test"; fi
 if [ -x "$BUILD/kva_cuda_variant_jit_test" ]; then run_step "kva_cuda_variant_jit_test" 120 20 "$BUILD/kva_cuda_variant_jit_test"; fi
+fi # GPU_CHECK_REST
 fi
 
 section "3. compute-sanitizer"

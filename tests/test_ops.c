@@ -526,6 +526,11 @@ static void desc_of(const h_case* c, kva_attention_desc* d) {
 
 static void args_of(const h_case* c, att* a, kva_run_args* args, int second) {
     kva_run_args_init(args);
+    {
+        /* KVA_TEST_PDL=1: every run with programmatic dependent launch (kva_run_args.enable_pdl) */
+        const char* pdl = getenv("KVA_TEST_PDL");
+        args->enable_pdl = pdl && pdl[0] == '1';
+    }
     args->q = a->tq;
     args->o = second ? a->to2 : a->to;
     if (c->lse) args->lse = second ? a->tlse2 : a->tlse;

@@ -370,11 +370,17 @@ def variant_run_params(st: PlanState, scalars: Any, tensors: Any, where: str) ->
     return V.run_params(st.variant, vs, vt)
 
 
+def pdl_flag(enable_pdl: Optional[bool]) -> bool:
+    """run()'s enable_pdl: None = on, as FlashInfer's default on devices that support it (the C library launches
+    with programmatic dependent launch only on compute capability 9.0+ and ignores the flag elsewhere)."""
+    return True if enable_pdl is None else bool(enable_pdl)
+
+
 def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: float, v_scale: float,
-             variant_scalars: Any = None, variant_tensors: Any = None) -> None:
+             variant_scalars: Any = None, variant_tensors: Any = None, enable_pdl: bool = True) -> None:
     """Run wrapper `handle`'s current plan: the body of the kvattn::run custom op (arrays were checked by the
     wrapper in eager mode; the C library re-checks everything against the plan). The variant parameters default
-    to those given at plan (the custom op passes none)."""
+    to those given at plan (the custom op passes none, and runs with programmatic dependent launch)."""
     w = _registry.get(int(handle))
     if w is None:
         raise RuntimeError("kvattn: wrapper handle %d is gone (the wrapper was garbage collected)" % handle)
@@ -417,19 +423,20 @@ def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: f
     args.k_scale = float(k_scale)
     args.v_scale = float(v_scale)
     args.stream = C.current_stream(st.dev)
+    args.enable_pdl = 1 if enable_pdl else 0
     F.check(lib.kva_run(st.ctx, ctypes.byref(st.plan), ctypes.byref(st.ws), ctypes.byref(args)), "run")
     del vparams  # the scalars / tensor pointers were read during the call
 
 
 def dispatch_run(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: float, v_scale: float,
-                 variant_scalars: Any = None, variant_tensors: Any = None) -> None:
-    if T.is_torch(q) and _torch_ops.is_compiling():
+                 variant_scalars: Any = None, variant_tensors: Any = None, enable_pdl: Optional[bool] = None) -> None:
+    if T.is_torch(q) and _torch_ops.is_compiling():  # (the custom op runs with enable_pdl on)
         if variant_scalars is not None or variant_tensors is not None:
             raise UnsupportedError("kvattn: under torch.compile the variant parameters cannot be passed to run(); "
                                    "pass variant_scalars / variant_tensors to plan() (they are the run's defaults)")
         _torch_ops.ops().run(handle, q, k, v, out, lse, k_scale, v_scale)
     else:
-        run_impl(handle, q, k, v, out, lse, k_scale, v_scale, variant_scalars, variant_tensors)
+        run_impl(handle, q, k, v, out, lse, k_scale, v_scale, variant_scalars, variant_tensors, pdl_flag(enable_pdl))
 
 
 def check_variant_run(st: PlanState, want_lse: bool, post_scale: float, what: str) -> None:
@@ -668,7 +675,7 @@ class BatchWrapperBase:
 
     def _run_paged(self, q: Any, paged_kv_cache: Any, extra_args: Tuple, q_scale: Any, k_scale: Any, v_scale: Any,
                    out: Any, lse: Any, return_lse: bool, variant_scalars: Any = None, variant_tensors: Any = None,
-                   **checks: Any) -> Any:
+                   enable_pdl: Optional[bool] = None, **checks: Any) -> Any:
         if extra_args:
             raise NotImplementedError("kvattn: extra positional run() arguments (JIT variant parameters) are not "
                                       "supported")
@@ -692,7 +699,7 @@ class BatchWrapperBase:
         ks, vs, post = scales_for(st.kv_dtype, q_scale, k_scale, v_scale)
         check_variant_run(st, return_lse or lse is not None, post, type(self).__name__ + ".run")
         out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
-        dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors)
+        dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors, enable_pdl)
         if post != 1.0:
             scale_output(out, st.total_rows, post)
         return (out, lse) if return_lse else out

@@ -191,7 +191,9 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         Returns ``out [rows, num_qo_heads, head_dim]`` (and base-2 ``lse [rows, num_qo_heads]`` with
         ``return_lse``). With ``out=`` (and ``lse=``) given, nothing is allocated and nothing synchronises, so the
         call can be captured in a CUDA graph (``use_cuda_graph=True`` wrappers). Scalar arguments that disagree
-        with the plan raise PlanMismatchError. ``enable_pdl`` is accepted and ignored. kvattn extension:
+        with the plan raise PlanMismatchError. ``enable_pdl`` (None = on): programmatic dependent launch on compute
+        capability 9.0+ (the kernels may start while the previous kernel finishes; ignored elsewhere and under
+        torch.compile, where it is on). kvattn extension:
         ``variant_scalars`` / ``variant_tensors`` for the plan's variant (None = those given to plan())."""
         reject(sinks=sinks, skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
                kv_cache_sf=kv_cache_sf)
@@ -200,7 +202,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             raise PlanMismatchError("kvattn: run got q_len_per_req=%d but the plan was made with q_len_per_req=%d"
                                     % (int(q_len_per_req), st.q_len_per_req))
         return self._run_paged(q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, return_lse,
-                               variant_scalars, variant_tensors, window_left=window_left,
+                               variant_scalars, variant_tensors, enable_pdl, window_left=window_left,
                                logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
                                rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode)
 

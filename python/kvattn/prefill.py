@@ -278,7 +278,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor,
                use_fp16_softmax=use_fp16_softmax, uses_spcompress=uses_spcompress)
         return self._run_paged(q, paged_kv_cache, args, q_scale, k_scale, v_scale, out, lse, return_lse,
-                               variant_scalars, variant_tensors, window_left=window_left,
+                               variant_scalars, variant_tensors, enable_pdl, window_left=window_left,
                                logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, rope_scale=rope_scale,
                                rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode, causal=causal)
 
@@ -452,7 +452,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         ks, vs, post = _core.scales_for(st.kv_dtype, q_scale, k_scale, v_scale)
         _core.check_variant_run(st, return_lse or lse is not None, post, type(self).__name__ + ".run")
         out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
-        _core.dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors)
+        _core.dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors, enable_pdl)
         _core.scale_output(out, st.total_rows, post)
         return (out, lse) if return_lse else out
 

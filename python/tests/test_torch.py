@@ -315,6 +315,47 @@ def test_runs_on_the_current_stream(rng):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_enable_pdl_layer_chain(rng, device):
+    """Layers back to back where each run's q is the previous run's output (directly, or through a torch op):
+    with enable_pdl on (the default) and off the chain gives the same bits, eagerly and, on CUDA, in a graph."""
+    lens, ps, hq, hkv, d = [700, 3, 1500, 40], 16, 16, 4, 128
+    B = len(lens)
+    cache, indptr, indices, last, _ = paged_case(rng, lens, ps, hkv, d, torch.bfloat16, device)
+    q0 = torch.randn(B, hq, d, device=device).to(torch.bfloat16)
+
+    def chain(wr, pdl, outs):
+        x = q0
+        for layer in range(outs.shape[0]):
+            wr.run(x if layer % 2 else x * 1.5, cache, out=outs[layer], enable_pdl=pdl)
+            x = outs[layer]
+        return outs
+
+    def fresh():
+        return torch.full((6, B, hq, d), float("nan"), device=device, dtype=torch.bfloat16)
+
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(ws(device))
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="bfloat16")
+    off = chain(w, False, fresh())
+    assert torch.equal(chain(w, True, fresh()), off)
+    assert torch.equal(chain(w, None, fresh()), off)
+    assert_close(np64(off[0]), _decode_ref(q0 * 1.5, cache, indptr, indices, lens), *TOL["bfloat16"])
+    if device == "cuda":
+        bufs = [torch.from_numpy(a).to(device) for a in (indptr, indices, last)]
+        wg = kvattn.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(device), *bufs)
+        wg.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="bfloat16")
+        want = chain(wg, False, fresh())  # a graph-mode plan may split otherwise than the eager one
+        torch.cuda.synchronize()
+        got = fresh()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            chain(wg, True, got)
+        got.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile(rng, device):
     lens, ps, hq, hkv, d = [5, 77, 16], 16, 8, 2, 64
     cache, indptr, indices, last, _ = paged_case(rng, lens, ps, hkv, d, torch.half, device)
