@@ -964,11 +964,12 @@ static void test_graph(kva_context* ctx) {
    each chain, so a call that read its q early reads NaN. graph: plan in graph mode (264 CTAs of 4 warps; idle CTAs
    exit at once and make room for the next call's CTAs); else an eager plan. */
 #define PDL_NC 6
-static void test_pdl(kva_context* ctx, const char* tag, int graph_plan) {
+static void test_pdl(kva_context* ctx, const char* tag, int graph_plan, int batch, int long_kv) {
     tcase c = base_case("pdl");
-    c.B = 5;
+    c.B = batch;
     c.max_kv = 900;
-    c.long_kv = quick ? 1800 : 7000; /* split KV: the fused merge's counters (or the merge kernel) in the chain */
+    c.long_kv = quick && long_kv > 1800 ? 1800 : long_kv; /* split KV: the fused merge's counters (or the merge
+                                                             kernel, or a cluster combine) in the chain */
     prob P;
     init_prob(&P, &c);
     prob_build(&P);
@@ -1471,8 +1472,10 @@ int main(int argc, char** argv) {
             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess)
             hg_device = major == 9 && minor == 0;
     }
-    test_pdl(ctx, "eager plan", 0);
-    test_pdl(ctx, "graph-mode plan", 1);
+    test_pdl(ctx, "eager plan", 0, 5, 7000);
+    test_pdl(ctx, "graph-mode plan", 1, 5, 7000);
+    test_pdl(ctx, "graph-mode plan, short", 1, 3, 1500); /* 24 units of <= 1500 tokens: clusters of 8 (H100, with
+                                                            KVATTN_CUDA_CLUSTER=8) take it */
     if (pdl_only) {
         kva_context_destroy(ctx);
         printf("%d passed, %d failed\n", npass, nfail);
@@ -1503,7 +1506,7 @@ int main(int argc, char** argv) {
                    hg_device ? "" : ": not a compute capability 9.0 device, the plans keep one head per item");
             hg_ctx = 1;
             test_decode_hg(hctx, nofused);
-            test_pdl(hctx, nofused ? "head groups, merge kernel" : "head groups", 0);
+            test_pdl(hctx, nofused ? "head groups, merge kernel" : "head groups", 0, 5, 7000);
             if (!nofused) {
                 test_fault(hctx, 0, 0);
                 test_fault(hctx, 1, 0);
