@@ -406,6 +406,7 @@ typedef struct config {
     int max_prompt, max_output;
     double arrival_interval;
     double tolerance;
+    int pdl; /* kva_run_args.enable_pdl */
 } config;
 
 static void config_defaults(config* c) {
@@ -437,6 +438,7 @@ static void config_defaults(config* c) {
     c->max_output = 512;
     c->arrival_interval = 1.0;
     c->tolerance = 0;
+    c->pdl = 1;
 }
 
 static void usage(FILE* f) {
@@ -477,6 +479,8 @@ static void usage(FILE* f) {
             "  --check-samples N     (request, head) rows per check and op (default %d)\n"
             "  --tolerance X         max allowed error relative to max(1,|ref|) (default: by o dtype)\n"
             "  --progress-every N    progress line to stderr every N steps, 0 = none (default %d)\n"
+            "  --pdl 0|1             attention with programmatic dependent launch (CUDA, compute capability 9.0+;\n"
+            "                        kva_run_args.enable_pdl; default 1)\n"
             "  -h, --help            this text\n",
             d.heads_q, d.heads_kv, d.head_dim, d.layers, d.page_size, d.pool_pages, d.max_batch,
             d.max_prefill_tokens, d.requests, d.prompt_median, d.prompt_sigma, d.max_prompt, d.output_median,
@@ -515,7 +519,7 @@ static void parse_args(int argc, char** argv, config* c) {
         O_HEADS_Q = 256, O_HEADS_KV, O_HEAD_DIM, O_LAYERS, O_PAGE_SIZE, O_DTYPE, O_KV_DTYPE, O_LAYOUT, O_MAX_BATCH,
         O_REQUESTS, O_STEPS, O_POOL_PAGES, O_SEED, O_BACKEND, O_THREADS, O_CHECK_EVERY, O_CHECK_SAMPLES,
         O_PROGRESS, O_MAX_PREFILL, O_PROMPT_MEDIAN, O_PROMPT_SIGMA, O_OUTPUT_MEDIAN, O_OUTPUT_SIGMA, O_MAX_PROMPT,
-        O_MAX_OUTPUT, O_ARRIVAL, O_TOLERANCE
+        O_MAX_OUTPUT, O_ARRIVAL, O_TOLERANCE, O_PDL
     };
     static const struct option opts[] = {
         {"heads-q", required_argument, 0, O_HEADS_Q},
@@ -545,6 +549,7 @@ static void parse_args(int argc, char** argv, config* c) {
         {"max-output", required_argument, 0, O_MAX_OUTPUT},
         {"arrival-interval", required_argument, 0, O_ARRIVAL},
         {"tolerance", required_argument, 0, O_TOLERANCE},
+        {"pdl", required_argument, 0, O_PDL},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -590,6 +595,7 @@ static void parse_args(int argc, char** argv, config* c) {
             case O_MAX_OUTPUT: c->max_output = (int)parse_long(name, optarg, 1, 1 << 24); break;
             case O_ARRIVAL: c->arrival_interval = parse_double(name, optarg, 0, 1e6); break;
             case O_TOLERANCE: c->tolerance = parse_double(name, optarg, 0, 1e6); break;
+            case O_PDL: c->pdl = (int)parse_long(name, optarg, 0, 1); break;
             case 'h': usage(stdout); exit(0);
             default: usage(stderr); exit(1);
         }
@@ -850,6 +856,7 @@ static void batch_run(app* a, batch* b, const kva_paged_kv* paged) {
     ra.paged = *paged;
     ra.k_scale = a->k_scale;
     ra.v_scale = a->v_scale;
+    ra.enable_pdl = c->pdl;
     if (b->op == KVA_OP_BATCH_DECODE) KVA_CHECK(kva_batch_decode_run(a->ctx, &b->plan, &b->ws, &ra));
     else KVA_CHECK(kva_batch_prefill_paged_run(a->ctx, &b->plan, &b->ws, &ra));
 }
