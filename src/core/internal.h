@@ -277,11 +277,11 @@ typedef struct kva__backend_ops {
        compiler log, KVA_ERR_UNSUPPORTED without a compiler. variant_release frees what compile made. */
     kva_status (*variant_compile)(kva_context* ctx, struct kva_variant* v);
     void (*variant_release)(kva_context* ctx, struct kva_variant* v);
-    /* Workers for a plan outside graph mode whose (query tile, KV head) units number `units` and read `tokens` KV
-       rows in all (per KV head), at most
-       ctx->num_workers (NULL: always ctx->num_workers). The planner keeps a smaller count only if the split then
-       gives each worker at most one item. Graph-mode plans keep ctx->num_workers: their grid must not depend on
-       the lengths. */
+    /* Workers for a plan whose (query tile, KV head) units number `units` and read `tokens` KV rows in all (per KV
+       head), at most ctx->num_workers (NULL: always ctx->num_workers). Outside graph mode the planner keeps a
+       smaller count only if the split then gives each worker at most one item. Graph-mode plans ask with the
+       bounds' units and tokens = -1 (unknown) and keep the answer whatever the lengths: their grid must not
+       depend on the lengths. */
     int32_t (*plan_workers)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int64_t units,
                             int64_t tokens);
     /* KV heads per unit for a plan outside graph mode (NULL: 1), given the validated params and the sum and maximum

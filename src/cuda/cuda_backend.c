@@ -170,7 +170,11 @@ static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attenti
    1 x 4k +4.4 %, 1 x 32k +1.1 %, 16 x 4k and 1 x 128k within +-0.6 %; batches with more units than SMs (64 x 1k:
    -6 % on one worker per SM) keep both, and so do batches whose chunks do not give one item per worker (the
    planner checks; D4 zipf lengths were 15 % slower on one worker per SM), and calls of more than 1024 rows per SM
-   that the 8-warp kernel does not stream (below). KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns it off (A/B). */
+   that the 8-warp kernel does not stream (below). Graph-mode plans ask with their bounds (tokens = -1): a graph of at
+   most one unit per SM for every batch under the bounds runs on one worker per SM with the 8-warp kernel, whatever
+   the lengths (H100, sequential A/B against 264 workers of 4 warps, session 20: D7 1 x 1k -3.1 % cold, 16 x 1k
+   -5.4 %, per layer of a 32-call graph with PDL -6.5 % / -5.7 %). KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns it off
+   (A/B). */
 /* The tensor-core decode kernels that have an 8-warp form the backend takes by default (head dim 128, 16-bit KV:
    kva__cuda_want_8_warps, and kva__cuda_plan_workers' choice of one worker per SM) */
 static bool kva__cuda_w8_key(const kva__kkey* k) {
@@ -197,7 +201,7 @@ static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attentio
         c.key.warps = 8;
         w8 = kva__kkey_smem(&c.key) <= (size_t)st->max_smem_optin;
     }
-    if (!w8 && tokens > 1024ll * st->num_sms) return ctx->num_workers;
+    if (!w8 && (tokens < 0 || tokens > 1024ll * st->num_sms)) return ctx->num_workers;
     return st->num_sms;
 }
 
@@ -364,14 +368,19 @@ static void kva__write_worker_heads(const kva__plan_data* plan, const kva_worksp
    then keeps twice the K/V bytes in flight and hides each warp's per-subtile instruction latency behind another's,
    without splitting the units further (which costs partials and merges). Interleaved A/B, H200
    (docs/kernels/decode.md): D1 16 x 4k +2.7 %, 1 x 32k +1.5 %, D4 uniform 16 x [512, 1024] +4.6 % faster,
-   16 x 1k and D4 zipf within noise; 1 x 4k (248 rows per worker) 2.1 % slower, hence the row floor. Graph-mode plans
-   keep every worker and 4 warps. KVATTN_BENCH_TC_WARPS=4 / 8: never / whenever it fits (A/B; 8 also in contexts of
-   one CTA per SM, where it then differs in rounding from graph replays of the same plan). */
+   16 x 1k and D4 zipf within noise; 1 x 4k (248 rows per worker) 2.1 % slower, hence the row floor (eager plans).
+   Graph-mode plans on one worker per SM (kva__cuda_plan_workers, from the bounds) take 8 warps without the floor:
+   their lengths change from plan to plan under one captured kernel. KVATTN_BENCH_TC_WARPS=4 / 8: never / whenever
+   it fits (A/B; 8 also in contexts of one CTA per SM, where it then differs in rounding from graph replays of the
+   same plan). */
 static int kva__cuda_want_8_warps(const kva__cuda_state* st, const kva__plan_data* plan, const kva__kkey* k) {
-    if (k->family != KVA__KF_DECODE_TC || st->tc_warps == 4 || plan->graph_mode || plan->num_workers > st->num_sms ||
+    if (k->family != KVA__KF_DECODE_TC || st->tc_warps == 4 || plan->num_workers > st->num_sms ||
         plan->num_workers <= 0 || plan->cluster_size > 0)
         return 0;
-    if (st->tc_warps == 8) return 1;
+    if (st->tc_warps == 8) return 1; /* (A/B: also graph-mode plans of one worker per SM: KVATTN_CUDA_CTAS_PER_SM=1) */
+    /* graph mode: wherever kva__cuda_plan_workers took one worker per SM from the bounds (the 8-warp key), whatever
+       the lengths, so that every plan of a graph runs the captured kernel */
+    if (plan->graph_mode) return st->ctas_per_sm >= 2 && kva__cuda_w8_key(k);
     /* only where kva__cuda_plan_workers took one worker per SM out of two: a context of one CTA per SM
        (KVATTN_CUDA_CTAS_PER_SM=1) plans graph mode on the same workers, and graph plans keep 4 warps, so eager plans
        there keep them too and the two agree bitwise */

@@ -638,6 +638,15 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         }
     }
     const int32_t W0 = pd->num_workers;
+    if (graph && pd->cluster_size <= 1 && pd->kv_head_group == 1 && ctx->ops->plan_workers) {
+        /* graph mode: the backend may plan every batch under the bounds on fewer workers, chosen from the bounds
+           alone (max_batch_size requests of ceil(g / tile_q) tiles per KV head; tokens unknown: -1), so every plan
+           of the graph has the same grid */
+        const int64_t units = (int64_t)params->max_batch_size *
+                              kva__ceil_div64(pd->group_size, pd->tile_q > 0 ? pd->tile_q : 1) * (int64_t)nd.num_kv_heads;
+        const int32_t w = ctx->ops->plan_workers(ctx, &nd, op, units, -1);
+        if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
+    }
     if (!graph && !pd->cluster_combine && pd->kv_head_group == 1 && ctx->ops->plan_workers) { /* the backend may plan a small batch on fewer workers */
         int64_t tokens = 0;
         for (int64_t i = 0; i < s.ntiles; ++i) tokens += s.tiles[i].hi - s.tiles[i].lo;
@@ -649,7 +658,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
     int32_t L = pd->cluster_combine ? L_cc : kva__choose_chunk(ctx, pd, params, &s);
     int64_t nsplit_tiles = 0, nsplit_chunks = 0, nchunks_tile = 0;
     kva__split_tiles(&s, L, params->fixed_split_size > 0, &nsplit_tiles, &nsplit_chunks, &nchunks_tile);
-    if (!pd->cluster_combine && pd->num_workers < W0 && nchunks_tile * H > pd->num_workers) {
+    if (!graph && !pd->cluster_combine && pd->num_workers < W0 && nchunks_tile * H > pd->num_workers) {
         /* fewer workers only where each then has at most one item: with skewed lengths the chunks do not pack
            (D4 zipf on 132 instead of 264 workers: 15 % slower), and all W0 workers balance them better */
         pd->num_workers = W0;
