@@ -38,7 +38,7 @@ static kva_status kva__check_plan(const kva_context* ctx, const kva_plan* plan, 
     KVA_RETURN_IF(pd->num_items < 0 || pd->num_items > pd->cap_items || pd->num_merge > pd->cap_merge ||
                       pd->num_partials > pd->cap_partials || pd->num_workers < 1 ||
                       pd->num_workers > ctx->num_workers ||
-                      (pd->graph_mode && pd->num_workers != (pd->cluster_size > 1 ? ctx->cluster_ctas : ctx->num_workers)),
+                      (pd->graph_mode && pd->cluster_size > 1 && pd->num_workers != ctx->cluster_ctas),
                   KVA_ERR_PLAN_MISMATCH, "run: the plan is inconsistent (corrupted?)");
     *out = pd;
     return KVA_OK;
