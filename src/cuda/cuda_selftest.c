@@ -904,7 +904,9 @@ static void test_graph(kva_context* ctx) {
     unsigned char* g2 = (unsigned char*)malloc((size_t)5 * HQ * D * 2);
     CU(cudaMemcpy(g1, o8, (size_t)5 * HQ * D * 2, cudaMemcpyDeviceToHost));
     CU(cudaMemsetAsync(o8, 0xff, (size_t)8 * HQ * D * 2, s));
-    st = kva_run(ctx, &planB, &W.w, &a);
+    kva_run_args a5 = a; /* the same buffers as the captured run, at plan B's 5 rows */
+    a5.q.shape[0] = a5.o.shape[0] = a5.lse.shape[0] = 5;
+    st = kva_run(ctx, &planB, &W.w, &a5);
     CHECK(st == KVA_OK, "graph: eager run of the graph-mode plan: %s", kva_last_error_message());
     CU(cudaStreamSynchronize(s));
     CU(cudaMemcpy(g2, o8, (size_t)5 * HQ * D * 2, cudaMemcpyDeviceToHost));
