@@ -46,6 +46,7 @@ typedef struct wl {
     int graph;  /* D7: time graph replays */
     int layers; /* D7 "32 layers" rows: one graph of this many calls on separate K/V pools, timed per call */
     int pdl;    /* kva_run_args.enable_pdl (D7 "32 layers, PDL" rows; KVATTN_BENCH_PDL=1: every row) */
+    int mixed;  /* "32 layers" rows (group MX): each layer runs an fp8-KV call of the same shape (another kernel) first */
     char group[16];
 } wl;
 
@@ -165,6 +166,18 @@ static void build_workloads(int quick, int extra) {
         w->graph = 1;
         w->layers = 32;
         w->pdl = 1;
+    }
+    /* a decode step where other kernels run between the attention calls: each layer first runs an fp8-KV call of
+       the same shape (a different kernel), so the measured kernel's code is no longer the last one the SMs ran;
+       time per layer = both calls (kvattn only) */
+    for (int pdl = 0; pdl <= 1; ++pdl) {
+        w = add("MX", pdl ? "D7 32 layers + fp8 call, PDL" : "D7 32 layers + fp8 call", 32, 8, 128, KVA_DTYPE_BF16,
+                16, 1);
+        uniform(w, 1024);
+        w->graph = 1;
+        w->layers = 32;
+        w->pdl = pdl;
+        w->mixed = 1;
     }
     if (extra) { /* --extra: small GQA 32/8 shapes around the planner's shortest chunk, eager ("X1") and graph ("X7") */
         static const int xs_[][2] = {{1, 256}, {1, 512}, {1, 2048}, {1, 8192}, {2, 1024}, {4, 1024}, {8, 512}, {2, 2048}};
@@ -351,7 +364,7 @@ static void capture_run(kva_context* ctx, wl_run* R, cudaStream_t s, cudaGraph_t
 /* D7 "32 layers" rows: L kva_run calls of one plan captured into one graph, call l on its own copy of the K/V pools
    (pools[2 (l - 1)], pools[2 (l - 1) + 1] for l >= 1; freed by the caller), as a decode step runs its layers */
 static void capture_layers(kva_context* ctx, wl_run* R, int L, cudaStream_t s, cudaGraph_t* graph,
-                           cudaGraphExec_t* exec, void** pools) {
+                           cudaGraphExec_t* exec, void** pools, const wl_run* other) {
     for (int l = 0; l < 2 * (L - 1); ++l) {
         CU(cudaMalloc(&pools[l], R->pool_bytes));
         CU(cudaMemcpy(pools[l], (l & 1) ? R->v : R->k, R->pool_bytes, cudaMemcpyDeviceToDevice));
@@ -364,6 +377,7 @@ static void capture_layers(kva_context* ctx, wl_run* R, int L, cudaStream_t s, c
             a.paged.k_data = pools[2 * (l - 1)];
             a.paged.v_data = pools[2 * (l - 1) + 1];
         }
+        if (other) KV(kva_run(ctx, &other->plan, &other->ws, &other->a)); /* MX rows: another kernel first */
         KV(kva_run(ctx, &R->plan, &R->ws, &a));
     }
     CU(cudaStreamEndCapture(s, graph));
@@ -608,7 +622,13 @@ int main(int argc, char** argv) {
         cudaGraph_t graph = NULL;
         const int L = w->layers > 1 ? w->layers : 1;
         void** lpools = L > 1 ? (void**)calloc((size_t)(2 * L), sizeof(void*)) : NULL;
-        if (L > 1) capture_layers(ctx, &R, L, s, &graph, &exec, lpools);
+        wl_run R2;
+        if (w->mixed) { /* the fp8-KV twin whose call runs before each layer's */
+            wl w2 = *w;
+            w2.kv = KVA_DTYPE_E4M3;
+            wl_setup(ctx, &w2, dsrc, src_bytes, s, &R2, NULL);
+        }
+        if (L > 1) capture_layers(ctx, &R, L, s, &graph, &exec, lpools, w->mixed ? &R2 : NULL);
         else if (w->graph) capture_run(ctx, &R, s, &graph, &exec);
         for (int it = -3; it < iters; ++it) {
             float t = time_once(ctx, &R, exec, s, it);
@@ -697,6 +717,7 @@ int main(int argc, char** argv) {
         fflush(stdout);
         free(times);
         wl_free(&R, 1);
+        if (w->mixed) wl_free(&R2, 1);
     }
     /* measured read ceiling: a device-to-device copy of 2 GB (read + write) */
     {

@@ -96,7 +96,7 @@ def main():
         # "D7 graph, 32 layers": one graph of 32 calls, each on its own K/V (a decode step's layers), per-call time
         layers = 32 if "32 layers" in r["name"] else 1
         uniform = len(set(lens)) == 1
-        if r["group"] == "BC":  # bounds-check A/B rows: kvattn only
+        if r["group"] in ("BC", "MX"):  # bounds-check A/B rows, mixed-kernel decode steps: kvattn only
             results.append(res)
             continue
         torch.manual_seed(0)
