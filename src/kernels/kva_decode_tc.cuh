@@ -244,7 +244,9 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     int* const s_flag = s_sbad + TC_NW * TC_ST;                    /* [4] */
 
     const unsigned flags = p.flags;
+#if !(KVA_TC_EXP & 256)
     kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh): the next kernel may start its CTAs */
+#endif
 #if TC_CC
     /* cluster combine (KVK_FLAG_CLUSTER): this CTA's mbarrier for the partial slices other ranks push into its shared
        memory, initialised before any rank can push (every thread arrives on the cluster barrier here; a pushing
@@ -1160,6 +1162,9 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         __syncthreads(); /* s_comb, s_md, s_flag are reused by the next item */
         TC_TR(9, 0);
     }
+#if KVA_TC_EXP & 256 /* A/B: the next kernel may start once this CTA's items are done (not at its start) */
+    kva_pdl_start();
+#endif
     KVA_CP_ASYNC_WAIT(0);
 #if KVA_TC_TRACE
     if (tid == 0 && p.trace) {
