@@ -438,7 +438,7 @@ static void config_defaults(config* c) {
     c->max_output = 512;
     c->arrival_interval = 1.0;
     c->tolerance = 0;
-    c->pdl = 1;
+    c->pdl = 0;
 }
 
 static void usage(FILE* f) {
@@ -480,7 +480,8 @@ static void usage(FILE* f) {
             "  --tolerance X         max allowed error relative to max(1,|ref|) (default: by o dtype)\n"
             "  --progress-every N    progress line to stderr every N steps, 0 = none (default %d)\n"
             "  --pdl 0|1             attention with programmatic dependent launch (CUDA, compute capability 9.0+;\n"
-            "                        kva_run_args.enable_pdl; default 1)\n"
+            "                        kva_run_args.enable_pdl; default 0: this loop synchronises around every call\n"
+            "                        to time it, so there is nothing to overlap; 1 checks the launch path)\n"
             "  -h, --help            this text\n",
             d.heads_q, d.heads_kv, d.head_dim, d.layers, d.page_size, d.pool_pages, d.max_batch,
             d.max_prefill_tokens, d.requests, d.prompt_median, d.prompt_sigma, d.max_prompt, d.output_median,
