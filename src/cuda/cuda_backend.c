@@ -188,7 +188,7 @@ static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attentio
         st->ctas_per_sm < 2 || units > st->num_sms)
         return ctx->num_workers;
     /* Whether the 8-warp tensor-core kernel will stream the plan (kva__cuda_want_8_warps: head dim 128, 16-bit KV, its
-       shared memory fits; at least 512 rows per worker). One CTA of 4 warps per SM keeps half the bytes in flight:
+       shared memory fits). One CTA of 4 warps per SM keeps half the bytes in flight:
        fine for small calls (1 x 4k 5.8 % and 16 x 1k 8.3 % faster than two CTAs per SM, session 9), slower from about
        2000 K/V rows per SM (fp8 1 x 32k 5 % and 1 x 128k 1 % slower). With 8 warps one CTA per SM is the faster plan
        at every size measured: 1 x 128k 4.3 % faster than 264 workers on the H200, 0.3-0.6 % on the H100 (session 17:
@@ -368,11 +368,12 @@ static void kva__write_worker_heads(const kva__plan_data* plan, const kva_worksp
    then keeps twice the K/V bytes in flight and hides each warp's per-subtile instruction latency behind another's,
    without splitting the units further (which costs partials and merges). Interleaved A/B, H200
    (docs/kernels/decode.md): D1 16 x 4k +2.7 %, 1 x 32k +1.5 %, D4 uniform 16 x [512, 1024] +4.6 % faster,
-   16 x 1k and D4 zipf within noise; 1 x 4k (248 rows per worker) 2.1 % slower, hence the row floor (eager plans).
-   Graph-mode plans on one worker per SM (kva__cuda_plan_workers, from the bounds) take 8 warps without the floor:
-   their lengths change from plan to plan under one captured kernel. KVATTN_BENCH_TC_WARPS=4 / 8: never / whenever
-   it fits (A/B; 8 also in contexts of one CTA per SM, where it then differs in rounding from graph replays of the
-   same plan). */
+   16 x 1k and D4 zipf within noise. A floor of 512 rows per worker (1 x 4k 2.1 % slower on 8 warps, H200, session
+   11) went in session 20: below it 8 warps were faster on both GPUs (sequential A/B, H200: 1 x 1k -4.1 %, 1 x 4k
+   -4.2 %, small batches of 1-8 requests -2.6 to -4.5 %; H100: -2.2 to -3.8 %, 4 x 1k +0.3 %, 8 x 512 +1.8 %). Graph-
+   mode plans on one worker per SM (kva__cuda_plan_workers, from the bounds) take 8 warps the same way, whatever the
+   lengths of each plan under the captured kernel. KVATTN_BENCH_TC_WARPS=4 / 8: never / whenever it fits (A/B; 8 also
+   in contexts of one CTA per SM, where it then differs in rounding from graph replays of the same plan). */
 static int kva__cuda_want_8_warps(const kva__cuda_state* st, const kva__plan_data* plan, const kva__kkey* k) {
     if (k->family != KVA__KF_DECODE_TC || st->tc_warps == 4 || plan->num_workers > st->num_sms ||
         plan->num_workers <= 0 || plan->cluster_size > 0)
@@ -385,9 +386,7 @@ static int kva__cuda_want_8_warps(const kva__cuda_state* st, const kva__plan_dat
        (KVATTN_CUDA_CTAS_PER_SM=1) plans graph mode on the same workers, and graph plans keep 4 warps, so eager plans
        there keep them too and the two agree bitwise */
     if (st->ctas_per_sm < 2) return 0;
-    const int64_t rows_per_worker =
-        plan->total_kv_tokens * (int64_t)plan->desc.num_kv_heads / (int64_t)plan->num_workers;
-    return kva__cuda_w8_key(k) && rows_per_worker >= 512;
+    return kva__cuda_w8_key(k);
 }
 
 static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, const kva_workspace* ws, void* stream) {
