@@ -379,14 +379,10 @@ static int kva__cuda_want_8_warps(const kva__cuda_state* st, const kva__plan_dat
         plan->num_workers <= 0 || plan->cluster_size > 0)
         return 0;
     if (st->tc_warps == 8) return 1; /* (A/B: also graph-mode plans of one worker per SM: KVATTN_CUDA_CTAS_PER_SM=1) */
-    /* graph mode: wherever kva__cuda_plan_workers took one worker per SM from the bounds (the 8-warp key), whatever
-       the lengths, so that every plan of a graph runs the captured kernel */
-    if (plan->graph_mode) return st->ctas_per_sm >= 2 && kva__cuda_w8_key(k);
-    /* only where kva__cuda_plan_workers took one worker per SM out of two: a context of one CTA per SM
-       (KVATTN_CUDA_CTAS_PER_SM=1) plans graph mode on the same workers, and graph plans keep 4 warps, so eager plans
-       there keep them too and the two agree bitwise */
-    if (st->ctas_per_sm < 2) return 0;
-    return kva__cuda_w8_key(k);
+    /* only where kva__cuda_plan_workers took one worker per SM out of two (graph mode: from the bounds, so every plan
+       of a graph runs the captured kernel whatever its lengths): a context of one CTA per SM
+       (KVATTN_CUDA_CTAS_PER_SM=1) keeps 4 warps, in graph and eager plans alike, so the two agree bitwise */
+    return st->ctas_per_sm >= 2 && kva__cuda_w8_key(k);
 }
 
 static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, const kva_workspace* ws, void* stream) {
