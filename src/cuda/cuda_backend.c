@@ -95,46 +95,27 @@ static void kva__cluster_config(CUlaunchConfig* cfg, CUlaunchAttribute* at, unsi
     cfg->numAttrs = 1;
 }
 
-/* a launch in thread-block clusters of `cluster` CTAs along x (grid a multiple of it; cuLaunchKernelEx), with
-   programmatic stream serialisation when pdl (kva__launch_x) */
-static kva_status kva__launch_cluster(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
-                                      CUstream s, void* params, unsigned cluster, int pdl, const char* what) {
-    KVA_RETURN_IF(!st->cu->LaunchKernelEx || cluster < 2 || grid % cluster != 0, KVA_ERR_INTERNAL,
-                  "%s: a cluster launch of %u CTAs in clusters of %u is not possible here", what, grid, cluster);
+/* a launch through cuLaunchKernelEx: in thread-block clusters of `cluster` CTAs along x when cluster > 0 (grid a
+   multiple of it), with programmatic stream serialisation when pdl (kva_run_args.enable_pdl, and the kernel waits
+   for its predecessors: kva__kentry.pdl), so that its CTAs may start while the previous kernel of the stream
+   finishes. Neither: a plain launch */
+static kva_status kva__launch_ex(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
+                                 CUstream s, void* params, void* tma, unsigned cluster, int pdl, const char* what) {
+    if (!pdl && cluster == 0) return kva__launch_n(st, f, grid, threads, smem, s, params, tma, what);
+    KVA_RETURN_IF(!st->cu->LaunchKernelEx || cluster == 1 || (cluster > 0 && grid % cluster != 0), KVA_ERR_INTERNAL,
+                  "%s: a launch of %u CTAs (clusters of %u, programmatic serialisation %d) is not possible here", what,
+                  grid, cluster, pdl);
     CUlaunchAttribute at[2];
     CUlaunchConfig cfg;
     kva__cluster_config(&cfg, &at[0], grid, threads, smem, s, cluster);
+    if (cluster == 0) cfg.numAttrs = 0;
     if (pdl) {
-        memset(&at[1], 0, sizeof at[1]);
-        at[1].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        at[1].value.programmaticStreamSerializationAllowed = 1;
-        cfg.numAttrs = 2;
+        CUlaunchAttribute* a = &at[cfg.numAttrs];
+        memset(a, 0, sizeof *a);
+        a->id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        a->value.programmaticStreamSerializationAllowed = 1;
+        cfg.numAttrs++;
     }
-    void* args[1] = {params};
-    KVA_CU_TRY(st->cu, st->cu->LaunchKernelEx(&cfg, f, args, NULL), what);
-    return KVA_OK;
-}
-
-/* a launch of one of kva_run's kernels: with pdl (kva_run_args.enable_pdl, and the kernel waits for its predecessors:
-   kva__kentry.pdl), through cuLaunchKernelEx with programmatic stream serialisation, so that its CTAs may start while
-   the previous kernel of the stream finishes; otherwise a plain launch */
-static kva_status kva__launch_x(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
-                                CUstream s, void* params, void* tma, int pdl, const char* what) {
-    if (!pdl) return kva__launch_n(st, f, grid, threads, smem, s, params, tma, what);
-    CUlaunchAttribute at;
-    memset(&at, 0, sizeof at);
-    at.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    at.value.programmaticStreamSerializationAllowed = 1;
-    CUlaunchConfig cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDimX = grid;
-    cfg.gridDimY = cfg.gridDimZ = 1;
-    cfg.blockDimX = threads;
-    cfg.blockDimY = cfg.blockDimZ = 1;
-    cfg.sharedMemBytes = smem;
-    cfg.hStream = s;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
     void* args[2] = {params, tma};
     KVA_CU_TRY(st->cu, st->cu->LaunchKernelEx(&cfg, f, args, NULL), what);
     return KVA_OK;
@@ -776,25 +757,24 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
         vmp.base = mp;
         vmp.vp = vpar;
         if (graph || pd->num_items > 0)
-            status = kva__launch_x(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &vpp, NULL,
-                                   pdl, "run: launching the variant's attention kernel");
+            status = kva__launch_ex(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &vpp, NULL,
+                                    0u, pdl, "run: launching the variant's attention kernel");
         if (status == KVA_OK && (graph || pd->num_merge > 0))
-            status = kva__launch_x(st, ke->fn_vmerge, (unsigned)pd->num_workers, KVK_THREADS, 0, s, &vmp, NULL, pdl,
-                                   "run: launching the variant's merge kernel");
+            status = kva__launch_ex(st, ke->fn_vmerge, (unsigned)pd->num_workers, KVK_THREADS, 0, s, &vmp, NULL, 0u,
+                                    pdl, "run: launching the variant's merge kernel");
         kva__leave(st, pushed);
         return status;
     }
-    if ((graph || pd->num_items > 0) && cluster > 1)
-        status = kva__launch_cluster(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
-                                     cluster, pdl, "run: launching the attention kernel in clusters");
-    else if (graph || pd->num_items > 0)
-        status = kva__launch_x(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
-                               (pfw || hg) ? (void*)&tm : NULL, pdl, "run: launching the attention kernel");
+    if (graph || pd->num_items > 0)
+        status = kva__launch_ex(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
+                                (pfw || hg) ? (void*)&tm : NULL, cluster > 1 ? (unsigned)cluster : 0u, pdl,
+                                cluster > 1 ? "run: launching the attention kernel in clusters"
+                                            : "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
         unsigned mgrid = (unsigned)pd->num_workers;
         if (!graph && pd->num_merge < pd->num_workers) mgrid = (unsigned)pd->num_merge;
-        status = kva__launch_x(st, st->fn_merge_partials, mgrid, KVK_THREADS, 0, s, &mp, NULL,
-                               a->enable_pdl != 0 && st->merge_pdl, "run: launching the merge kernel");
+        status = kva__launch_ex(st, st->fn_merge_partials, mgrid, KVK_THREADS, 0, s, &mp, NULL, 0u,
+                                a->enable_pdl != 0 && st->merge_pdl, "run: launching the merge kernel");
     }
     kva__leave(st, pushed);
     return status;
