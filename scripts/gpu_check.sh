@@ -52,7 +52,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_ver
 (command -v nvcc >/dev/null && nvcc --version | tail -2) || echo "nvcc: not on PATH"
 python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'cuDNN', torch.backends.cudnn.version(), torch.cuda.get_device_name(0))" || true
 python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>/dev/null || echo "flashinfer: not importable"
-git rev-parse --short HEAD 2>/dev/null && export KVA_COMMIT=$(git rev-parse --short HEAD 2>/dev/null)
+# KVA_COMMIT given by the caller wins (the device copy's git metadata can be stale)
+if [ -n "${KVA_COMMIT:-}" ]; then echo "commit (given): $KVA_COMMIT"; export KVA_COMMIT
+else git rev-parse --short HEAD 2>/dev/null && export KVA_COMMIT=$(git rev-parse --short HEAD 2>/dev/null); fi
 if [ ! -x "$BUILD/kva_cuda_selftest" ]; then
     echo "no $BUILD/kva_cuda_selftest: build with cmake -S . -B $BUILD -DKVA_CUDA=ON and carry $BUILD"
     exit 2
