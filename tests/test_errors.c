@@ -258,6 +258,54 @@ static void test_baseline(void) {
     h_buf_upload(&F.lse);
 }
 
+/* A step with no requests (batch_size 0): decode and paged prefill, eager and graph mode, plan and run succeed with
+   zero-row q / o / lse (NULL data, as PyTorch gives for empty CUDA tensors, or the fixture's buffers), and nothing
+   is written. */
+static void test_empty_batch(void) {
+    int32_t zero[1] = {0};
+    fx_snap();
+    for (int graph = 0; graph < 2; ++graph) {
+        for (int dec = 0; dec < 2; ++dec) {
+            const kva_op op = dec ? KVA_OP_BATCH_DECODE : KVA_OP_BATCH_PREFILL_PAGED;
+            kva_plan_params p;
+            kva_plan_params_init(&p);
+            p.batch_size = 0;
+            p.qo_indptr = dec ? NULL : zero;
+            p.kv_indptr = zero;
+            p.kv_last_page_len = NULL;
+            p.page_size = PS;
+            p.num_pages = NPAGES;
+            if (graph) {
+                p.graph_mode = 1;
+                p.max_batch_size = B;
+                p.max_total_qo_rows = dec ? B : ROWS;
+            }
+            size_t db = 0, hb = 0;
+            kva_status st = graph ? kva_workspace_bound(F.ctx, &F.d, op, B, dec ? B : ROWS, &db, &hb)
+                                  : kva_plan_workspace_size(F.ctx, &F.d, op, &p, &db, &hb);
+            h_ws w;
+            h_ws_alloc(&w, db + 256, hb + 256);
+            kva_plan pl;
+            if (st == KVA_OK) st = kva_plan_make(F.ctx, &F.d, op, &p, &w.ws, &pl, NULL);
+            H_CHECK(st == KVA_OK, "empty batch (%s, %s): plan: %s: %s", dec ? "decode" : "paged prefill",
+                    graph ? "graph mode" : "eager", kva_status_string(st), kva_last_error_message());
+            for (int nul = 0; nul < 2 && st == KVA_OK; ++nul) {
+                kva_run_args a = F.args;
+                a.q = t3(nul ? NULL : h_buf_dp(&F.q), KVA_DTYPE_F16, 0, HQ, D);
+                a.o = t3(nul ? NULL : h_buf_dp(&F.o), KVA_DTYPE_F16, 0, HQ, D);
+                a.lse = kva_tensor_make(nul ? NULL : h_buf_dp(&F.lse), KVA_DTYPE_F32, 2, 0, HQ, 0, 0);
+                kva_status sr = kva_run(F.ctx, &pl, &w.ws, &a); /* (fx_same's downloads synchronise) */
+                const char* which = "";
+                H_CHECK(sr == KVA_OK && fx_same(&which), "empty batch (%s, %s, %s data): run: %s: %s%s%s",
+                        dec ? "decode" : "paged prefill", graph ? "graph mode" : "eager", nul ? "NULL" : "buffer",
+                        kva_status_string(sr), kva_last_error_message(), sr == KVA_OK ? "; modified: " : "",
+                        sr == KVA_OK ? which : "");
+            }
+            h_ws_free(&w);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 
 static void test_context_and_desc(void) {
@@ -1118,6 +1166,7 @@ int main(int argc, char** argv) {
     h_init(argc, argv, "test_errors");
     fx_init();
     test_baseline();
+    test_empty_batch();
     test_context_and_desc();
     test_plan();
     test_run();

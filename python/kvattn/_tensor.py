@@ -212,8 +212,19 @@ def shape_of(x: Any) -> Tuple[int, ...]:
     return tuple(int(s) for s in x.shape)
 
 
+def _c_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc)
+        acc *= max(int(n), 1)
+    return tuple(reversed(st))
+
+
 def strides_of(x: Any, what: str = "tensor") -> Tuple[int, ...]:
-    """Element strides (ValueError on negative or fractional strides)."""
+    """Element strides (ValueError on negative or fractional strides). An array with no elements gets the strides of
+    a C-contiguous array of its shape (NumPy reports zeros for it; nothing is ever read through them)."""
+    if any(int(n) == 0 for n in x.shape):
+        return _c_strides(shape_of(x))
     if is_torch(x):
         st = x.stride()  # a tuple of ints
         if st and min(st) >= 0:

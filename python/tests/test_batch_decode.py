@@ -248,3 +248,17 @@ def test_fast_decode_plan(rng):
     w2.plan = fast_decode_plan.__get__(w2)  # how engines monkey-patch it
     w2.plan(None, indices, last, hq, hkv, d, ps, q_data_type="float32", global_override_indptr_cpu=indptr)
     np.testing.assert_array_equal(w2.run(q, cache), ref)
+
+
+def test_decode_batch_of_zero_requests(rng):
+    # a step with no decode requests: empty outputs, no error (NumPy reports zero strides for empty arrays)
+    cache = rng.standard_normal((4, 2, 16, 2, 64)).astype(np.float32)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(), kv_layout="NHD")
+    w.plan(np.array([0], np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32), 8, 2, 64, 16,
+           q_data_type="float32")
+    q = rng.standard_normal((0, 8, 64)).astype(np.float32)
+    o, lse = w.run(q, cache, return_lse=True)
+    assert o.shape == (0, 8, 64) and lse.shape == (0, 8)
+    # the same wrapper then serves a real step
+    res = _run_decode(rng, [3, 20], 16, 8, 2, 64)
+    _check(*res, [3, 20], "NHD", np.float32)

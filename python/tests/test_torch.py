@@ -58,6 +58,26 @@ def test_batch_decode(rng, device, dtype, layout, group):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_batch_decode_zero_requests(rng, device):
+    """A step with no decode requests (empty tensors: a NULL data pointer on CUDA) returns empty outputs."""
+    dt = torch.float16 if device == "cuda" else torch.float32
+    cache, indptr, indices, last, _ = paged_case(rng, [7, 40], 16, 2, 64, dt, device)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(ws(device))
+    w.plan(np.array([0], np.int32), np.zeros(0, np.int32), np.zeros(0, np.int32), 8, 2, 64, 16, q_data_type=dt)
+    o, lse = w.run(torch.empty(0, 8, 64, device=device, dtype=dt), cache, return_lse=True)
+    assert tuple(o.shape) == (0, 8, 64) and tuple(lse.shape) == (0, 8)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    # the wrapper then serves a real step
+    q = torch.randn(2, 8, 64, device=device).to(dt)
+    w.plan(torch.from_numpy(indptr), torch.from_numpy(indices).to(device), torch.from_numpy(last), 8, 2, 64, 16,
+           q_data_type=dt)
+    o = w.run(q, cache)
+    atol, rtol = TOL["float16" if device == "cuda" else "float32"]
+    assert_close(np64(o), _decode_ref(q, cache, indptr, indices, [7, 40]), atol, rtol, what="after the empty step")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("feature", [dict(causal=True), dict(causal=True, pos_encoding_mode="ROPE_LLAMA"),
                                      dict(causal=True, logits_soft_cap=5.0, window_left=20),
                                      dict(causal=False, pos_encoding_mode="ALIBI")])
