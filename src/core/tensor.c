@@ -26,9 +26,9 @@ kva_status kva__check_tensor(const char* name, const kva_tensor* t, kva_dtype dt
                              const int64_t* shape) {
     KVA_RETURN_IF(!t, KVA_ERR_INVALID_ARGUMENT, "%s: tensor descriptor is NULL", name);
     /* a tensor with no elements may have a NULL pointer (PyTorch's empty CUDA tensors do): nothing is read or written */
-    int64_t numel = 1;
-    for (int i = 0; i < ndim; ++i) numel *= shape[i] > 0 ? shape[i] : 0;
-    KVA_RETURN_IF(!t->data && numel > 0, KVA_ERR_INVALID_ARGUMENT, "%s: data pointer is NULL", name);
+    int empty = 0;
+    for (int i = 0; i < ndim; ++i) empty |= shape[i] <= 0;
+    KVA_RETURN_IF(!t->data && !empty, KVA_ERR_INVALID_ARGUMENT, "%s: data pointer is NULL", name);
     KVA_RETURN_IF(t->dtype != dtype, KVA_ERR_PLAN_MISMATCH, "%s: dtype %s, expected %s", name,
                   kva_dtype_name(t->dtype), kva_dtype_name(dtype));
     /* Accept a tensor with the expected number of dims, or leading dims of size 1 folded in. */

@@ -95,14 +95,15 @@ static void kva__cluster_config(CUlaunchConfig* cfg, CUlaunchAttribute* at, unsi
     cfg->numAttrs = 1;
 }
 
-/* a launch through cuLaunchKernelEx: in thread-block clusters of `cluster` CTAs along x when cluster > 0 (grid a
+/* a launch through cuLaunchKernelEx: in thread-block clusters of `cluster` CTAs along x when cluster > 1 (grid a
    multiple of it), with programmatic stream serialisation when pdl (kva_run_args.enable_pdl, and the kernel waits
    for its predecessors: kva__kentry.pdl), so that its CTAs may start while the previous kernel of the stream
    finishes. Neither: a plain launch */
 static kva_status kva__launch_ex(kva__cuda_state* st, CUfunction f, unsigned grid, unsigned threads, unsigned smem,
                                  CUstream s, void* params, void* tma, unsigned cluster, int pdl, const char* what) {
+    if (cluster < 2) cluster = 0;
     if (!pdl && cluster == 0) return kva__launch_n(st, f, grid, threads, smem, s, params, tma, what);
-    KVA_RETURN_IF(!st->cu->LaunchKernelEx || cluster == 1 || (cluster > 0 && grid % cluster != 0), KVA_ERR_INTERNAL,
+    KVA_RETURN_IF(!st->cu->LaunchKernelEx || (cluster > 0 && grid % cluster != 0), KVA_ERR_INTERNAL,
                   "%s: a launch of %u CTAs (clusters of %u, programmatic serialisation %d) is not possible here", what,
                   grid, cluster, pdl);
     CUlaunchAttribute at[2];
@@ -767,7 +768,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     }
     if (graph || pd->num_items > 0)
         status = kva__launch_ex(st, ke->fn, grid, threads, (unsigned)pd->backend_data[KVA__BD_SMEM], s, &p,
-                                (pfw || hg) ? (void*)&tm : NULL, cluster > 1 ? (unsigned)cluster : 0u, pdl,
+                                (pfw || hg) ? (void*)&tm : NULL, cluster, pdl,
                                 cluster > 1 ? "run: launching the attention kernel in clusters"
                                             : "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
