@@ -136,6 +136,12 @@ fi
 
 section "2b. CUDA selftest (decode matrix, prefill, graph replay after re-plan, faults, append, merges)"
 run_step "kva_cuda_selftest" 120 0 "$BUILD/kva_cuda_selftest" --verbose
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+if [ "${NGPU:-0}" -ge 2 ]; then
+    # a context and buffers on device 1, the decode matrix's calls made with device 0 current (python/tests ran
+    # test_second_device_while_current_is_first above)
+    run_step "kva_cuda_selftest --device 1 [caller on device 0]" 120 5 "$BUILD/kva_cuda_selftest" --device 1
+fi
 
 section "2c. NVRTC: covering set of kernel variants (sm_80, sm_90a), spill check"
 if [ -x "$BUILD/kva_cuda_jit_test" ]; then run_step "kva_cuda_jit_test" 120 20 "$BUILD/kva_cuda_jit_test"; fi

@@ -334,6 +334,83 @@ def test_runs_on_the_current_stream(rng):
     assert_close(np64(o), _decode_ref(q, cache, indptr, indices, lens), *TOL["float16"])
 
 
+needs_two_gpus = pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2,
+                                    reason="needs two CUDA devices (torch.cuda.device_count() < 2)")
+
+
+@needs_two_gpus
+def test_second_device_while_current_is_first(rng):
+    """Tensors on cuda:1 while torch's current device is cuda:0 (a serving engine's second worker): plan and run
+    go to cuda:1's context and stream, match the reference, and leave the current device alone; then a CUDA graph
+    captured on cuda:1 replays a re-plan."""
+    torch.cuda.set_device(0)
+    dev = "cuda:1"
+    lens, ps, hq, hkv, d = [0, 1, 77, 700, 2500], 16, 28, 4, 128  # group 7, split-KV on the long request
+    cache, indptr, indices, last, _ = paged_case(rng, lens, ps, hkv, d, torch.bfloat16, dev)
+    q = torch.randn(len(lens), hq, d, device=dev).to(torch.bfloat16)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(ws(dev))
+    w.plan(torch.from_numpy(indptr), torch.from_numpy(indices).to(dev), torch.from_numpy(last), hq, hkv, d, ps,
+           q_data_type=torch.bfloat16)
+    o, lse = w.run(q, cache, return_lse=True)
+    assert o.device == torch.device(dev) and lse.device == torch.device(dev)
+    assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(dev)
+    assert_close(np64(o), _decode_ref(q, cache, indptr, indices, lens), *TOL["bfloat16"], what="cuda:1 decode")
+    assert np.all(np.isneginf(np64(lse[0]))) and np.all(np64(o[0]) == 0), "empty request: o = 0, lse = -inf"
+
+    # paged prefill (causal) on cuda:1
+    qo_lens = [3, 1, 20, 5, 9]
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    qp = torch.randn(int(qo_indptr[-1]), hq, d, device=dev).to(torch.bfloat16)
+    lens_p = [3, 1, 77, 700, 2500]
+    cache_p, indptr_p, indices_p, last_p, _ = paged_case(rng, lens_p, ps, hkv, d, torch.bfloat16, dev)
+    wp = kvattn.BatchPrefillWithPagedKVCacheWrapper(ws(dev))
+    wp.plan(torch.from_numpy(qo_indptr), torch.from_numpy(indptr_p), torch.from_numpy(indices_p).to(dev),
+            torch.from_numpy(last_p), hq, hkv, d, ps, causal=True, q_data_type=torch.bfloat16)
+    op = wp.run(qp, cache_p)
+    assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(dev)
+    cc = np64(cache_p)
+    for b, n in enumerate(lens_p):
+        k, v = gather_kv(cc[:, 0], cc[:, 1], indptr_p, indices_p, b, n)
+        rs = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+        ro, _ = attention(np64(qp[rs]), k, v, causal=True)
+        assert_close(np64(op[rs]), ro, *TOL["bfloat16"], what="cuda:1 prefill req %d" % b)
+
+    # graph capture on cuda:1 (capture needs the device current), re-plan, replay
+    B, P = 3, 80
+    with torch.cuda.device(1):
+        bufs = [torch.zeros(B + 1, dtype=torch.int32, device=dev), torch.zeros(P, dtype=torch.int32, device=dev),
+                torch.zeros(B, dtype=torch.int32, device=dev)]
+        wg = kvattn.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws(dev), *bufs)
+        gcache = torch.randn(P, 2, ps, hkv, d, device=dev).half()
+        gq = torch.randn(B, hq, d, device=dev).half()
+        gout = torch.empty(B, hq, d, device=dev, dtype=torch.half)
+
+        def table(ls):
+            pages = [(n + ps - 1) // ps for n in ls]
+            ip = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+            return ip, rng.permutation(P)[: ip[-1]].astype(np.int32), \
+                np.array([((n - 1) % ps) + 1 if n else 1 for n in ls], np.int32)
+
+        t = table([9, 300, 40])
+        wg.plan(*t, hq, hkv, d, ps, q_data_type=torch.float16)
+        wg.run(gq, gcache, out=gout)
+        torch.cuda.synchronize(dev)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            wg.run(gq, gcache, out=gout)
+        for ls in ([1000, 0, 7], [16, 17, 1200]):
+            t = table(ls)
+            wg.plan(*t, hq, hkv, d, ps, q_data_type=torch.float16)
+            gout.fill_(float("nan"))
+            g.replay()
+            torch.cuda.synchronize(dev)
+            assert_close(np64(gout), _decode_ref(gq, gcache, t[0], t[1], ls), *TOL["float16"],
+                         what="cuda:1 graph replay %s" % ls)
+    assert torch.cuda.current_device() == 0
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_enable_pdl_layer_chain(rng, device):
     """Layers back to back where each run's q is the previous run's output (directly, or through a torch op):

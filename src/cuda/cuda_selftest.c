@@ -16,8 +16,10 @@
  *   pdl      chains of calls where each reads the previous one's output, with programmatic dependent launch (eager and
  *            in a graph; tensor-core, head-group and merge kernels): equal to the chain without it, bit for bit;
  *   append / merge_state / merge_states small checks.
- * Usage: kva_cuda_selftest [--quick] [--verbose] [--cpu] [--pdl-only] (--cpu: the same checks on the CPU backend,
- * which validates this file's reference; no GPU needed; --pdl-only: only the default context's PDL chains).
+ * Usage: kva_cuda_selftest [--quick] [--verbose] [--cpu] [--pdl-only] [--device N [--caller-device M]] (--cpu: the
+ * same checks on the CPU backend, which validates this file's reference; no GPU needed; --pdl-only: only the default
+ * context's PDL chains; --device: the context and buffers on device N, the decode matrix's kvattn calls made while
+ * device M (default 0) is the runtime's current device).
  * Prints "N passed, N failed" last.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -88,6 +90,22 @@ static void dset(void* p, int v, size_t n) {
 }
 static void dsync(void) {
     if (!cpu_mode) CU(cudaDeviceSynchronize());
+}
+
+/* --device N: the context (kva_context_options.device) and every buffer on device N. The decode matrix then calls
+   kva_plan_make, kva_run and kva_read_faults while the runtime's current device is --caller-device M (default 0 for
+   N > 0), as a serving engine's thread for another device may: kvattn must use its own device's context and stream
+   and leave the caller's current device as it was. */
+static int data_dev = -1, call_dev = -1;
+static void to_call(void) {
+    if (call_dev >= 0) CU(cudaSetDevice(call_dev));
+}
+static void to_data(const char* name) {
+    if (call_dev < 0) return;
+    int cur = -1;
+    CU(cudaGetDevice(&cur));
+    CHECK(cur == call_dev, "%s: the caller's current device changed from %d to %d", name, call_dev, cur);
+    CU(cudaSetDevice(data_dev));
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -622,7 +640,9 @@ static void run_case(kva_context* ctx, const tcase* c) {
     ws_t W;
     ws_alloc(ctx, &P.d, c->op, &pp, &W, 0, 0);
     kva_plan plan;
+    to_call();
     kva_status st = kva_plan_make(ctx, &P.d, c->op, &pp, &W.w, &plan, NULL);
+    to_data(c->name);
     if (st == KVA_ERR_UNSUPPORTED) {
         printf("  %s: unsupported (%s)\n", c->name, kva_last_error_message());
     } else {
@@ -631,7 +651,9 @@ static void run_case(kva_context* ctx, const tcase* c) {
             kva_run_args a;
             fill_args(&P, &a, NULL, NULL);
             dset(P.o, 0xff, (size_t)P.total_rows * c->hq * c->D * dsize(c->ot));
+            to_call();
             st = kva_run(ctx, &plan, &W.w, &a);
+            to_data(c->name);
             CHECK(st == KVA_OK, "%s: run: %s", c->name, kva_last_error_message());
             dsync();
             kva_plan_info info;
@@ -643,7 +665,10 @@ static void run_case(kva_context* ctx, const tcase* c) {
             CHECK(bad == 0, "%s: %d mismatches (items %d, merges %d, tile %d, chunk %d)", c->name, bad,
                   info.num_work_items, info.num_merge_tasks, info.tile_q, info.kv_chunk_size);
             kva_fault_report fr;
-            CHECK(kva_read_faults(ctx, &W.w, &fr, NULL) == KVA_OK && !fr.faulted, "%s: no faults expected", c->name);
+            to_call();
+            st = kva_read_faults(ctx, &W.w, &fr, NULL);
+            to_data(c->name);
+            CHECK(st == KVA_OK && !fr.faulted, "%s: no faults expected", c->name);
             if (verbose)
                 printf("  %s: ok (%d items, %d merges, tile %d, chunk %d, heads per item %d)\n", c->name,
                        info.num_work_items, info.num_merge_tasks, info.tile_q, info.kv_chunk_size, info.kv_head_group);
@@ -1447,10 +1472,29 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "--cpu")) cpu_mode = 1;
         else if (!strcmp(argv[i], "--verbose") || !strcmp(argv[i], "-v")) verbose = 1;
         else if (!strcmp(argv[i], "--pdl-only")) pdl_only = 1;
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) data_dev = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--caller-device") && i + 1 < argc) call_dev = atoi(argv[++i]);
     }
     kva_context_options opt;
     kva_context_options_init(&opt);
     opt.backend = cpu_mode ? KVA_BACKEND_CPU : KVA_BACKEND_CUDA;
+    if (cpu_mode) {
+        data_dev = call_dev = -1;
+    } else if (data_dev >= 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess || data_dev >= n) {
+            printf("--device %d: the process sees %d CUDA device(s)\n0 passed, 1 failed\n", data_dev, n);
+            return 1;
+        }
+        if (call_dev < 0 && data_dev > 0) call_dev = 0;
+        if (call_dev >= n) call_dev = -1;
+        CU(cudaSetDevice(data_dev));
+        opt.device = data_dev;
+        printf("context and buffers on device %d; decode-matrix calls made with device %d current\n", data_dev,
+               call_dev >= 0 ? call_dev : data_dev);
+    } else {
+        call_dev = -1;
+    }
     kva_context* ctx = NULL;
     kva_status st = kva_context_create(&opt, &ctx);
     if (st != KVA_OK) {
