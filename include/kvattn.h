@@ -144,7 +144,9 @@ typedef struct kva_context kva_context;
 
 typedef struct kva_context_options {
     kva_backend backend;     /* default KVA_BACKEND_AUTO */
-    int32_t device;          /* CUDA device ordinal (default 0) */
+    int32_t device;          /* CUDA device ordinal (default 0). Each call makes the device's primary context
+                                current for its duration and restores the caller's: the caller's current device
+                                may be another one; streams and memory passed in must belong to this device */
     int32_t num_threads;     /* CPU backend worker threads; 0 = number of online CPUs */
     kva_log_fn log_fn;       /* NULL = diagnostics are dropped */
     void* log_user;
@@ -337,7 +339,8 @@ typedef struct kva_run_args {
     const float* alibi_slopes;   /* optional [num_qo_heads] (backend memory); NULL = standard ALiBi slopes */
     float k_scale;               /* fp8 dequantisation scales (default 1) */
     float v_scale;
-    void* stream;                /* CUDA stream (cudaStream_t); NULL = the legacy default stream */
+    void* stream;                /* CUDA stream (cudaStream_t) of the context's device; NULL = that device's legacy
+                                    default stream */
     /* Appended fields: the run-time parameters of the plan's user variant (desc->variant; docs/variants.md).
        Both counts must equal the variant's num_scalar_params / num_tensor_params (0 without a variant). */
     const float* variant_scalars;          /* host array of num_variant_scalars floats (read during the call) */

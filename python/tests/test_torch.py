@@ -377,7 +377,7 @@ def test_second_device_while_current_is_first(rng):
         ro, _ = attention(np64(qp[rs]), k, v, causal=True)
         assert_close(np64(op[rs]), ro, *TOL["bfloat16"], what="cuda:1 prefill req %d" % b)
 
-    # graph capture on cuda:1 (capture needs the device current), re-plan, replay
+    # graph capture on cuda:1, re-plan, replay
     B, P = 3, 80
     with torch.cuda.device(1):
         bufs = [torch.zeros(B + 1, dtype=torch.int32, device=dev), torch.zeros(P, dtype=torch.int32, device=dev),
@@ -398,7 +398,9 @@ def test_second_device_while_current_is_first(rng):
         wg.run(gq, gcache, out=gout)
         torch.cuda.synchronize(dev)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        # torch.cuda.graph's default side stream is created once per process, on the device current at the first
+        # capture (an earlier test's cuda:0): capture on a stream of cuda:1
+        with torch.cuda.graph(g, stream=torch.cuda.Stream(device=dev)):
             wg.run(gq, gcache, out=gout)
         for ls in ([1000, 0, 7], [16, 17, 1200]):
             t = table(ls)
