@@ -107,7 +107,11 @@ def is_capturing(dev: T.DeviceKey) -> bool:
         return False
     t = T._torch()
     try:
-        return bool(t.cuda.is_current_stream_capturing())
+        # the device's current stream (torch's query is about the current device's, which may be another one)
+        if t.cuda.current_device() == dev[1]:
+            return bool(t.cuda.is_current_stream_capturing())
+        with t.cuda.device(dev[1]):
+            return bool(t.cuda.is_current_stream_capturing())
     except Exception:  # pragma: no cover
         return False
 

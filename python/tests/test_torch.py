@@ -412,6 +412,16 @@ def test_second_device_while_current_is_first(rng):
                          what="cuda:1 graph replay %s" % ls)
     assert torch.cuda.current_device() == 0
 
+    # kvattn's capture check asks about the tensors' device: a capture on cuda:0 is not one on cuda:1
+    from kvattn import _context
+    g0 = torch.cuda.CUDAGraph()
+    x = torch.zeros(4, device="cuda:0")
+    with torch.cuda.graph(g0, stream=torch.cuda.Stream(device="cuda:0")):
+        capturing = (_context.is_capturing(("cuda", 0)), _context.is_capturing(("cuda", 1)))
+        x.add_(1)
+    assert capturing == (True, False)
+    assert torch.cuda.current_device() == 0
+
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_enable_pdl_layer_chain(rng, device):
