@@ -15,7 +15,9 @@
  *   capture  plan during capture -> KVA_ERR_CAPTURE_ACTIVE;
  *   pdl      chains of calls where each reads the previous one's output, with programmatic dependent launch (eager and
  *            in a graph; tensor-core, head-group and merge kernels): equal to the chain without it, bit for bit;
- *   append / merge_state / merge_states small checks.
+ *   append / merge_state / merge_states small checks;
+ *   threads  six host threads plan and run different problems at once, four in one fresh context, two in contexts
+ *            they create at the same moment, each on its own stream and workspace.
  * Usage: kva_cuda_selftest [--quick] [--verbose] [--cpu] [--pdl-only] [--device N [--caller-device M]] (--cpu: the
  * same checks on the CPU backend, which validates this file's reference; no GPU needed; --pdl-only: only the default
  * context's PDL chains; --device: the context and buffers on device N, the decode matrix's kvattn calls made while
@@ -25,6 +27,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -766,6 +769,112 @@ static void test_decode_matrix(kva_context* ctx) {
     cs[n++] = c;
     int limit = quick ? 6 : n;
     for (int i = 0; i < limit; ++i) run_case(ctx, &cs[i]);
+}
+
+/* Threads: several host threads plan and run at once, each on its own stream and workspace, in a context that is
+   fresh when they start (so they load their kernels concurrently) and, for two of them, in contexts they create
+   themselves at the same moment. Problems are built and checked on the main thread (the reference and the RNG are
+   not thread-safe); each thread plans and runs its problem `iters` times, a different problem per thread (other
+   kernels: dtypes, head dims, page sizes, group sizes, split-KV, prefill). */
+typedef struct thr_job {
+    kva_context* ctx; /* shared context, or NULL: the thread creates its own */
+    const kva_context_options* opt;
+    prob P;
+    kva_plan_params pp;
+    ws_t W;
+    int iters;
+    kva_status st;
+    char msg[200];
+} thr_job;
+
+static void* thr_main(void* arg) {
+    thr_job* j = (thr_job*)arg;
+    kva_context* ctx = j->ctx;
+    cudaStream_t s = NULL;
+    j->st = KVA_OK;
+    if (call_dev >= 0 || data_dev >= 0) cudaSetDevice(call_dev >= 0 ? call_dev : data_dev);
+    if (!ctx && (j->st = kva_context_create(j->opt, &ctx)) != KVA_OK) goto out;
+    if (data_dev >= 0) cudaSetDevice(data_dev);
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+        j->st = KVA_ERR_BACKEND;
+        snprintf(j->msg, sizeof j->msg, "cudaStreamCreate failed");
+        goto out;
+    }
+    for (int it = 0; it < j->iters && j->st == KVA_OK; ++it) {
+        kva_plan plan;
+        j->st = kva_plan_make(ctx, &j->P.d, j->P.op, &j->pp, &j->W.w, &plan, s);
+        if (j->st != KVA_OK) break;
+        kva_run_args a;
+        fill_args(&j->P, &a, s, NULL);
+        j->st = kva_run(ctx, &plan, &j->W.w, &a);
+        if (j->st == KVA_OK && cudaStreamSynchronize(s) != cudaSuccess) {
+            j->st = KVA_ERR_BACKEND;
+            snprintf(j->msg, sizeof j->msg, "cudaStreamSynchronize failed");
+            break;
+        }
+    }
+out:
+    if (j->st != KVA_OK && !j->msg[0]) snprintf(j->msg, sizeof j->msg, "%s", kva_last_error_message());
+    if (s) cudaStreamDestroy(s);
+    if (!j->ctx && ctx) kva_context_destroy(ctx);
+    return NULL;
+}
+
+static void test_threads(const kva_context_options* opt) {
+    enum { NT = 6 };
+    tcase cs[NT];
+    cs[0] = base_case("thread: gqa32/8 bf16 p16");
+    cs[1] = base_case("thread: g5 f16 d256 p3 e4m3 hnd");
+    cs[1].hq = 10, cs[1].hkv = 2, cs[1].D = 256, cs[1].qt = cs[1].ot = KVA_DTYPE_F16, cs[1].kt = KVA_DTYPE_E4M3;
+    cs[1].page_size = 3, cs[1].layout = KVA_LAYOUT_HND;
+    cs[2] = base_case("thread: g8 bf16 long split");
+    cs[2].hq = 16, cs[2].hkv = 2, cs[2].B = 3, cs[2].long_kv = quick ? 3000 : 12000;
+    cs[3] = base_case("thread: prefill paged causal");
+    cs[3].op = KVA_OP_BATCH_PREFILL_PAGED, cs[3].mask = KVA_MASK_CAUSAL, cs[3].max_qo = 9, cs[3].max_kv = 300;
+    cs[3].hq = 8, cs[3].hkv = 2;
+    cs[4] = base_case("thread (own context): mha f16 d64 p1");
+    cs[4].hq = 8, cs[4].hkv = 8, cs[4].D = 64, cs[4].qt = cs[4].kt = cs[4].ot = KVA_DTYPE_F16, cs[4].page_size = 1;
+    cs[5] = base_case("thread (own context): g7 bf16 e5m2 o=f32");
+    cs[5].hq = 14, cs[5].hkv = 2, cs[5].kt = KVA_DTYPE_E5M2, cs[5].ot = KVA_DTYPE_F32;
+    kva_context* shared = NULL;
+    kva_status st = kva_context_create(opt, &shared);
+    CHECK(st == KVA_OK, "threads: context: %s", kva_last_error_message());
+    if (st != KVA_OK) return;
+    static thr_job jobs[NT];
+    pthread_t th[NT];
+    int started[NT];
+    for (int i = 0; i < NT; ++i) {
+        thr_job* j = &jobs[i];
+        memset(j, 0, sizeof *j);
+        j->ctx = i < 4 ? shared : NULL;
+        j->opt = opt;
+        j->iters = quick ? 2 : 6;
+        init_prob(&j->P, &cs[i]);
+        prob_build(&j->P);
+        ref_compute(&j->P, NULL);
+        prob_upload(&j->P);
+        fill_params(&j->P, &j->pp);
+        ws_alloc(shared, &j->P.d, cs[i].op, &j->pp, &j->W, 0, 0);
+        dset(j->P.o, 0xff, (size_t)j->P.total_rows * cs[i].hq * cs[i].D * dsize(cs[i].ot));
+    }
+    for (int i = 0; i < NT; ++i) started[i] = pthread_create(&th[i], NULL, thr_main, &jobs[i]) == 0;
+    for (int i = 0; i < NT; ++i)
+        if (started[i]) pthread_join(th[i], NULL);
+    dsync();
+    for (int i = 0; i < NT; ++i) {
+        thr_job* j = &jobs[i];
+        CHECK(started[i], "%s: pthread_create failed", cs[i].name);
+        CHECK(j->st == KVA_OK, "%s: %s: %s", cs[i].name, kva_status_string(j->st), j->msg);
+        if (started[i] && j->st == KVA_OK) {
+            int bad = compare(&j->P, cs[i].name, 0);
+            CHECK(bad == 0, "%s: %d mismatches after %d plan + run rounds on its own thread", cs[i].name, bad,
+                  j->iters);
+            if (verbose) printf("  %s: ok\n", cs[i].name);
+        }
+        ws_free(&j->W);
+        prob_free(&j->P);
+    }
+    kva_context_destroy(shared);
 }
 
 /* The head-group decode kernel (kva_decode_hg.cuh), in a context created with KVATTN_CUDA_DECODE_HG=1 (every batch
@@ -1529,6 +1638,7 @@ int main(int argc, char** argv) {
     }
     test_append_and_merge(ctx);
     kva_context_destroy(ctx);
+    if (!cpu_mode) test_threads(&opt);
     if (!cpu_mode) {
         /* head-group decode: contexts that take it wherever it is supported, with the fused merge and without */
         for (int nofused = 0; nofused < 2; ++nofused) {
