@@ -187,6 +187,8 @@ class _BsrState:
         self.M = self.N = self.R = self.C = 0
         self.num_qo_heads = self.num_kv_heads = self.head_dim = 0
         self.q_dtype = self.kv_dtype = self.o_dtype = F.KVA_DTYPE_F16
+        self.sm_scale = 0.0  # as the C descriptor holds them (float32)
+        self.logits_soft_cap = 0.0
         self.indices: Any = None  # backend copy of the column-block ids (kva_bsr_run_args.indices)
         self.mask: Any = None  # backend copy of the packed mask (kva_bsr_run_args.packed_mask)
         self.mask_bytes = 0
@@ -333,6 +335,7 @@ class BlockSparseAttentionWrapper:
         st.M, st.N, st.R, st.C = M, N, R, C_
         st.num_qo_heads, st.num_kv_heads, st.head_dim = int(num_qo_heads), int(num_kv_heads), head_dim
         st.q_dtype, st.kv_dtype, st.o_dtype = dtypes
+        st.sm_scale, st.logits_soft_cap = float(desc.sm_scale), float(desc.logits_soft_cap)
         st.keep = (h_indptr, h_indices, emask_u8, packed)
         self._state = st
         self.M, self.N, self.R, self.C = M, N, R, C_
@@ -413,15 +416,30 @@ class BlockSparseAttentionWrapper:
     def forward(self, q: Any, k: Any, v: Any, scale_q: Any = None, scale_k: Any = None, scale_v: Any = None,
                 pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
                 logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
-                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None) -> Any:
-        """Deprecated FlashInfer entry point: per-call parameters must match the plan."""
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+                return_lse: bool = False) -> Any:
+        """Deprecated FlashInfer entry point: per-call parameters must match the plan (None = as planned); a
+        ``sm_scale`` or ``logits_soft_cap`` that differs raises PlanMismatchError (``rope_*`` have no effect without
+        positional encoding)."""
         if _core.parse_pos_encoding(pos_encoding_mode) != "NONE" or use_fp16_qk_reduction:
             raise NotImplementedError("kvattn: forward() with pos_encoding_mode or use_fp16_qk_reduction is not "
                                       "supported")
-        return self.run(q, k, v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v)
+        st = self._state
+        if st is not None:
+            for name, given, planned in (("sm_scale", sm_scale, st.sm_scale),
+                                         ("logits_soft_cap", logits_soft_cap, st.logits_soft_cap)):
+                if given is None:
+                    continue
+                val = _core.norm_cap(given) if name == "logits_soft_cap" else float(given)
+                if _core.f32(val) != _core.f32(planned):
+                    raise _core.PlanMismatchError(
+                        "kvattn: BlockSparseAttentionWrapper.forward got %s=%r but the plan was made with %s=%r; "
+                        "pass it to plan()" % (name, given, name, planned))
+        return self.run(q, k, v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, return_lse=return_lse)
 
     def forward_return_lse(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any]:
-        return self.run(q, k, v, return_lse=True)
+        kwargs["return_lse"] = True
+        return self.forward(q, k, v, *args, **kwargs)
 
     def end_forward(self) -> None:
         """Deprecated FlashInfer no-op."""
