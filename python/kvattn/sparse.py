@@ -194,6 +194,9 @@ class _BsrState:
         self.mask_bytes = 0
         self.stream: Optional[int] = None  # the stream plan() allocated `indices` / `mask` on (CUDA)
         self.keep: Tuple[Any, ...] = ()  # host arrays the C plan was made from
+        self.desc: Any = None  # kva_attention_desc / kva_bsr_params of the plan (to write it again)
+        self.params: Any = None
+        self.ws_bytes = 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -327,10 +330,9 @@ class BlockSparseAttentionWrapper:
         st.mask_bytes = int(mbytes.value)
         wss = self._ws.struct(int(dev_b.value), int(host_b.value), "BlockSparseAttentionWrapper.plan")
         self._state = None
-        F.check(lib.kva_bsr_plan_make(ctx, ctypes.byref(desc), ctypes.byref(p), ctypes.byref(wss),
-                                      ctypes.byref(st.plan), CX.current_stream(self._dev)),
-                "BlockSparseAttentionWrapper.plan")
         st.ws, st.ctx, st.dev = wss, ctx, self._dev
+        st.desc, st.params, st.ws_bytes = desc, p, int(dev_b.value)
+        self._commit(st, "BlockSparseAttentionWrapper.plan")
         st.stream = CX.current_stream(self._dev)
         st.M, st.N, st.R, st.C = M, N, R, C_
         st.num_qo_heads, st.num_kv_heads, st.head_dim = int(num_qo_heads), int(num_kv_heads), head_dim
@@ -341,6 +343,12 @@ class BlockSparseAttentionWrapper:
         self.M, self.N, self.R, self.C = M, N, R, C_
 
     begin_forward = plan
+
+    def _commit(self, st: _BsrState, what: str) -> None:
+        """Write st's plan into its workspace (and record it as the last writer of those bytes)."""
+        F.check(_lib().kva_bsr_plan_make(st.ctx, ctypes.byref(st.desc), ctypes.byref(st.params), ctypes.byref(st.ws),
+                                         ctypes.byref(st.plan), CX.current_stream(st.dev)), what)
+        CX.claim_workspace(st.dev, int(st.ws.device or 0), st.ws_bytes, st)
 
     _DTYPE_HINT = {"q": "pass q_data_type to plan()", "k": "pass kv_data_type to plan()",
                    "v": "pass kv_data_type to plan()", "out": "pass o_data_type to plan()",
@@ -390,6 +398,14 @@ class BlockSparseAttentionWrapper:
                 lse = T.empty(q, (st.M, st.num_qo_heads), F.KVA_DTYPE_F32)
             else:
                 self._check(st, lse, "lse", F.KVA_DTYPE_F32, (st.M, st.num_qo_heads))
+        if not CX.workspace_intact(st.dev, int(st.ws.device or 0), st.ws_bytes, st):
+            # another wrapper planned or ran in this float workspace since plan(): write the plan again
+            if CX.is_capturing(st.dev):
+                raise _core.CaptureActiveError(
+                    "kvattn: BlockSparseAttentionWrapper.run: another wrapper used this wrapper's float workspace "
+                    "since its plan(), and the plan cannot be written again during CUDA-graph capture; give "
+                    "wrappers whose runs are captured together separate float workspaces")
+            self._commit(st, "BlockSparseAttentionWrapper.run (re-plan: the float workspace was used by another plan)")
         lib = _lib()
         a = kva_bsr_run_args()
         lib.kva_bsr_run_args_init(ctypes.byref(a))
