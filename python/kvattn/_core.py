@@ -738,6 +738,8 @@ class BatchWrapperBase:
         n = int(h_indptr[-1])
         if n < 0:
             raise ValueError("kvattn: indptr[-1] = %d is negative" % n)
+        if not (T.is_torch(indices) or isinstance(indices, np.ndarray)):
+            indices = T.host_int32(indices, "indices")  # a sequence, as indptr / last_page_len may be
         if int(indices.shape[0]) < n:
             raise ValueError("kvattn: indices has %d elements but indptr[-1] = %d" % (int(indices.shape[0]), n))
         host_side = not T.is_torch(indices) or indices.device.type == "cpu"

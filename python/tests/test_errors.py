@@ -217,3 +217,17 @@ def test_workspace_size_checks_last_page_len_length(rng):
     with pytest.raises(ValueError, match="page_size"):
         dec.workspace_size(indptr, indices, last, 4, 2, 16, 0, q_data_type="float32")
     assert dec.workspace_size(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")[0] > 0
+
+
+def test_page_table_as_python_lists(rng):
+    """indptr and last_page_len were accepted as Python lists but indices raised AttributeError ('list' object has
+    no attribute 'shape'); all three are index sequences."""
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    print("decode plan with lists: indptr %s" % indptr.tolist())
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    o1 = w.run(q, cache)
+    w.plan(indptr.tolist(), indices.tolist(), last.tolist(), 4, 2, 16, 4, q_data_type="float32")
+    np.testing.assert_array_equal(o1, w.run(q, cache))
+    w.plan([0], [], [], 4, 2, 16, 4, q_data_type="float32")
+    assert w.run(q[:0], cache).shape == (0, 4, 16)
