@@ -125,6 +125,32 @@ def _align(p: int) -> int:
     return (p + F.KVA_WS_ALIGN - 1) // F.KVA_WS_ALIGN * F.KVA_WS_ALIGN
 
 
+# Float workspace bytes written by plans and runs, per device: (start, end, owner) intervals, where owner is the
+# commit id of the batch plan (or another object) that last wrote them. FlashInfer keeps its schedules in a
+# per-wrapper int workspace, so engines share one float workspace between wrappers; kvattn's work lists live in the
+# float workspace, so a run first checks that no other plan or run has written over its plan's bytes since.
+_ws_writes: Dict[T.DeviceKey, list] = {}
+
+
+def claim_workspace(dev: T.DeviceKey, start: int, nbytes: int, owner: Any) -> None:
+    """Record that `owner` wrote bytes [start, start + nbytes) of device memory (forgetting the writers it
+    overwrote)."""
+    end = start + int(nbytes)
+    with _lock:
+        lst = [e for e in _ws_writes.get(dev, ()) if e[1] <= start or e[0] >= end or start == end]
+        lst.append((start, end, owner))
+        _ws_writes[dev] = lst
+
+
+def workspace_intact(dev: T.DeviceKey, start: int, nbytes: int, owner: Any) -> bool:
+    """Whether bytes [start, start + nbytes) still hold what `owner` last wrote there."""
+    end = start + int(nbytes)
+    for e in _ws_writes.get(dev, ()):
+        if e[0] == start and e[1] == end and e[2] is owner:
+            return True
+    return False
+
+
 class HostStaging:
     """Page-locked host staging memory for the CUDA backend's plan copies (grown on demand)."""
 

@@ -311,6 +311,8 @@ class PlanState:
         self.q_len_per_req = 1
         self.causal = False
         self.valid = False
+        self.ws_bytes = 0
+        self.commit: Any = None
         self.layout_shape_k: Optional[Tuple[int, ...]] = None
         self.layout_shape_v: Optional[Tuple[int, ...]] = None
 
@@ -348,6 +350,9 @@ def commit_plan(st: PlanState, ws: C.Workspace, what: str) -> None:
     F.check(lib.kva_plan_make(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(wss),
                               ctypes.byref(plan), stream), what)
     st.plan, st.ws, st.ctx = plan, wss, ctx
+    st.ws_bytes = int(dev_b.value)
+    st.commit = object()  # this commit's identity in the workspace-writer record
+    C.claim_workspace(st.dev, int(wss.device or 0), st.ws_bytes, st.commit)
 
 
 def _narrow_rows(t: "F.kva_tensor", rows: int) -> None:
@@ -385,6 +390,15 @@ def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: f
     if w is None:
         raise RuntimeError("kvattn: wrapper handle %d is gone (the wrapper was garbage collected)" % handle)
     st = w._require_plan()
+    if not C.workspace_intact(st.dev, int(st.ws.device or 0), st.ws_bytes, st.commit):
+        # Another wrapper planned or ran in this float workspace since this plan was made (engines share one float
+        # workspace between wrappers, as FlashInfer allows): write this plan's work list again.
+        if C.is_capturing(st.dev):
+            raise CaptureActiveError(
+                "kvattn: %s.run: another wrapper planned or ran in this wrapper's float workspace since its plan(), "
+                "and the plan cannot be written again during CUDA-graph capture; give wrappers whose runs are "
+                "captured together separate float workspaces" % type(w).__name__)
+        commit_plan(st, w._ws, "%s.run (re-plan: the float workspace was used by another plan)" % type(w).__name__)
     lib = F.lib()
     args = F.kva_run_args()
     lib.kva_run_args_init(ctypes.byref(args))
@@ -724,6 +738,8 @@ class BatchWrapperBase:
         n = int(h_indptr[-1])
         if n < 0:
             raise ValueError("kvattn: indptr[-1] = %d is negative" % n)
+        if not (T.is_torch(indices) or isinstance(indices, np.ndarray)):
+            indices = T.host_int32(indices, "indices")  # a sequence, as indptr / last_page_len may be
         if int(indices.shape[0]) < n:
             raise ValueError("kvattn: indices has %d elements but indptr[-1] = %d" % (int(indices.shape[0]), n))
         host_side = not T.is_torch(indices) or indices.device.type == "cpu"

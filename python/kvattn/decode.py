@@ -275,9 +275,16 @@ def _setup_dry(w: BatchWrapperBase, st: PlanState, indptr: Any, indices: Any, la
                num_pages: Any) -> None:
     """The host half of _setup_paged (no buffer copies, no device transfers): for size queries."""
     st.h_kv_indptr = T.host_int32(indptr, "indptr")
+    if st.h_kv_indptr.size < 1:
+        raise ValueError("kvattn: indptr must have batch_size + 1 >= 1 elements")
     B = st.h_kv_indptr.size - 1
-    st.h_last_page_len = np.ascontiguousarray(T.host_int32(last_page_len, "last_page_len")[:B])
+    h_lpl = T.host_int32(last_page_len, "last_page_len")
+    if h_lpl.size < B:  # the C library reads B entries
+        raise ValueError("kvattn: last_page_len has %d elements, the batch has %d requests" % (h_lpl.size, B))
+    st.h_last_page_len = np.ascontiguousarray(h_lpl[:B])
     st.page_size = int(page_size)
+    if st.page_size < 1:
+        raise ValueError("kvattn: page_size=%d must be >= 1" % st.page_size)
     st.batch_size = B
     st.h_indices = None
     st.num_pages = int(num_pages) if num_pages is not None else (w._pool_pages or 2 ** 31 - 1)

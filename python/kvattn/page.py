@@ -47,6 +47,13 @@ def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any
         raise ValueError("kvattn: batch_indices and positions must have nnz = %d elements" % nnz)
     if int(ints[3].shape[0]) != int(ints[4].shape[0]) + 1:
         raise ValueError("kvattn: kv_indptr must have len(kv_last_page_len) + 1 elements")
+    if dev[0] == "cpu" and int(ints[3].shape[0]) > 0:
+        # the C library reads kv_indices[kv_indptr[b] ...] without knowing its length: host arrays are checked here
+        # (device page tables cannot be read without a sync)
+        top = int(ints[3].max())
+        if top > int(ints[2].shape[0]):
+            raise ValueError("kvattn: kv_indptr reaches %d but kv_indices has %d elements"
+                             % (top, int(ints[2].shape[0])))
     if T.is_torch(append_key):
         if _torch_ops.is_compiling():
             _torch_ops.ops().append_paged_kv_cache(append_key, append_value, ints[0], ints[1], cache, v_cache,

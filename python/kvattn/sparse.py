@@ -187,11 +187,16 @@ class _BsrState:
         self.M = self.N = self.R = self.C = 0
         self.num_qo_heads = self.num_kv_heads = self.head_dim = 0
         self.q_dtype = self.kv_dtype = self.o_dtype = F.KVA_DTYPE_F16
+        self.sm_scale = 0.0  # as the C descriptor holds them (float32)
+        self.logits_soft_cap = 0.0
         self.indices: Any = None  # backend copy of the column-block ids (kva_bsr_run_args.indices)
         self.mask: Any = None  # backend copy of the packed mask (kva_bsr_run_args.packed_mask)
         self.mask_bytes = 0
         self.stream: Optional[int] = None  # the stream plan() allocated `indices` / `mask` on (CUDA)
         self.keep: Tuple[Any, ...] = ()  # host arrays the C plan was made from
+        self.desc: Any = None  # kva_attention_desc / kva_bsr_params of the plan (to write it again)
+        self.params: Any = None
+        self.ws_bytes = 0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -325,19 +330,25 @@ class BlockSparseAttentionWrapper:
         st.mask_bytes = int(mbytes.value)
         wss = self._ws.struct(int(dev_b.value), int(host_b.value), "BlockSparseAttentionWrapper.plan")
         self._state = None
-        F.check(lib.kva_bsr_plan_make(ctx, ctypes.byref(desc), ctypes.byref(p), ctypes.byref(wss),
-                                      ctypes.byref(st.plan), CX.current_stream(self._dev)),
-                "BlockSparseAttentionWrapper.plan")
         st.ws, st.ctx, st.dev = wss, ctx, self._dev
+        st.desc, st.params, st.ws_bytes = desc, p, int(dev_b.value)
+        self._commit(st, "BlockSparseAttentionWrapper.plan")
         st.stream = CX.current_stream(self._dev)
         st.M, st.N, st.R, st.C = M, N, R, C_
         st.num_qo_heads, st.num_kv_heads, st.head_dim = int(num_qo_heads), int(num_kv_heads), head_dim
         st.q_dtype, st.kv_dtype, st.o_dtype = dtypes
+        st.sm_scale, st.logits_soft_cap = float(desc.sm_scale), float(desc.logits_soft_cap)
         st.keep = (h_indptr, h_indices, emask_u8, packed)
         self._state = st
         self.M, self.N, self.R, self.C = M, N, R, C_
 
     begin_forward = plan
+
+    def _commit(self, st: _BsrState, what: str) -> None:
+        """Write st's plan into its workspace (and record it as the last writer of those bytes)."""
+        F.check(_lib().kva_bsr_plan_make(st.ctx, ctypes.byref(st.desc), ctypes.byref(st.params), ctypes.byref(st.ws),
+                                         ctypes.byref(st.plan), CX.current_stream(st.dev)), what)
+        CX.claim_workspace(st.dev, int(st.ws.device or 0), st.ws_bytes, st)
 
     _DTYPE_HINT = {"q": "pass q_data_type to plan()", "k": "pass kv_data_type to plan()",
                    "v": "pass kv_data_type to plan()", "out": "pass o_data_type to plan()",
@@ -387,6 +398,14 @@ class BlockSparseAttentionWrapper:
                 lse = T.empty(q, (st.M, st.num_qo_heads), F.KVA_DTYPE_F32)
             else:
                 self._check(st, lse, "lse", F.KVA_DTYPE_F32, (st.M, st.num_qo_heads))
+        if not CX.workspace_intact(st.dev, int(st.ws.device or 0), st.ws_bytes, st):
+            # another wrapper planned or ran in this float workspace since plan(): write the plan again
+            if CX.is_capturing(st.dev):
+                raise _core.CaptureActiveError(
+                    "kvattn: BlockSparseAttentionWrapper.run: another wrapper used this wrapper's float workspace "
+                    "since its plan(), and the plan cannot be written again during CUDA-graph capture; give "
+                    "wrappers whose runs are captured together separate float workspaces")
+            self._commit(st, "BlockSparseAttentionWrapper.run (re-plan: the float workspace was used by another plan)")
         lib = _lib()
         a = kva_bsr_run_args()
         lib.kva_bsr_run_args_init(ctypes.byref(a))
@@ -413,15 +432,30 @@ class BlockSparseAttentionWrapper:
     def forward(self, q: Any, k: Any, v: Any, scale_q: Any = None, scale_k: Any = None, scale_v: Any = None,
                 pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
                 logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
-                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None) -> Any:
-        """Deprecated FlashInfer entry point: per-call parameters must match the plan."""
+                rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
+                return_lse: bool = False) -> Any:
+        """Deprecated FlashInfer entry point: per-call parameters must match the plan (None = as planned); a
+        ``sm_scale`` or ``logits_soft_cap`` that differs raises PlanMismatchError (``rope_*`` have no effect without
+        positional encoding)."""
         if _core.parse_pos_encoding(pos_encoding_mode) != "NONE" or use_fp16_qk_reduction:
             raise NotImplementedError("kvattn: forward() with pos_encoding_mode or use_fp16_qk_reduction is not "
                                       "supported")
-        return self.run(q, k, v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v)
+        st = self._state
+        if st is not None:
+            for name, given, planned in (("sm_scale", sm_scale, st.sm_scale),
+                                         ("logits_soft_cap", logits_soft_cap, st.logits_soft_cap)):
+                if given is None:
+                    continue
+                val = _core.norm_cap(given) if name == "logits_soft_cap" else float(given)
+                if _core.f32(val) != _core.f32(planned):
+                    raise _core.PlanMismatchError(
+                        "kvattn: BlockSparseAttentionWrapper.forward got %s=%r but the plan was made with %s=%r; "
+                        "pass it to plan()" % (name, given, name, planned))
+        return self.run(q, k, v, scale_q=scale_q, scale_k=scale_k, scale_v=scale_v, return_lse=return_lse)
 
     def forward_return_lse(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any]:
-        return self.run(q, k, v, return_lse=True)
+        kwargs["return_lse"] = True
+        return self.forward(q, k, v, *args, **kwargs)
 
     def end_forward(self) -> None:
         """Deprecated FlashInfer no-op."""

@@ -127,6 +127,9 @@ class _VState:
         self.mask: Any = None
         self.mask_bytes = 0
         self.keep: Tuple[Any, ...] = ()
+        self.desc: Any = None  # kva_attention_desc / kva_vbsr_params of the plan (to write it again)
+        self.params: Any = None
+        self.ws_bytes = 0
 
 
 class VariableBlockSparseAttentionWrapper:
@@ -231,10 +234,9 @@ class VariableBlockSparseAttentionWrapper:
         st.mask_bytes = int(nm.value)
         wss = self._ws.struct(int(dev_b.value), int(host_b.value), "VariableBlockSparseAttentionWrapper.plan")
         self._state = None
-        F.check(lib.kva_vbsr_plan_make(ctx, ctypes.byref(desc), ctypes.byref(p), ctypes.byref(wss),
-                                       ctypes.cast(st.head_plans, c_void_p), ctypes.byref(st.plan),
-                                       CX.current_stream(self._dev)), "VariableBlockSparseAttentionWrapper.plan")
         st.ws, st.ctx, st.dev = wss, ctx, self._dev
+        st.desc, st.params, st.ws_bytes = desc, p, int(dev_b.value)
+        self._commit(st, "VariableBlockSparseAttentionWrapper.plan")
         st.M, st.N = M, N
         st.num_qo_heads, st.num_kv_heads, st.head_dim = int(num_qo_heads), H, head_dim
         st.q_dtype, st.kv_dtype, st.o_dtype = dtypes
@@ -242,6 +244,13 @@ class VariableBlockSparseAttentionWrapper:
         self._state = st
 
     begin_forward = plan
+
+    def _commit(self, st: _VState, what: str) -> None:
+        """Write st's plan into its workspace (and record it as the last writer of those bytes)."""
+        F.check(_lib().kva_vbsr_plan_make(st.ctx, ctypes.byref(st.desc), ctypes.byref(st.params),
+                                          ctypes.byref(st.ws), ctypes.cast(st.head_plans, c_void_p),
+                                          ctypes.byref(st.plan), CX.current_stream(st.dev)), what)
+        CX.claim_workspace(st.dev, int(st.ws.device or 0), st.ws_bytes, st)
 
     def _check(self, st: _VState, x: Any, what: str, dtype: int, shape: Tuple[int, ...]) -> None:
         T.check_run_array(x, st.dev, what, dtype, shape)
@@ -271,6 +280,15 @@ class VariableBlockSparseAttentionWrapper:
                 lse = T.empty(q, (Hq, M), F.KVA_DTYPE_F32)
             else:
                 self._check(st, lse, "lse", F.KVA_DTYPE_F32, (Hq, M))
+        if not CX.workspace_intact(st.dev, int(st.ws.device or 0), st.ws_bytes, st):
+            # another wrapper planned or ran in this float workspace since plan(): write the plan again
+            if CX.is_capturing(st.dev):
+                raise _core.CaptureActiveError(
+                    "kvattn: VariableBlockSparseAttentionWrapper.run: another wrapper used this wrapper's float "
+                    "workspace since its plan(), and the plan cannot be written again during CUDA-graph capture; give "
+                    "wrappers whose runs are captured together separate float workspaces")
+            self._commit(st, "VariableBlockSparseAttentionWrapper.run (re-plan: the float workspace was used by "
+                             "another plan)")
         lib = _lib()
         a = kva_vbsr_run_args()
         lib.kva_vbsr_run_args_init(ctypes.byref(a))

@@ -195,3 +195,39 @@ def test_int64_index_arrays_are_accepted(rng):
     np.testing.assert_array_equal(o1, w.run(q, cache))
     with pytest.raises(TypeError, match="integer"):
         w.plan(indptr.astype(np.float32), indices, last, 4, 2, 16, 4, q_data_type="float32")
+
+
+def test_workspace_size_checks_last_page_len_length(rng):
+    """workspace_size() hands last_page_len to the C library, which reads batch_size entries: a shorter array must
+    raise as plan() does, not be read past its end (here into the rest of a larger buffer, which made a size come
+    back for a page table the caller never gave)."""
+    cache, indptr, indices, last, q = _decode_setup(rng, lens=(5, 9, 3))
+    backing = np.full(16, 3, np.int32)
+    short = backing[:1]  # 1 entry for 3 requests; the bytes after it are valid-looking lengths
+    print("workspace_size: batch of 3, last_page_len of 1 element")
+    dec = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    pre = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    qo_indptr = np.arange(4, dtype=np.int32)
+    for call in (lambda: dec.workspace_size(indptr, indices, short, 4, 2, 16, 4, q_data_type="float32"),
+                 lambda: dec.plan(indptr, indices, short, 4, 2, 16, 4, q_data_type="float32"),
+                 lambda: pre.workspace_size(qo_indptr, indptr, indices, short, 4, 2, 16, 4, q_data_type="float32"),
+                 lambda: pre.plan(qo_indptr, indptr, indices, short, 4, 2, 16, 4, q_data_type="float32")):
+        with pytest.raises(ValueError, match="last_page_len has 1 elements"):
+            call()
+    with pytest.raises(ValueError, match="page_size"):
+        dec.workspace_size(indptr, indices, last, 4, 2, 16, 0, q_data_type="float32")
+    assert dec.workspace_size(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")[0] > 0
+
+
+def test_page_table_as_python_lists(rng):
+    """indptr and last_page_len were accepted as Python lists but indices raised AttributeError ('list' object has
+    no attribute 'shape'); all three are index sequences."""
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    print("decode plan with lists: indptr %s" % indptr.tolist())
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    o1 = w.run(q, cache)
+    w.plan(indptr.tolist(), indices.tolist(), last.tolist(), 4, 2, 16, 4, q_data_type="float32")
+    np.testing.assert_array_equal(o1, w.run(q, cache))
+    w.plan([0], [], [], 4, 2, 16, 4, q_data_type="float32")
+    assert w.run(q[:0], cache).shape == (0, 4, 16)

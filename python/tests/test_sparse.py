@@ -202,6 +202,32 @@ def test_errors(rng):
     assert o.shape == (8, 2, 8) and o.dtype == np.float32
 
 
+def test_forward_per_call_parameters_must_match_the_plan(rng):
+    # The deprecated forward() takes sm_scale / logits_soft_cap per call; one that differs from the plan used to be
+    # dropped silently (the run used the planned values). It must raise; equal (or None) values run the plan.
+    M, N, R, C, H, D = 8, 8, 4, 4, 2, 16
+    indptr, indices = np.array([0, 2, 4], np.int32), np.array([0, 1, 0, 1], np.int32)
+    print("forward: M=%d N=%d R=%d C=%d heads=%d head_dim=%d" % (M, N, R, C, H, D))
+    q = rng.standard_normal((M, H, D)).astype(np.float32)
+    k = rng.standard_normal((N, H, D)).astype(np.float32)
+    v = rng.standard_normal((N, H, D)).astype(np.float32)
+    w = kvattn.BlockSparseAttentionWrapper(workspace())
+    w.plan(indptr, indices, M, N, R, C, H, H, D, q_data_type="float32", o_data_type="float32", sm_scale=0.3,
+           logits_soft_cap=5.0)
+    ro, rl = attention(q, k, v, sm_scale=0.3, logits_soft_cap=5.0)
+    out = np.full((M, H, D), 7.0, np.float32)
+    for kw in (dict(sm_scale=0.01), dict(logits_soft_cap=1.0), dict(logits_soft_cap=0.0)):
+        with pytest.raises(kvattn.PlanMismatchError):
+            w.forward(q, k, v, **kw)
+    assert_close(w.forward(q, k, v), ro, 2e-4, 2e-4, "o")
+    assert_close(w.forward(q, k, v, sm_scale=0.3, logits_soft_cap=5.0), ro, 2e-4, 2e-4, "o")
+    o, lse = w.forward_return_lse(q, k, v, sm_scale=0.3)
+    assert_close(o, ro, 2e-4, 2e-4, "o")
+    assert_close(lse, rl, 2e-3, 1e-4, "lse")
+    with pytest.raises(kvattn.PlanMismatchError):
+        w.forward_return_lse(q, k, v, sm_scale=0.5)
+
+
 def _cc():
     for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
         if name and shutil.which(name):

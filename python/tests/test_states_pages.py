@@ -131,6 +131,26 @@ def test_append_out_of_range_raises_and_writes_nothing(rng):
     assert not cache.any()
 
 
+def test_append_kv_indptr_past_kv_indices_raises_and_writes_nothing():
+    """kv_indptr claims more page-table entries than kv_indices holds: the entry past the end must not be read (it
+    was: whatever followed the array in memory was taken as a page index, and a token was written into that page,
+    or the process crashed)."""
+    backing = np.array([1, 2, 0, 0], np.int32)  # the table's 2 entries, then bytes that look like page 0
+    indices = backing[:2]
+    indptr = np.array([0, 3], np.int32)  # 3 pages
+    last = np.array([1], np.int32)
+    cache = np.zeros((4, 2, 4, 1, 4), np.float32)
+    ak = np.ones((1, 1, 4), np.float32)
+    print("append: kv_indptr %s, kv_indices %s, position 8 (page-table entry 2)" % (indptr.tolist(), indices.tolist()))
+    with pytest.raises(ValueError, match="kv_indices has 2 elements"):
+        kvattn.append_paged_kv_cache(ak, ak, np.array([0], np.int32), np.array([8], np.int32), cache, indices,
+                                     indptr, last)
+    assert not cache.any()
+    kvattn.append_paged_kv_cache(ak, ak, np.array([0], np.int32), np.array([4], np.int32), cache, indices,
+                                 np.array([0, 2], np.int32), np.array([1], np.int32))
+    assert cache[2, :, 0].all() and np.count_nonzero(cache) == 8
+
+
 def test_get_batch_indices_positions():
     append_indptr = np.array([0, 2, 2, 5], np.int32)
     seq_lens = np.array([10, 3, 4], np.int32)
