@@ -358,6 +358,7 @@ int main(int argc, char** argv) {
                 size_t dev_bytes = 0, host_bytes = 0;
                 KVA_CHECK(kva_plan_workspace_size(ctx, &desc, kop, &pp, &dev_bytes, &host_bytes));
                 kva_workspace ws;
+                memset(&ws, 0, sizeof ws);
                 ws.device = ws_alloc(cuda, 0, dev_bytes);
                 ws.device_bytes = dev_bytes;
                 ws.host = host_bytes ? ws_alloc(cuda, 1, host_bytes) : NULL;

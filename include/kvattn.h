@@ -275,12 +275,21 @@ KVA_API void kva_plan_params_init(kva_plan_params* params);
  * buffer the CUDA backend copies the work list from (unused by the CPU backend, may be NULL there).
  * Both must be 256-byte aligned. The plan refers to offsets in them: do not change either between plan
  * and run, and do not plan again into a workspace whose previous plan is still running on the device
- * unless the stream orders it (the CUDA backend records an event and waits on it before reuse). */
+ * unless the stream orders it (the CUDA backend records an event and waits on it before reuse).
+ *
+ * Optional `scratch` (backend memory, 256-byte aligned; NULL = none): kva_plan_make then keeps only the plan
+ * (fault status, work list, merge map) in `device` and puts the split-KV partial outputs, which a run writes and
+ * reads before it returns its results, in `scratch`. Plans whose runs are ordered on one stream may share one
+ * scratch region while each keeps its own `device` region: several plans of a step (prefill, decode, the two
+ * window sizes of a model) stay valid side by side, as wrappers sharing one float workspace expect. Sizes:
+ * kva_plan_workspace_parts / kva_workspace_bound_parts. The format planners (cascade, BSR, VBSR) ignore it. */
 typedef struct kva_workspace {
     void* device;
     size_t device_bytes;
     void* host;
     size_t host_bytes;
+    void* scratch;
+    size_t scratch_bytes;
 } kva_workspace;
 
 /* A plan: plain data, caller-owned, may be copied. Filled by kva_plan_make. */
@@ -297,6 +306,15 @@ KVA_API kva_status kva_plan_workspace_size(kva_context* context, const kva_atten
 KVA_API kva_status kva_workspace_bound(kva_context* context, const kva_attention_desc* desc, kva_op op,
                                        int32_t max_batch_size, int64_t max_total_qo_rows, size_t* device_bytes,
                                        size_t* host_bytes);
+/* The same sizes split for a workspace with a scratch region: plan_bytes of `device` (the plan's own region) and
+ * scratch_bytes of `scratch` (split-KV partials); device_bytes of the two functions above = plan_bytes +
+ * scratch_bytes. */
+KVA_API kva_status kva_plan_workspace_parts(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                                            const kva_plan_params* params, size_t* plan_bytes, size_t* scratch_bytes,
+                                            size_t* host_bytes);
+KVA_API kva_status kva_workspace_bound_parts(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                                             int32_t max_batch_size, int64_t max_total_qo_rows, size_t* plan_bytes,
+                                             size_t* scratch_bytes, size_t* host_bytes);
 /* Plan one step: validates the host arrays, balances work over the context's workers, writes the work list
  * into the workspace (CUDA: one async copy on `stream`) and fills *plan. Never synchronises the device. */
 KVA_API kva_status kva_plan_make(kva_context* context, const kva_attention_desc* desc, kva_op op,
@@ -318,8 +336,9 @@ typedef struct kva_plan_info {
     int32_t kv_head_group;   /* KV heads per work item (1; more where the backend reads groups of heads together) */
     int64_t max_worker_cost; /* planner cost of the most loaded worker */
     int64_t total_cost;
-    size_t device_bytes;     /* workspace bytes this plan uses */
+    size_t device_bytes;     /* workspace bytes this plan uses in `device` (the plan alone with a scratch region) */
     size_t host_bytes;
+    size_t scratch_bytes;    /* bytes it uses in `scratch` (0 without one) */
 } kva_plan_info;
 
 KVA_API kva_status kva_plan_get_info(const kva_plan* plan, kva_plan_info* info);

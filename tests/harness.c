@@ -573,6 +573,7 @@ static const h_field h_fields[] = {
     HFLD("fsplit", HF_INT, fixed_split),
     HFLD("nosplit", HF_INT, no_split),
     HFLD("graph", HF_INT, graph),
+    HFLD("scratch", HF_INT, scratch),
     HFLD("thr", HF_INT, threads),
     HFLD("qpad", HF_INT, qpad),
     HFLD("opad", HF_INT, opad),
@@ -731,6 +732,7 @@ void h_case_fixup(h_case* c) {
     case H_OP_SINGLE_PREFILL:
         c->batch = 1;
         c->graph = 0;
+        c->scratch = 0;
         c->empty_pct = 0;
         c->zero_qo_pct = 0;
         c->hidx = 0;
@@ -824,6 +826,8 @@ void h_case_random(h_case* c, h_op op, h_rng* r) {
         c->mask = h_rng_range(r, 0, 1) ? KVA_MASK_CUSTOM : KVA_MASK_NONE;
     }
     if (op == H_OP_APPEND) c->max_qo = (int32_t)h_rng_range(r, 1, 40);
+    /* from the seed, not the stream (the cases drawn after this one stay as they were) */
+    c->scratch = (op == H_OP_DECODE || op == H_OP_PREFILL || op == H_OP_RAGGED) && (c->seed >> 5) % 3 == 0;
     /* keep the float64 reference cheap: work ~ B * qo * kv * hq * (dqk + dvo) */
     for (;;) {
         double qo = op == H_OP_DECODE || op == H_OP_SINGLE_DECODE ? 1 : c->max_qo;

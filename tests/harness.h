@@ -194,6 +194,8 @@ typedef struct h_case {
     int32_t fixed_split;
     int32_t no_split;
     int32_t graph;        /* graph mode with a re-plan of other lengths into the same workspace */
+    int32_t scratch;      /* batch ops: the partials in a scratch region (kva_workspace.scratch) that a second plan,
+                             made between this plan and its run, shares */
     int32_t threads;      /* CPU workers of the context */
     int32_t qpad, opad;   /* extra elements per q / o row (row stride > heads * dim) */
     int32_t pool;         /* 0: separate pools, 1: halves of one [P,2,...] pool, 2: padded strides */

@@ -609,7 +609,9 @@ static int run_batch_case(const h_case* c) {
     kva_plan plan;
     kva_plan_info info0;
     memset(&info0, 0, sizeof info0);
-    size_t alloc_dev = 0, alloc_host = 0;
+    size_t alloc_dev = 0, alloc_host = 0, alloc_scr = 0;
+    h_buf scr;
+    memset(&scr, 0, sizeof scr);
     int iters = c->graph ? 3 : 1;
     unsigned char *first_o = NULL, *first_lse = NULL;
     for (int it = 0; it < iters && ok; ++it) {
@@ -640,25 +642,72 @@ static int run_batch_case(const h_case* c) {
             ok = 0;
             break;
         }
+        /* scratch = 1: the partials in their own region; the plan's part of the device workspace and the scratch
+           part add up to the one-region size */
+        size_t plan_b = dev_b, scr_b = 0;
+        if (c->scratch) {
+            size_t hb2 = 0;
+            st = kva_plan_workspace_parts(ctx, &d, op_kva(c->op), &pp, &plan_b, &scr_b, &hb2);
+            H_EXPECT(ok, st == KVA_OK && plan_b + scr_b == dev_b && hb2 == host_b,
+                     "%s: kva_plan_workspace_parts %s: %zu + %zu bytes, host %zu (one region: %zu, host %zu)", what,
+                     ST_NAME(st), plan_b, scr_b, hb2, dev_b, host_b);
+        }
         if (it == 0) {
-            alloc_dev = dev_b;
+            alloc_dev = plan_b;
             alloc_host = host_b;
+            alloc_scr = scr_b;
             if (c->graph) {
-                size_t bd = 0, bh = 0;
+                size_t bd = 0, bh = 0, bp = 0, bs = 0, bh2 = 0;
                 st = kva_workspace_bound(ctx, &d, op_kva(c->op), pp.max_batch_size, pp.max_total_qo_rows, &bd, &bh);
                 H_EXPECT(ok, st == KVA_OK, "kva_workspace_bound: %s: %s", ST_NAME(st), kva_last_error_message());
                 H_EXPECT(ok, bd >= dev_b && bh >= host_b, "graph mode: bound %zu/%zu < plan size %zu/%zu", bd, bh, dev_b, host_b);
+                if (c->scratch) {
+                    st = kva_workspace_bound_parts(ctx, &d, op_kva(c->op), pp.max_batch_size, pp.max_total_qo_rows,
+                                                   &bp, &bs, &bh2);
+                    H_EXPECT(ok, st == KVA_OK && bp + bs == bd && bh2 == bh && bp >= plan_b && bs >= scr_b,
+                             "kva_workspace_bound_parts %s: %zu + %zu host %zu (bound %zu host %zu; plan %zu + %zu)",
+                             ST_NAME(st), bp, bs, bh2, bd, bh, plan_b, scr_b);
+                    bd = bp;
+                    if (bs > alloc_scr) alloc_scr = bs;
+                }
                 if (bd > alloc_dev) alloc_dev = bd;
                 if (bh > alloc_host) alloc_host = bh;
             }
             h_ws_alloc(&ws, alloc_dev, alloc_host);
+            if (c->scratch) {
+                scr = h_buf_alloc(KVA_DTYPE_U8, alloc_scr);
+                memset(h_buf_hp(&scr), 0xff, alloc_scr); /* NaN floats: a partial read before it is written shows */
+                h_buf_upload(&scr);
+                ws.ws.scratch = h_buf_dp(&scr);
+                ws.ws.scratch_bytes = alloc_scr;
+                if (scr_b > 0) {
+                    ws.ws.scratch_bytes = scr_b - 1;
+                    st = do_plan(c, ctx, &d, &pp, &ws.ws, &plan);
+                    H_EXPECT(ok, st == KVA_ERR_WORKSPACE_TOO_SMALL,
+                             "plan with scratch %zu - 1 bytes: %s (expected KVA_ERR_WORKSPACE_TOO_SMALL)", scr_b, ST_NAME(st));
+                    ws.ws.scratch_bytes = alloc_scr;
+                    ws.ws.scratch = (char*)h_buf_dp(&scr) + 16;
+                    st = do_plan(c, ctx, &d, &pp, &ws.ws, &plan);
+                    H_EXPECT(ok, st == KVA_ERR_ALIGNMENT, "plan with scratch misaligned by 16 bytes: %s (expected "
+                             "KVA_ERR_ALIGNMENT)", ST_NAME(st));
+                    if (plan_b > 0) { /* scratch over the plan's own bytes */
+                        ws.ws.scratch = ws.ws.device;
+                        ws.ws.scratch_bytes = alloc_dev;
+                        st = do_plan(c, ctx, &d, &pp, &ws.ws, &plan);
+                        H_EXPECT(ok, alloc_dev < scr_b || st == KVA_ERR_INVALID_ARGUMENT,
+                                 "plan with scratch = device: %s (expected KVA_ERR_INVALID_ARGUMENT)", ST_NAME(st));
+                    }
+                    ws.ws.scratch = h_buf_dp(&scr);
+                    ws.ws.scratch_bytes = alloc_scr;
+                }
+            }
             /* exactly the size works, one byte less is refused by plan */
-            ws.ws.device_bytes = dev_b - 1;
+            ws.ws.device_bytes = plan_b - 1;
             st = do_plan(c, ctx, &d, &pp, &ws.ws, &plan);
-            H_EXPECT(ok, dev_b == 0 || st == KVA_ERR_WORKSPACE_TOO_SMALL,
-                     "plan with device workspace %zu - 1 bytes: %s (expected KVA_ERR_WORKSPACE_TOO_SMALL)", dev_b, ST_NAME(st));
+            H_EXPECT(ok, plan_b == 0 || st == KVA_ERR_WORKSPACE_TOO_SMALL,
+                     "plan with device workspace %zu - 1 bytes: %s (expected KVA_ERR_WORKSPACE_TOO_SMALL)", plan_b, ST_NAME(st));
             H_EXPECT(ok, st == KVA_OK || *kva_last_error_message(), "plan failed without a message");
-            ws.ws.device_bytes = dev_b;
+            ws.ws.device_bytes = plan_b;
             if (host_b) {
                 ws.ws.host_bytes = host_b - 1;
                 st = do_plan(c, ctx, &d, &pp, &ws.ws, &plan);
@@ -667,8 +716,9 @@ static int run_batch_case(const h_case* c) {
                 ws.ws.host_bytes = host_b;
             }
         } else {
-            H_EXPECT(ok, dev_b <= alloc_dev && host_b <= alloc_host, "%s: graph re-plan needs %zu/%zu bytes, more than the first %zu/%zu",
-                     what, dev_b, host_b, alloc_dev, alloc_host);
+            H_EXPECT(ok, plan_b <= alloc_dev && host_b <= alloc_host && scr_b <= alloc_scr,
+                     "%s: graph re-plan needs %zu/%zu/%zu bytes, more than the first %zu/%zu/%zu", what, plan_b, host_b,
+                     scr_b, alloc_dev, alloc_host, alloc_scr);
             ws.ws.device_bytes = alloc_dev;
             ws.ws.host_bytes = alloc_host;
         }
@@ -686,6 +736,9 @@ static int run_batch_case(const h_case* c) {
                  what, info.batch_size, (long long)info.total_qo_rows, B, (long long)a.total_rows);
         H_EXPECT(ok, info.device_bytes <= ws.ws.device_bytes, "%s: plan uses %zu device bytes of %zu", what, info.device_bytes,
                  ws.ws.device_bytes);
+        H_EXPECT(ok, info.device_bytes == plan_b && info.scratch_bytes == scr_b,
+                 "%s: plan info device %zu scratch %zu bytes, the size query said %zu and %zu", what, info.device_bytes,
+                 info.scratch_bytes, plan_b, scr_b);
         if (c->no_split) H_EXPECT(ok, info.num_partials == 0 && info.num_merge_tasks == 0, "%s: disable_split_kv but %d partials",
                                   what, info.num_partials);
         if (it == 0) info0 = info;
@@ -696,11 +749,50 @@ static int run_batch_case(const h_case* c) {
                      info.num_workers, info0.num_workers, info.device_bytes, info0.device_bytes, info.host_bytes,
                      info0.host_bytes, info.tile_q, info0.tile_q);
         }
+        /* scratch: a second plan (other inputs, its own device region, the same scratch) is made now, so the two
+           plans stand side by side; it runs after this one and must be right too. A run given another scratch (or
+           none) is refused and writes nothing. */
+        att a2;
+        memset(&a2, 0, sizeof a2);
+        h_ws ws2;
+        memset(&ws2, 0, sizeof ws2);
+        kva_plan plan2;
+        int have2 = 0;
+        if (c->scratch && ok) {
+            h_rng r2;
+            h_rng_seed(&r2, c->seed ^ 0x5bd1e995u ^ (uint64_t)it);
+            att_build(c, &r2, B, &a2);
+            kva_plan_params pp2;
+            params_of(c, &a2, &pp2);
+            size_t p2 = 0, s2 = 0, h2 = 0;
+            st = kva_plan_workspace_parts(ctx, &d, op_kva(c->op), &pp2, &p2, &s2, &h2);
+            if (st == KVA_OK && s2 <= ws.ws.scratch_bytes) {
+                h_ws_alloc(&ws2, p2 > 0 ? p2 : 1, h2);
+                ws2.ws.scratch = ws.ws.scratch;
+                ws2.ws.scratch_bytes = ws.ws.scratch_bytes;
+                st = do_plan(c, ctx, &d, &pp2, &ws2.ws, &plan2);
+                H_EXPECT(ok, st == KVA_OK, "%s: second plan sharing the scratch: %s: %s", what, ST_NAME(st),
+                         kva_last_error_message());
+                have2 = st == KVA_OK;
+            }
+        }
         h_buf* ins[] = {&a.q, &a.kp, &a.vp, &a.k, &a.v, &a.idx_d, &a.mask_d, &a.slopes_d};
         snap sn;
         snap_take(&sn, ins, 8);
         kva_run_args args;
         args_of(c, &a, &args, 0);
+        if (c->scratch && ok) {
+            kva_workspace wrong = ws.ws;
+            wrong.scratch = NULL;
+            st = do_run(c, ctx, &plan, &wrong, &args);
+            H_EXPECT(ok, st == KVA_ERR_PLAN_MISMATCH, "%s: run without the plan's scratch region: %s (expected "
+                     "KVA_ERR_PLAN_MISMATCH)", what, ST_NAME(st));
+            if (have2) {
+                wrong.scratch = ws2.ws.device;
+                st = do_run(c, ctx, &plan, &wrong, &args);
+                H_EXPECT(ok, st == KVA_ERR_PLAN_MISMATCH, "%s: run with another scratch region: %s", what, ST_NAME(st));
+            }
+        }
         st = do_run(c, ctx, &plan, &ws.ws, &args);
         if (st != KVA_OK) {
             h_note(__FILE__, __LINE__, "%s: run: %s: %s", what, ST_NAME(st), kva_last_error_message());
@@ -727,12 +819,30 @@ static int run_batch_case(const h_case* c) {
                          "%s: the same lengths re-planned into the same workspace after another plan give other bytes", what);
             }
         }
+        if (have2) {
+            kva_run_args args2;
+            args_of(c, &a2, &args2, 0);
+            char w2[128];
+            snprintf(w2, sizeof w2, "%s (second plan, shared scratch)", what);
+            st = do_run(c, ctx, &plan2, &ws2.ws, &args2);
+            H_EXPECT(ok, st == KVA_OK, "%s: run: %s: %s", w2, ST_NAME(st), kva_last_error_message());
+            if (st == KVA_OK) ok &= att_check(c, &a2, &a2.o, &a2.lse, c->lse, w2);
+            h_buf_download(&ws2.dev);
+            H_EXPECT(ok, h_buf_guards_ok(&ws2.dev), "%s: workspace guard band overwritten", w2);
+        }
+        if (ws2.dev.host) h_ws_free(&ws2);
+        if (c->scratch) att_free(&a2);
         ok &= snap_same(&sn, what);
         h_buf_download(&ws.dev);
         H_EXPECT(ok, h_buf_guards_ok(&ws.dev), "%s: workspace guard band overwritten", what);
+        if (scr.host) {
+            h_buf_download(&scr);
+            H_EXPECT(ok, h_buf_guards_ok(&scr), "%s: scratch guard band overwritten", what);
+        }
         att_free(&a);
     }
     if (ws.dev.host) h_ws_free(&ws);
+    if (scr.host) h_buf_free(&scr);
     free(first_o);
     free(first_lse);
     return ok ? CASE_PASS : CASE_FAIL;

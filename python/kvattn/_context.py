@@ -8,7 +8,7 @@ import ctypes
 import logging
 import os
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from . import _ffi as F
 from . import _tensor as T
@@ -125,30 +125,35 @@ def _align(p: int) -> int:
     return (p + F.KVA_WS_ALIGN - 1) // F.KVA_WS_ALIGN * F.KVA_WS_ALIGN
 
 
-# Float workspace bytes written by plans and runs, per device: (start, end, owner) intervals, where owner is the
-# commit id of the batch plan (or another object) that last wrote them. FlashInfer keeps its schedules in a
-# per-wrapper int workspace, so engines share one float workspace between wrappers; kvattn's work lists live in the
-# float workspace, so a run first checks that no other plan or run has written over its plan's bytes since.
-_ws_writes: Dict[T.DeviceKey, list] = {}
+# Device bytes written by plans and runs, per device: {(start, end): owner}, where owner is the commit id of the plan
+# (or SCRATCH_WRITES) that last wrote them. Batch plans live in their wrapper's own plan memory and write split-KV
+# partials to the float workspace; the block-sparse planners keep their plans in the float workspace, so before a
+# run a wrapper checks that nobody has written over its plan's bytes since (engines share one float workspace
+# between wrappers, as FlashInfer allows).
+_ws_writes: Dict[T.DeviceKey, Dict[Tuple[int, int], Any]] = {}
+_last_claim: Dict[T.DeviceKey, Tuple[int, int, Any]] = {}
 
 
 def claim_workspace(dev: T.DeviceKey, start: int, nbytes: int, owner: Any) -> None:
     """Record that `owner` wrote bytes [start, start + nbytes) of device memory (forgetting the writers it
     overwrote)."""
     end = start + int(nbytes)
+    last = _last_claim.get(dev)
+    if last is not None and last[0] == start and last[1] == end and last[2] is owner:
+        return  # the same claim again (the runs of a step): nothing changes
     with _lock:
-        lst = [e for e in _ws_writes.get(dev, ()) if e[1] <= start or e[0] >= end or start == end]
-        lst.append((start, end, owner))
-        _ws_writes[dev] = lst
+        d = _ws_writes.setdefault(dev, {})
+        if start < end:
+            for key in [k for k in d if k[0] < end and k[1] > start]:
+                del d[key]
+        d[(start, end)] = owner
+        _last_claim[dev] = (start, end, owner)
 
 
 def workspace_intact(dev: T.DeviceKey, start: int, nbytes: int, owner: Any) -> bool:
     """Whether bytes [start, start + nbytes) still hold what `owner` last wrote there."""
-    end = start + int(nbytes)
-    for e in _ws_writes.get(dev, ()):
-        if e[0] == start and e[1] == end and e[2] is owner:
-            return True
-    return False
+    d = _ws_writes.get(dev)
+    return d is not None and d.get((start, start + int(nbytes))) is owner
 
 
 class HostStaging:
@@ -175,9 +180,51 @@ class HostStaging:
         self.nbytes = want - (self.ptr - base) + F.KVA_WS_ALIGN
 
 
+# Owner of the float-workspace bytes that batch runs write their split-KV partials to (see commit_plan): plans that
+# live in those bytes (the block-sparse wrappers') are then known to be overwritten.
+SCRATCH_WRITES = object()
+
+
+class PlanRegion:
+    """A wrapper's own device memory for its batch plans (work list, merge map, fault word): the C workspace's
+    `device` part, while the caller's float workspace buffer is its `scratch` (split-KV partials). FlashInfer keeps
+    its schedules in a per-wrapper int workspace the same way, so wrappers can share one float workspace and keep
+    their plans side by side."""
+
+    def __init__(self, dev: T.DeviceKey):
+        self.dev = dev
+        self.buf: Any = None
+        self.ptr = 0
+        self.nbytes = 0
+
+    def ensure(self, nbytes: int, fixed: bool, what: str) -> None:
+        if nbytes <= self.nbytes:
+            return
+        if fixed and self.buf is not None:
+            # a CUDA-graph wrapper's plans must stay where the captured kernels read them
+            raise WorkspaceTooSmallError(
+                "kvattn: %s: this plan needs %d bytes of the wrapper's plan memory, more than the %d bytes its first "
+                "plan in CUDA-graph mode allocated (captured graphs read the plan there); create the wrapper again "
+                "for the larger bounds" % (what, nbytes, self.nbytes), needed_bytes=int(nbytes))
+        want = max(int(nbytes), 2 * self.nbytes, 64 << 10)
+        if self.dev[0] == "cpu":
+            import numpy as np
+            buf = np.empty(want + F.KVA_WS_ALIGN, dtype=np.uint8)
+            base = int(buf.ctypes.data)
+        else:
+            t = T._torch()
+            if self.buf is not None:
+                sync_device_stream(self.dev)  # a run of the previous plan may still read the old memory
+            buf = t.empty(want + F.KVA_WS_ALIGN, dtype=t.uint8, device="cuda:%d" % self.dev[1])
+            base = int(buf.data_ptr())
+        self.buf = buf
+        self.ptr = _align(base)
+        self.nbytes = want
+
+
 class Workspace:
-    """A caller's float workspace buffer (the C workspace's `device` part, aligned to 256 bytes inside the
-    buffer) plus the wrapper's own host staging buffer."""
+    """A caller's float workspace buffer (aligned to 256 bytes inside the buffer) plus the wrapper's own host
+    staging buffer and, for batch plans, its own plan memory (PlanRegion)."""
 
     def __init__(self, buf: Any, what: str = "float_workspace_buffer"):
         if not (T.is_torch(buf) or hasattr(buf, "__array_interface__")):
@@ -193,19 +240,39 @@ class Workspace:
         self.nbytes = max(0, total - (self.ptr - base))
         self.total_bytes = total
         self.host = HostStaging(self.dev)
+        self.plan_region = PlanRegion(self.dev)
 
-    def struct(self, device_needed: int, host_needed: int, what: str) -> "F.kva_workspace":
-        if device_needed > self.nbytes:
+    def _check_fits(self, needed: int, what: str) -> None:
+        if needed > self.nbytes:
             raise WorkspaceTooSmallError(
                 "kvattn: %s: the float workspace buffer has %d usable bytes (%d bytes, aligned to %d) but this plan "
                 "needs %d bytes; allocate at least %d bytes" % (
-                    what, self.nbytes, self.total_bytes, F.KVA_WS_ALIGN, device_needed,
-                    device_needed + F.KVA_WS_ALIGN),
-                needed_bytes=device_needed + F.KVA_WS_ALIGN)
+                    what, self.nbytes, self.total_bytes, F.KVA_WS_ALIGN, needed, needed + F.KVA_WS_ALIGN),
+                needed_bytes=needed + F.KVA_WS_ALIGN)
+
+    def struct(self, device_needed: int, host_needed: int, what: str) -> "F.kva_workspace":
+        """The whole plan in the float workspace buffer (single-request calls, the block-sparse planners)."""
+        self._check_fits(device_needed, what)
         self.host.ensure(host_needed)
         ws = F.kva_workspace()
         ws.device = self.ptr or None
         ws.device_bytes = self.nbytes
+        ws.host = (self.host.ptr or None) if self.dev[0] != "cpu" else None
+        ws.host_bytes = self.host.nbytes if self.dev[0] != "cpu" else 0
+        return ws
+
+    def struct_split(self, plan_needed: int, scratch_needed: int, host_needed: int, fixed: bool,
+                     what: str) -> "F.kva_workspace":
+        """A batch plan in the wrapper's plan memory, its split-KV partials in the float workspace buffer (the C
+        workspace's scratch region). fixed: CUDA-graph mode (the plan memory never moves once allocated)."""
+        self._check_fits(scratch_needed, what)
+        self.plan_region.ensure(max(int(plan_needed), 1), fixed, what)
+        self.host.ensure(host_needed)
+        ws = F.kva_workspace()
+        ws.device = self.plan_region.ptr or None
+        ws.device_bytes = self.plan_region.nbytes
+        ws.scratch = self.ptr or None
+        ws.scratch_bytes = self.nbytes
         ws.host = (self.host.ptr or None) if self.dev[0] != "cpu" else None
         ws.host_bytes = self.host.nbytes if self.dev[0] != "cpu" else 0
         return ws

@@ -312,6 +312,7 @@ class PlanState:
         self.causal = False
         self.valid = False
         self.ws_bytes = 0
+        self.scratch_bytes = 0
         self.commit: Any = None
         self.layout_shape_k: Optional[Tuple[int, ...]] = None
         self.layout_shape_v: Optional[Tuple[int, ...]] = None
@@ -341,18 +342,24 @@ def commit_plan(st: PlanState, ws: C.Workspace, what: str) -> None:
     # the variant's current handle on this device (raises if the Variant was closed; compiles it on first use)
     st.desc.variant = st.variant.handle(st.dev) if st.variant is not None else None
     params = st.params()
-    dev_b, host_b = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    F.check(lib.kva_plan_workspace_size(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params),
-                                        ctypes.byref(dev_b), ctypes.byref(host_b)), what)
-    wss = ws.struct(int(dev_b.value), int(host_b.value), what)
+    # The plan goes to the wrapper's own plan memory, the split-KV partials to the float workspace buffer (the C
+    # workspace's scratch): wrappers sharing one float workspace keep their plans (as with FlashInfer's per-wrapper
+    # int workspace), and a run only needs its partials there while it runs.
+    plan_b, scr_b, host_b = ctypes.c_size_t(0), ctypes.c_size_t(0), ctypes.c_size_t(0)
+    F.check(lib.kva_plan_workspace_parts(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params),
+                                         ctypes.byref(plan_b), ctypes.byref(scr_b), ctypes.byref(host_b)), what)
+    wss = ws.struct_split(int(plan_b.value), int(scr_b.value), int(host_b.value), bool(st.graph), what)
     plan = F.kva_plan()
     stream = C.current_stream(st.dev)
     F.check(lib.kva_plan_make(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(wss),
                               ctypes.byref(plan), stream), what)
     st.plan, st.ws, st.ctx = plan, wss, ctx
-    st.ws_bytes = int(dev_b.value)
+    st.ws_bytes = int(plan_b.value)
+    st.scratch_bytes = int(scr_b.value) if wss.scratch else 0
     st.commit = object()  # this commit's identity in the workspace-writer record
     C.claim_workspace(st.dev, int(wss.device or 0), st.ws_bytes, st.commit)
+    if st.scratch_bytes:  # its runs write partials there: a block-sparse plan living in those bytes is overwritten
+        C.claim_workspace(st.dev, int(wss.scratch), st.scratch_bytes, C.SCRATCH_WRITES)
 
 
 def _narrow_rows(t: "F.kva_tensor", rows: int) -> None:
@@ -399,6 +406,8 @@ def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: f
                 "and the plan cannot be written again during CUDA-graph capture; give wrappers whose runs are "
                 "captured together separate float workspaces" % type(w).__name__)
         commit_plan(st, w._ws, "%s.run (re-plan: the float workspace was used by another plan)" % type(w).__name__)
+    elif st.scratch_bytes:
+        C.claim_workspace(st.dev, int(st.ws.scratch), st.scratch_bytes, C.SCRATCH_WRITES)
     lib = F.lib()
     args = F.kva_run_args()
     lib.kva_run_args_init(ctypes.byref(args))

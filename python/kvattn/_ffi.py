@@ -212,6 +212,8 @@ class kva_workspace(Structure):
         ("device_bytes", c_size_t),
         ("host", c_void_p),
         ("host_bytes", c_size_t),
+        ("scratch", c_void_p),
+        ("scratch_bytes", c_size_t),
     ]
 
 
@@ -236,6 +238,7 @@ class kva_plan_info(Structure):
         ("total_cost", c_int64),
         ("device_bytes", c_size_t),
         ("host_bytes", c_size_t),
+        ("scratch_bytes", c_size_t),
     ]
 
 
@@ -320,6 +323,14 @@ _PROTOTYPES = {
     "kva_workspace_bound": (
         c_enum,
         [_ctx_p, _P(kva_attention_desc), c_enum, c_int32, c_int64, _P(c_size_t), _P(c_size_t)],
+    ),
+    "kva_plan_workspace_parts": (
+        c_enum,
+        [_ctx_p, _P(kva_attention_desc), c_enum, _P(kva_plan_params), _P(c_size_t), _P(c_size_t), _P(c_size_t)],
+    ),
+    "kva_workspace_bound_parts": (
+        c_enum,
+        [_ctx_p, _P(kva_attention_desc), c_enum, c_int32, c_int64, _P(c_size_t), _P(c_size_t), _P(c_size_t)],
     ),
     "kva_plan_make": (
         c_enum,

@@ -162,8 +162,9 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
 
     def workspace_size(self, indptr: Any, indices: Any, last_page_len: Any, num_qo_heads: int, num_kv_heads: int,
                        head_dim: int, page_size: int, **kwargs: Any) -> Tuple[int, int]:
-        """(float_workspace_bytes, int_workspace_bytes) a plan with these arguments needs (the int part is 0:
-        kvattn keeps its schedule inside the float workspace)."""
+        """(float_workspace_bytes, int_workspace_bytes) a plan with these arguments needs: the float workspace
+        buffer holds its split-KV partials, the wrapper's own plan memory (allocated by kvattn, as FlashInfer's int
+        workspace) the plan."""
         kw = dict(pos_encoding_mode="NONE", window_left=-1, window_right=0, logits_soft_cap=None,
                   q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None,
                   rope_scale=None, rope_theta=None, block_tables=None, seq_lens=None, fixed_split_size=None,
@@ -176,7 +177,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         kw.update(kwargs)
         st = self._build(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
                          dry=True, **kw)
-        return _query_size(st), 0
+        return _query_size(st)
 
     def run(self, q: Any, paged_kv_cache: Any, *args: Any, q_scale: Optional[float] = None,
             k_scale: Optional[float] = None, v_scale: Optional[float] = None, out: Any = None, lse: Any = None,
@@ -290,13 +291,15 @@ def _setup_dry(w: BatchWrapperBase, st: PlanState, indptr: Any, indices: Any, la
     st.num_pages = int(num_pages) if num_pages is not None else (w._pool_pages or 2 ** 31 - 1)
 
 
-def _query_size(st: PlanState) -> int:
+def _query_size(st: PlanState) -> Tuple[int, int]:
+    """(float workspace bytes, plan bytes) of a plan: the float workspace holds its split-KV partials (plus the
+    buffer's alignment slack), the wrapper's own plan memory (FlashInfer's int workspace) the plan."""
     from . import _context as C
     lib = F.lib()
     ctx = C.get_context(st.dev)
     params = st.params()
     st.desc.variant = st.variant.handle(st.dev) if st.variant is not None else None
-    db, hb = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    F.check(lib.kva_plan_workspace_size(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(db),
-                                        ctypes.byref(hb)), "workspace_size")
-    return int(db.value) + F.KVA_WS_ALIGN
+    pb, sb, hb = ctypes.c_size_t(0), ctypes.c_size_t(0), ctypes.c_size_t(0)
+    F.check(lib.kva_plan_workspace_parts(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(pb),
+                                         ctypes.byref(sb), ctypes.byref(hb)), "workspace_size")
+    return int(sb.value) + F.KVA_WS_ALIGN, int(pb.value)

@@ -254,14 +254,15 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                        rope_theta: Optional[float] = None, q_data_type: Any = "float16", kv_data_type: Any = None,
                        o_data_type: Any = None, non_blocking: bool = True, fixed_split_size: Optional[int] = None,
                        disable_split_kv: bool = False, **kwargs: Any) -> Tuple[int, int]:
-        """(float_workspace_bytes, 0) a plan with these arguments needs."""
+        """(float_workspace_bytes, int_workspace_bytes) a plan with these arguments needs (the float workspace
+        buffer: split-KV partials; the wrapper's own plan memory: the plan)."""
         st = self._build(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                          num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask, packed_custom_mask, causal,
                          pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale,
                          rope_theta, q_data_type, kv_data_type, o_data_type, None, None, 0, None, None, None, None,
                          None, None, fixed_split_size, disable_split_kv, kwargs.get("num_pages"), dry=True,
                          variant=kwargs.get("variant"))
-        return _query_size(st), 0
+        return _query_size(st)
 
     def run(self, q: Any, paged_kv_cache: Any, *args: Any, q_scale: Optional[float] = None,
             k_scale: Optional[float] = None, v_scale: Optional[float] = None, out: Any = None, lse: Any = None,
@@ -402,13 +403,14 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                        q_data_type: Any = "float16", kv_data_type: Any = None, o_data_type: Any = None,
                        non_blocking: bool = True, fixed_split_size: Optional[int] = None,
                        disable_split_kv: bool = False, **kwargs: Any) -> Tuple[int, int]:
-        """(float_workspace_bytes, 0) a plan with these arguments needs."""
+        """(float_workspace_bytes, int_workspace_bytes) a plan with these arguments needs (the float workspace
+        buffer: split-KV partials; the wrapper's own plan memory: the plan)."""
         st = self._build(qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, custom_mask,
                          packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
                          logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type, o_data_type,
                          None, None, 0, None, fixed_split_size, disable_split_kv, None, None, None, None, None, None,
                          dry=True, variant=kwargs.get("variant"))
-        return _query_size(st), 0
+        return _query_size(st)
 
     def run(self, q: Any, k: Any, v: Any, *args: Any, q_scale: Optional[float] = None,
             k_scale: Optional[float] = None, v_scale: Optional[float] = None, o_scale: Optional[float] = None,

@@ -186,16 +186,21 @@ def test_decode_workspace_size_and_too_small(rng):
     lens, ps, hq, hkv, d = [300, 500, 7], 16, 8, 2, 64
     cache, indptr, indices, last, _ = make_paged(rng, lens, ps, hkv, d)
     w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(1 << 20))
-    fbytes, ibytes = w.workspace_size(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
-    assert fbytes > 0 and ibytes == 0
+    # split KV (fixed chunks of 4 pages): the float workspace holds the partials, the plan lives in the wrapper
+    fbytes, ibytes = w.workspace_size(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32",
+                                      fixed_split_size=4)
+    assert fbytes > 256 and ibytes > 0
     small = kvattn.BatchDecodeWithPagedKVCacheWrapper(np.zeros(64, np.uint8))
     with pytest.raises(kvattn.WorkspaceTooSmallError) as ei:
-        small.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+        small.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32", fixed_split_size=4)
     assert ei.value.needed_bytes and ei.value.needed_bytes >= fbytes - 512
     assert isinstance(ei.value, ValueError)
     # exactly the reported size is enough
     ok = kvattn.BatchDecodeWithPagedKVCacheWrapper(np.zeros(ei.value.needed_bytes, np.uint8))
-    ok.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    ok.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32", fixed_split_size=4)
+    # without split KV the plan needs no float workspace bytes
+    assert w.workspace_size(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32",
+                            disable_split_kv=True)[0] == 256
 
 
 def test_decode_graph_mode_buffers_numpy(rng):

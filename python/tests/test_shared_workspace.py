@@ -1,6 +1,8 @@
 """Wrappers sharing one float workspace buffer, as engines use FlashInfer (vLLM: one buffer for its prefill, decode
-and cascade wrappers; SGLang: one global buffer, and two decode wrappers for sliding-window models). kvattn keeps
-each plan's work list in the float workspace, so a run must not use a work list another wrapper wrote over."""
+and cascade wrappers; SGLang: one global buffer, and two decode wrappers for sliding-window models). The batch
+wrappers keep their plans in their own plan memory and only their split-KV partials in the float workspace (the C
+workspace's scratch region); the block-sparse planners keep their plans in the float workspace, so a run of theirs
+must not use a work list another wrapper's plan or run wrote over."""
 
 import numpy as np
 import pytest
@@ -140,3 +142,62 @@ def test_disjoint_slices_do_not_replan(rng):
         a.run(q, cache)
         b.run(q, cache)
     assert a._state.commit is commit_a and b._state.commit is commit_b
+
+
+def test_split_kv_wrappers_share_the_float_workspace_without_replanning(rng):
+    """Decode wrappers with split KV (partials in the shared float workspace) and a paged prefill wrapper, run
+    alternately layer after layer: every run is right and no wrapper plans again (its plan is in its own memory)."""
+    lens, part = [300, 170, 9], [120, 40, 9]
+    print("shared workspace, split KV: decode over %s and %s (fixed split of 2 pages), paged prefill" % (lens, part))
+    cache, indptr, indices, last, _ = make_paged(rng, lens, PS, HKV, D)
+    ip2, ix2, last2 = _window_table(indptr, indices, part)
+    ws = workspace()
+    a = kvattn.BatchDecodeWithPagedKVCacheWrapper(ws)
+    b = kvattn.BatchDecodeWithPagedKVCacheWrapper(ws)
+    pre = kvattn.BatchPrefillWithPagedKVCacheWrapper(ws)
+    a.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type="float32", fixed_split_size=2)
+    b.plan(ip2, ix2, last2, HQ, HKV, D, PS, q_data_type="float32", fixed_split_size=3)
+    qo = np.array([0, 5, 8, 9], np.int32)
+    pre.plan(qo, indptr, indices, last, HQ, HKV, D, PS, causal=True, q_data_type="float32", fixed_split_size=2)
+    for w in (a, b, pre):
+        assert w._state.scratch_bytes > 0, "the plan should have split-KV partials in the float workspace"
+    commits = [w._state.commit for w in (a, b, pre)]
+    q = rng.standard_normal((3, HQ, D)).astype(np.float32)
+    qp = rng.standard_normal((9, HQ, D)).astype(np.float32)
+    atol, rtol = TOL["float32"]
+    for step in range(3):
+        o, lse = a.run(q, cache, return_lse=True)
+        _check_decode(o, lse, q, cache, indptr, indices, lens, "wrapper a, layer %d" % step)
+        o = pre.run(qp, cache)
+        for r in range(3):
+            kk, vv = gather_kv(cache[:, 0], cache[:, 1], indptr, indices, r, lens[r])
+            ro, _ = attention(qp[qo[r]:qo[r + 1]], kk, vv, causal=True)
+            assert_close(o[qo[r]:qo[r + 1]], ro, atol, rtol, "prefill request %d, layer %d" % (r, step))
+        o, lse = b.run(q, cache, return_lse=True)
+        _check_decode(o, lse, q, cache, ip2, ix2, part, "wrapper b, layer %d" % step)
+    assert [w._state.commit for w in (a, b, pre)] == commits, "a wrapper planned again"
+
+
+def test_block_sparse_plan_is_rewritten_after_split_kv_runs_in_its_bytes(rng):
+    """A block-sparse plan lives in the float workspace; a decode run with split KV writes its partials there: the
+    block-sparse run then writes its plan again (and is right), the decode wrapper keeps its plan."""
+    lens = [400, 64]
+    cache, indptr, indices, last, _ = make_paged(rng, lens, PS, HKV, D)
+    ws = workspace()
+    bsr = kvattn.BlockSparseAttentionWrapper(ws)
+    dec = kvattn.BatchDecodeWithPagedKVCacheWrapper(ws)
+    bip, bix = np.array([0, 1, 3], np.int32), np.array([0, 0, 1], np.int32)
+    bsr.plan(bip, bix, 32, 32, 16, 16, HQ, HKV, D, causal=True, q_data_type="float32", o_data_type="float32")
+    dec.plan(indptr, indices, last, HQ, HKV, D, PS, q_data_type="float32", fixed_split_size=2)
+    dcommit = dec._state.commit
+    qs = rng.standard_normal((32, HQ, D)).astype(np.float32)
+    k = rng.standard_normal((32, HKV, D)).astype(np.float32)
+    v = rng.standard_normal((32, HKV, D)).astype(np.float32)
+    qd = rng.standard_normal((2, HQ, D)).astype(np.float32)
+    atol, rtol = TOL["float32"]
+    ro, _ = attention(qs, k, v, causal=True)
+    for step in range(2):
+        o, lse = dec.run(qd, cache, return_lse=True)
+        _check_decode(o, lse, qd, cache, indptr, indices, lens, "decode, layer %d" % step)
+        assert_close(bsr.run(qs, k, v), ro, atol, rtol, "block-sparse, layer %d" % step)
+    assert dec._state.commit is dcommit

@@ -498,6 +498,8 @@ static kva_workspace kva__sub_ws(const kva_workspace* ws, size_t dev_off, size_t
     s.device_bytes = dev_bytes;
     s.host = ws->host && host_bytes > 0 ? (void*)((char*)ws->host + host_off) : NULL;
     s.host_bytes = ws->host && host_bytes > 0 ? host_bytes : 0;
+    s.scratch = NULL; /* the format planners keep their levels' partials in device */
+    s.scratch_bytes = 0;
     return s;
 }
 

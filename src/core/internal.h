@@ -98,7 +98,7 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
 /* Plan data: the public kva_plan's opaque bytes. Everything a backend needs at run time.           */
 
 #define KVA__PLAN_MAGIC 0x6b76617474706c6eull /* "kvattpln" */
-#define KVA__PLAN_VERSION 3
+#define KVA__PLAN_VERSION 4
 #define KVA__WS_ALIGN 256          /* alignment of every region in the workspace */
 #define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
 #define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
@@ -156,6 +156,8 @@ typedef struct kva__counts {
  *                                  requests[B], items[], merge[]
  *           [off_partial_o ...)    float partials: o [num_partial_slots][tile_q][head_dim_vo] f32
  *           [off_partial_lse ...)  lse [num_partial_slots][tile_q] f32
+ *   With a scratch region (kva_workspace.scratch) the two partial regions are at the same offsets less
+ *   int_region_end, in scratch, and device ends at int_region_end.
  *   host (CUDA staging): a mirror of device bytes [0, int_region_end) copied with one async copy.
  * The CPU backend plans straight into the device workspace (host memory).
  */
@@ -211,6 +213,9 @@ typedef struct kva__plan_data {
     size_t host_bytes;
     uint64_t ws_device_addr; /* the workspace the plan was written into (run must use the same) */
     uint64_t ws_host_addr;
+    uint64_t ws_scratch_addr; /* != 0: the partials live in the workspace's scratch region at this address
+                                 (off_partial_* relative to it; device_bytes = int_region_end); run must pass it */
+    size_t scratch_bytes;     /* bytes of it the plan uses */
 
     uint64_t backend_data[16]; /* backend-specific plan facts (e.g. chosen kernel ids) */
 } kva__plan_data;
@@ -237,11 +242,15 @@ static inline const kva__work_item* kva__ws_items(const kva__plan_data* p, const
 static inline const kva__merge_task* kva__ws_merge(const kva__plan_data* p, const void* base) {
     return (const kva__merge_task*)((const char*)base + p->off_merge);
 }
-static inline float* kva__ws_partial_o(const kva__plan_data* p, void* base) {
-    return (float*)((char*)base + p->off_partial_o);
+/* the partials' base: the workspace's scratch region when the plan put them there, else its device region */
+static inline void* kva__ws_partial_base(const kva__plan_data* p, const kva_workspace* ws) {
+    return p->ws_scratch_addr ? ws->scratch : ws->device;
 }
-static inline float* kva__ws_partial_lse(const kva__plan_data* p, void* base) {
-    return (float*)((char*)base + p->off_partial_lse);
+static inline float* kva__ws_partial_o(const kva__plan_data* p, const kva_workspace* ws) {
+    return (float*)((char*)kva__ws_partial_base(p, ws) + p->off_partial_o);
+}
+static inline float* kva__ws_partial_lse(const kva__plan_data* p, const kva_workspace* ws) {
+    return (float*)((char*)kva__ws_partial_base(p, ws) + p->off_partial_lse);
 }
 
 /* ---------------------------------------------------------------------------------------------- */

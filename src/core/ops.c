@@ -35,6 +35,12 @@ static kva_status kva__check_plan(const kva_context* ctx, const kva_plan* plan, 
                   KVA_ERR_PLAN_MISMATCH,
                   "run: the workspace (%p, %zu bytes) is not the one the plan was written into (%p, %zu bytes needed)",
                   ws->device, ws->device_bytes, (void*)(uintptr_t)pd->ws_device_addr, pd->device_bytes);
+    KVA_RETURN_IF(pd->ws_scratch_addr != (uint64_t)(uintptr_t)ws->scratch ||
+                      (pd->ws_scratch_addr && ws->scratch_bytes < pd->scratch_bytes),
+                  KVA_ERR_PLAN_MISMATCH,
+                  "run: the workspace scratch (%p, %zu bytes) is not the one the plan put its partials in (%p, %zu "
+                  "bytes needed)",
+                  ws->scratch, ws->scratch_bytes, (void*)(uintptr_t)pd->ws_scratch_addr, pd->scratch_bytes);
     KVA_RETURN_IF(pd->num_items < 0 || pd->num_items > pd->cap_items || pd->num_merge > pd->cap_merge ||
                       pd->num_partials > pd->cap_partials || pd->num_workers < 1 ||
                       pd->num_workers > ctx->num_workers ||

@@ -601,8 +601,8 @@ kva_status kva__cpu_run(kva_context* ctx, const kva__plan_data* plan, const kva_
     rc.reqs = kva__ws_requests(plan, ws->device);
     rc.items = kva__ws_items(plan, ws->device);
     rc.merges = kva__ws_merge(plan, ws->device);
-    rc.partial_o = kva__ws_partial_o(plan, ws->device);
-    rc.partial_lse = kva__ws_partial_lse(plan, ws->device);
+    rc.partial_o = kva__ws_partial_o(plan, ws);
+    rc.partial_lse = kva__ws_partial_lse(plan, ws);
     rc.num_plan_workers = plan->num_workers;
     rc.num_merge = num_merge;
     rc.g = plan->group_size;

@@ -634,10 +634,13 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     p.off_worker_indptr = (int64_t)pd->off_worker_indptr;
     p.off_requests = (int64_t)pd->off_requests;
     p.off_items = (int64_t)pd->off_items;
-    p.off_partial_o = (int64_t)pd->off_partial_o;
-    p.off_partial_lse = (int64_t)pd->off_partial_lse;
+    /* partials in the scratch region: offsets from ws by the address difference (two's complement) */
+    const int64_t scr = pd->ws_scratch_addr ? (int64_t)(pd->ws_scratch_addr - (uint64_t)(uintptr_t)ws->device) : 0;
+    p.off_partial_o = (int64_t)pd->off_partial_o + scr;
+    p.off_partial_lse = (int64_t)pd->off_partial_lse + scr;
     p.off_merge = (int64_t)pd->off_merge;
     p.off_worker_head = (int64_t)pd->off_worker_head;
+    p.off_int_end = (int64_t)pd->int_region_end;
     p.num_entries = pd->graph_mode ? 0 : pd->num_page_entries; /* graph replays may use a shorter page table */
     p.trace = (kvk_u64*)(uintptr_t)st->trace_ptr;
     p.q_stride_row = a->q.stride[0];
@@ -716,8 +719,8 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     mp.off_counts = (int64_t)pd->off_counts;
     mp.off_requests = (int64_t)pd->off_requests;
     mp.off_merge = (int64_t)pd->off_merge;
-    mp.off_partial_o = (int64_t)pd->off_partial_o;
-    mp.off_partial_lse = (int64_t)pd->off_partial_lse;
+    mp.off_partial_o = p.off_partial_o;
+    mp.off_partial_lse = p.off_partial_lse;
     mp.o_stride_row = p.o_stride_row;
     mp.o_stride_head = p.o_stride_head;
     mp.lse_stride_row = p.lse_stride_row;

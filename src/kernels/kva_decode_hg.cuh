@@ -113,7 +113,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     kva_load_worker_head(p.ws, p.off_worker_head, &it0, &it1, &h_rq, &h_item);
     /* warm L2 with this CTA's slice of the plan's int region and of the page table (as kva_decode_tc.cuh) */
     {
-        const unsigned n = (unsigned)(p.off_partial_o - p.off_counts);
+        const unsigned n = (unsigned)(p.off_int_end - p.off_counts);
         const unsigned per = ((n + gridDim.x - 1u) / gridDim.x + 127u) & ~127u;
         for (unsigned o = (unsigned)tid * 128u; o < per; o += HG_THREADS * 128u) {
             const unsigned a = per * blockIdx.x + o;

@@ -271,7 +271,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     /* ---- warm L2 with this CTA's slice of the plan's int region and of the page table: the dependent header and
        page-index loads below then hit L2 instead of HBM (small, latency-bound calls; cold caches) ---- */
     {
-        const unsigned n = (unsigned)(p.off_partial_o - p.off_counts);
+        const unsigned n = (unsigned)(p.off_int_end - p.off_counts);
         const unsigned per = ((n + gridDim.x - 1u) / gridDim.x + 127u) & ~127u;
         for (unsigned o = (unsigned)tid * 128u; o < per; o += TC_THREADS * 128u) {
             const unsigned a = per * blockIdx.x + o;

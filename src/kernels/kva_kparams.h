@@ -159,9 +159,12 @@ typedef struct kvk_attn_params {
     char* ws;                   /* device workspace base */
     const kvk_u8* custom_mask;  /* KVK_FLAG_CUSTOM */
     const float* alibi_slopes;  /* KVK_FLAG_ALIBI; NULL = standard slopes */
+    /* byte offsets from ws; off_partial_o / off_partial_lse reach the workspace's scratch region when the plan put
+       the partials there (kva_workspace.scratch): a 64-bit address difference, possibly negative */
     kvk_i64 off_counts, off_worker_indptr, off_requests, off_items, off_partial_o, off_partial_lse;
     kvk_i64 off_merge;          /* merge tasks (fused merge) */
     kvk_i64 off_worker_head;    /* kvk_worker_head[grid] (decode kernels) */
+    kvk_i64 off_int_end;        /* end of the plan's int region (the bytes the decode kernels warm in L2) */
     kvk_i64 num_entries;        /* page-table entries of the plan (L2 prefetch) */
     kvk_u64* trace;             /* benchmark trace (kernels built with KVA_TC_TRACE), else NULL */
     kvk_i64 q_stride_row, q_stride_head;
@@ -207,7 +210,7 @@ typedef struct kvk_merge_params {
     void* o;
     float* lse;
     char* ws;
-    kvk_i64 off_counts, off_requests, off_merge, off_partial_o, off_partial_lse;
+    kvk_i64 off_counts, off_requests, off_merge, off_partial_o, off_partial_lse; /* as kvk_attn_params */
     kvk_i64 o_stride_row, o_stride_head;
     kvk_i64 lse_stride_row, lse_stride_head;
     kvk_i32 dvo;

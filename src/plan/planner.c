@@ -697,11 +697,14 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
     if (!ws) goto done; /* size query */
 
     /* Workspace checks. */
-    if (ws->device_bytes < pd->device_bytes || (pd->device_bytes > 0 && !ws->device)) {
-        st = kva__set_error(KVA_ERR_WORKSPACE_TOO_SMALL,
-                            "plan: the device workspace has %zu bytes at %p; this plan needs %zu bytes",
-                            ws->device_bytes, ws->device, pd->device_bytes);
-        goto done;
+    {
+        const size_t need = ws->scratch ? pd->int_region_end : pd->device_bytes;
+        if (ws->device_bytes < need || (need > 0 && !ws->device)) {
+            st = kva__set_error(KVA_ERR_WORKSPACE_TOO_SMALL,
+                                "plan: the device workspace has %zu bytes at %p; this plan needs %zu bytes%s",
+                                ws->device_bytes, ws->device, need, ws->scratch ? " (its scratch region aside)" : "");
+            goto done;
+        }
     }
     if (host_staging && (ws->host_bytes < pd->host_bytes || !ws->host)) {
         st = kva__set_error(KVA_ERR_WORKSPACE_TOO_SMALL,
@@ -713,6 +716,32 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         st = kva__set_error(KVA_ERR_ALIGNMENT, "plan: workspace pointers must be %d-byte aligned (device %p, host %p)",
                             KVA__WS_ALIGN, ws->device, ws->host);
         goto done;
+    }
+    if (ws->scratch) { /* the partials go to the scratch region; device keeps the plan */
+        const size_t sb = pd->device_bytes - pd->int_region_end;
+        const uintptr_t d0 = (uintptr_t)ws->device, s0 = (uintptr_t)ws->scratch;
+        if (((uintptr_t)ws->scratch % KVA__WS_ALIGN) != 0) {
+            st = kva__set_error(KVA_ERR_ALIGNMENT, "plan: workspace scratch %p must be %d-byte aligned", ws->scratch,
+                                KVA__WS_ALIGN);
+            goto done;
+        }
+        if (ws->scratch_bytes < sb) {
+            st = kva__set_error(KVA_ERR_WORKSPACE_TOO_SMALL,
+                                "plan: the workspace scratch has %zu bytes at %p; this plan needs %zu bytes",
+                                ws->scratch_bytes, ws->scratch, sb);
+            goto done;
+        }
+        if (sb > 0 && pd->int_region_end > 0 && s0 < d0 + pd->int_region_end && d0 < s0 + sb) {
+            st = kva__set_error(KVA_ERR_INVALID_ARGUMENT,
+                                "plan: the workspace scratch [%p, +%zu) overlaps the plan's device bytes [%p, +%zu)",
+                                ws->scratch, sb, ws->device, pd->int_region_end);
+            goto done;
+        }
+        pd->off_partial_o -= pd->int_region_end;
+        pd->off_partial_lse -= pd->int_region_end;
+        pd->device_bytes = pd->int_region_end;
+        pd->scratch_bytes = sb;
+        pd->ws_scratch_addr = (uint64_t)s0;
     }
     pd->ws_device_addr = (uint64_t)(uintptr_t)ws->device;
     pd->ws_host_addr = (uint64_t)(uintptr_t)ws->host;
@@ -907,9 +936,43 @@ KVA_API kva_status kva_plan_workspace_size(kva_context* context, const kva_atten
     return KVA_OK;
 }
 
+KVA_API kva_status kva_plan_workspace_parts(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                                            const kva_plan_params* params, size_t* plan_bytes, size_t* scratch_bytes,
+                                            size_t* host_bytes) {
+    kva__plan_data pd;
+    KVA_FORWARD(kva__plan_build(context, desc, op, params, NULL, &pd, NULL));
+    if (plan_bytes) *plan_bytes = pd.int_region_end;
+    if (scratch_bytes) *scratch_bytes = pd.device_bytes - pd.int_region_end;
+    if (host_bytes) *host_bytes = pd.host_bytes;
+    return KVA_OK;
+}
+
+static kva_status kva__workspace_bound(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                                       int32_t max_batch_size, int64_t max_total_qo_rows, kva__plan_data* out);
+
+KVA_API kva_status kva_workspace_bound_parts(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                                             int32_t max_batch_size, int64_t max_total_qo_rows, size_t* plan_bytes,
+                                             size_t* scratch_bytes, size_t* host_bytes) {
+    kva__plan_data pd;
+    KVA_FORWARD(kva__workspace_bound(context, desc, op, max_batch_size, max_total_qo_rows, &pd));
+    if (plan_bytes) *plan_bytes = pd.int_region_end;
+    if (scratch_bytes) *scratch_bytes = pd.device_bytes - pd.int_region_end;
+    if (host_bytes) *host_bytes = pd.host_bytes;
+    return KVA_OK;
+}
+
 KVA_API kva_status kva_workspace_bound(kva_context* context, const kva_attention_desc* desc, kva_op op,
                                        int32_t max_batch_size, int64_t max_total_qo_rows, size_t* device_bytes,
                                        size_t* host_bytes) {
+    kva__plan_data pd;
+    KVA_FORWARD(kva__workspace_bound(context, desc, op, max_batch_size, max_total_qo_rows, &pd));
+    if (device_bytes) *device_bytes = pd.device_bytes;
+    if (host_bytes) *host_bytes = pd.host_bytes;
+    return KVA_OK;
+}
+
+static kva_status kva__workspace_bound(kva_context* context, const kva_attention_desc* desc, kva_op op,
+                                       int32_t max_batch_size, int64_t max_total_qo_rows, kva__plan_data* out) {
     kva_plan_params p;
     kva_plan_params_init(&p);
     kva_attention_desc nd;
@@ -918,18 +981,15 @@ KVA_API kva_status kva_workspace_bound(kva_context* context, const kva_attention
     KVA_RETURN_IF(max_batch_size < 1 || max_total_qo_rows < 0, KVA_ERR_INVALID_ARGUMENT,
                   "kva_workspace_bound: max_batch_size = %d must be >= 1 and max_total_qo_rows = %lld >= 0",
                   (int)max_batch_size, (long long)max_total_qo_rows);
-    kva__plan_data pd;
-    kva__init_plan_data(&pd, context, &nd, op);
+    kva__plan_data* pd = out;
+    kva__init_plan_data(pd, context, &nd, op);
     /* Valid for every tile size the backend may choose (1..128 packed rows): the item count is largest for
        one-row tiles, the partial buffer (2W slots of tile_q rows) for 128-row tiles. */
-    pd.tile_q = 1;
-    kva__caps c = kva__bound_caps(&pd, max_batch_size, max_total_qo_rows);
-    pd.tile_q = KVA__MAX_TILE_Q;
-    kva__layout(&pd, &c, !context->ops->plans_on_host_memory,
+    pd->tile_q = 1;
+    kva__caps c = kva__bound_caps(pd, max_batch_size, max_total_qo_rows);
+    pd->tile_q = KVA__MAX_TILE_Q;
+    kva__layout(pd, &c, !context->ops->plans_on_host_memory,
                 context->worker_head_bytes > 0 ? (size_t)context->worker_head_bytes : 0);
-    size_t best_dev = pd.device_bytes, best_host = pd.host_bytes;
-    if (device_bytes) *device_bytes = best_dev;
-    if (host_bytes) *host_bytes = best_host;
     return KVA_OK;
 }
 
@@ -967,5 +1027,6 @@ KVA_API kva_status kva_plan_get_info(const kva_plan* plan, kva_plan_info* info) 
     info->total_cost = pd->total_cost;
     info->device_bytes = pd->device_bytes;
     info->host_bytes = pd->host_bytes;
+    info->scratch_bytes = pd->scratch_bytes;
     return KVA_OK;
 }
