@@ -562,6 +562,20 @@ static void test_run(void) {
     RUN("run: paged head_dim_vo 32", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
     a = F.args; a.paged.k_stride_token = -1;
     RUN("run: paged negative stride", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    /* strides whose farthest element lies beyond 2^63 bytes: no tensor in memory has them, and the element offsets
+       would overflow (the CPU backend read far outside q before these were checked) */
+    a = F.args; a.q.stride[0] = INT64_MAX / 2;
+    RUN("run: q row stride addressing beyond 2^63 bytes", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.o.stride[1] = INT64_MAX / 3;
+    RUN("run: o head stride addressing beyond 2^63 bytes", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.paged.v_stride_page = INT64_MAX / 4;
+    RUN("run: paged page stride addressing beyond 2^63 bytes", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.paged.num_pages = INT64_MAX; /* only int32 page indices are reachable: a large pool bound is fine */
+    {
+        kva_status st = kva_run(F.ctx, pl, ws, &a);
+        H_CHECK(st == KVA_OK, "run: paged num_pages INT64_MAX with ordinary strides: %s: %s", kva_status_string(st),
+                kva_last_error_message());
+    }
     a = F.args; a.paged.indices = NULL;
     RUN("run: paged indices NULL", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
     a = F.args; a.paged.k_data = NULL;
@@ -1114,6 +1128,16 @@ static void test_append(void) {
     x = *tk;
     x.shape[0] = NNZ - 1;
     ERR(KVA_ERR_INVALID_ARGUMENT, "append: append_k has fewer rows than nnz", app_call(&x, tv, bip, pop, NNZ, &pg));
+    /* pool strides as run checks them (the CPU backend wrote through a negative page stride before) */
+    pg2 = pg;
+    pg2.k_stride_page = -pg2.k_stride_page;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged negative page stride", app_call(tk, tv, bip, pop, NNZ, &pg2));
+    pg2 = pg;
+    pg2.v_stride_token = -1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged negative token stride", app_call(tk, tv, bip, pop, NNZ, &pg2));
+    pg2 = pg;
+    pg2.k_stride_head = INT64_MAX / 2;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged head stride addressing beyond 2^63 bytes", app_call(tk, tv, bip, pop, NNZ, &pg2));
     if (h_backend_device()) {
         /* CUDA: pointers must be aligned to their element size (2 bytes for f16 rows) */
         x = *tk;
