@@ -497,6 +497,22 @@ static void test_plan(void) {
     h_ws_free(&big);
     ERR(KVA_ERR_INVALID_ARGUMENT, "workspace_bound: max_batch_size 0",
         kva_workspace_bound(F.ctx, &d, PP, 0, 10, &db, &hb));
+    /* bounds beyond what one plan supports (2^30 rows, 2^31 packed rows): the capacities derived from them overflowed
+       int64 (nonsense sizes, signed overflow) before they were refused */
+    {
+        size_t db2 = 12345, hb2 = 678;
+        ERR(KVA_ERR_UNSUPPORTED, "workspace_bound: max_total_qo_rows 2^62",
+            kva_workspace_bound(F.ctx, &d, PP, 1, (int64_t)1 << 62, &db2, &hb2));
+        H_CHECK(db2 == 12345 && hb2 == 678, "workspace_bound: sizes untouched on an error (%zu, %zu)", db2, hb2);
+        ERR(KVA_ERR_UNSUPPORTED, "workspace_bound: max_total_qo_rows INT64_MAX, max_batch_size INT32_MAX",
+            kva_workspace_bound(F.ctx, &d, PP, INT32_MAX, INT64_MAX, &db2, &hb2));
+        ERR(KVA_ERR_UNSUPPORTED, "workspace_bound: 2^29 rows x 4 heads (over 2^31 packed rows)",
+            kva_workspace_bound(F.ctx, &d, PP, 1, (int64_t)1 << 29, &db2, &hb2));
+        p = F.pp; p.graph_mode = 1; p.max_batch_size = 8; p.max_total_qo_rows = INT64_MAX / 4;
+        PLAN("plan graph: max_total_qo_rows INT64_MAX / 4", KVA_ERR_UNSUPPORTED, &p);
+        ERR(KVA_ERR_UNSUPPORTED, "workspace_size graph: max_total_qo_rows INT64_MAX / 4",
+            kva_plan_workspace_size(F.ctx, &d, PP, &p, &db2, &hb2));
+    }
     ERR(KVA_ERR_INVALID_ARGUMENT, "workspace_size: NULL context", kva_plan_workspace_size(NULL, &d, PP, &F.pp, &db, &hb));
     p = F.pp; p.kv_indptr = kb;
     ERR(KVA_ERR_PAGETABLE_MALFORMED, "workspace_size: kv_indptr decreasing", kva_plan_workspace_size(F.ctx, &d, PP, &p, &db, &hb));
