@@ -1197,6 +1197,14 @@ static void test_misc(void) {
     ERR(KVA_ERR_INVALID_ARGUMENT, "paged_kv_init: layout 5",
         kva_paged_kv_init(&pk, h_buf_dp(&F.kp), h_buf_dp(&F.vp), KVA_DTYPE_F16, (kva_layout)5, NPAGES, PS, HKV, D, D));
     ERR(KVA_ERR_INVALID_ARGUMENT, "paged_kv_init: NULL", kva_paged_kv_init(NULL, NULL, NULL, KVA_DTYPE_F16, KVA_LAYOUT_NHD, 1, 1, 1, 1, 1));
+    kva_paged_kv pk0;
+    memset(&pk0, 0x5a, sizeof pk0);
+    pk = pk0;
+    kva_status st = kva_paged_kv_init(&pk, h_buf_dp(&F.kp), h_buf_dp(&F.vp), KVA_DTYPE_F16, KVA_LAYOUT_NHD, NPAGES, INT32_MAX,
+                                      INT32_MAX, INT32_MAX, D);
+    H_CHECK(st == KVA_ERR_INVALID_ARGUMENT && kva_last_error_message()[0] && memcmp(&pk, &pk0, sizeof pk) == 0,
+            "paged_kv_init: page of 2^31 x 2^31 x 2^31 elements (strides overflow int64): %s: %s", kva_status_string(st),
+            kva_last_error_message());
     /* errors are per thread and cleared on request */
     kva_clear_last_error();
     H_CHECK(kva_last_error_status() == KVA_OK && kva_last_error_message()[0] == 0, "kva_clear_last_error resets status and message");

@@ -101,6 +101,12 @@ KVA_API kva_status kva_paged_kv_init(kva_paged_kv* paged, void* k_data, void* v_
                   (long long)num_pages, (int)page_size, (int)num_heads, (int)head_dim_qk, (int)head_dim_vo);
     KVA_RETURN_IF(layout != KVA_LAYOUT_NHD && layout != KVA_LAYOUT_HND, KVA_ERR_INVALID_ARGUMENT,
                   "kva_paged_kv_init: layout = %d is not a kva_layout", (int)layout);
+    {
+        const int64_t dmax = head_dim_qk > head_dim_vo ? head_dim_qk : head_dim_vo;
+        KVA_RETURN_IF((int64_t)page_size * num_heads > INT64_MAX / dmax, KVA_ERR_INVALID_ARGUMENT,
+                      "kva_paged_kv_init: a page of %d tokens x %d heads x %lld dims has more than 2^63 elements",
+                      (int)page_size, (int)num_heads, (long long)dmax);
+    }
     memset(paged, 0, sizeof *paged);
     paged->k_data = k_data;
     paged->v_data = v_data;
