@@ -931,6 +931,30 @@ static void test_merge(void) {
     x = to4;
     x.shape[0] = R + 1;
     ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: v_out rows != rows", kva_merge_states(F.ctx, &tva, &tsa, ip, R, &x, &tso, NULL));
+    /* states with no elements and NULL data pointers (PyTorch's empty tensors) are not an error (docs/errors.md) */
+    {
+        kva_tensor ev = t3(NULL, KVA_DTYPE_F32, 0, H, DD), es = kva_tensor_make(NULL, KVA_DTYPE_F32, 2, 0, H, 0, 0);
+        kva_tensor ev0 = t3(NULL, KVA_DTYPE_F32, R, 0, DD), es0 = kva_tensor_make(NULL, KVA_DTYPE_F32, 2, R, 0, 0, 0);
+        const int32_t ip0[1] = {0};
+        const char* which = "";
+        fx_snap();
+        kva_status s1 = kva_merge_state(F.ctx, &ev, &es, &ev, &es, &ev, &es, NULL);
+        kva_status s2 = kva_merge_state_in_place(F.ctx, &ev, &es, &ev, &es, NULL, NULL);
+        kva_status s3 = kva_merge_states(F.ctx, &ev, &es, ip0, 0, &ev, &es, NULL);
+        kva_status s4 = kva_merge_state(F.ctx, &ev0, &es0, &ev0, &es0, &ev0, &es0, NULL);
+        H_CHECK(s1 == KVA_OK && s2 == KVA_OK && s3 == KVA_OK && s4 == KVA_OK && fx_same(&which),
+                "merges of empty states with NULL pointers: %s %s %s %s (%s)%s%s", kva_status_string(s1),
+                kva_status_string(s2), kva_status_string(s3), kva_status_string(s4), kva_last_error_message(),
+                fx_same(&which) ? "" : ", modified: ", fx_same(&which) ? "" : which);
+        /* a non-empty state still needs its pointers */
+        x = es;
+        x.shape[0] = R;
+        ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: s_a with data NULL", kva_merge_state(F.ctx, &tva, &x, &tvb, &tsb, &tvo, &tso, NULL));
+        x = tva;
+        x.stride[0] = INT64_MAX / 2;
+        ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: v_a row stride addressing beyond 2^63 bytes",
+            kva_merge_state(F.ctx, &x, &tsa, &tvb, &tsb, &tvo, &tso, NULL));
+    }
     h_buf_free(&va);
     h_buf_free(&sa);
     h_buf_free(&vb);
