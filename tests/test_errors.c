@@ -497,6 +497,22 @@ static void test_plan(void) {
     h_ws_free(&big);
     ERR(KVA_ERR_INVALID_ARGUMENT, "workspace_bound: max_batch_size 0",
         kva_workspace_bound(F.ctx, &d, PP, 0, 10, &db, &hb));
+    /* bounds beyond what one plan supports (2^30 rows, 2^31 packed rows): the capacities derived from them overflowed
+       int64 (nonsense sizes, signed overflow) before they were refused */
+    {
+        size_t db2 = 12345, hb2 = 678;
+        ERR(KVA_ERR_UNSUPPORTED, "workspace_bound: max_total_qo_rows 2^62",
+            kva_workspace_bound(F.ctx, &d, PP, 1, (int64_t)1 << 62, &db2, &hb2));
+        H_CHECK(db2 == 12345 && hb2 == 678, "workspace_bound: sizes untouched on an error (%zu, %zu)", db2, hb2);
+        ERR(KVA_ERR_UNSUPPORTED, "workspace_bound: max_total_qo_rows INT64_MAX, max_batch_size INT32_MAX",
+            kva_workspace_bound(F.ctx, &d, PP, INT32_MAX, INT64_MAX, &db2, &hb2));
+        ERR(KVA_ERR_UNSUPPORTED, "workspace_bound: 2^29 rows x 4 heads (over 2^31 packed rows)",
+            kva_workspace_bound(F.ctx, &d, PP, 1, (int64_t)1 << 29, &db2, &hb2));
+        p = F.pp; p.graph_mode = 1; p.max_batch_size = 8; p.max_total_qo_rows = INT64_MAX / 4;
+        PLAN("plan graph: max_total_qo_rows INT64_MAX / 4", KVA_ERR_UNSUPPORTED, &p);
+        ERR(KVA_ERR_UNSUPPORTED, "workspace_size graph: max_total_qo_rows INT64_MAX / 4",
+            kva_plan_workspace_size(F.ctx, &d, PP, &p, &db2, &hb2));
+    }
     ERR(KVA_ERR_INVALID_ARGUMENT, "workspace_size: NULL context", kva_plan_workspace_size(NULL, &d, PP, &F.pp, &db, &hb));
     p = F.pp; p.kv_indptr = kb;
     ERR(KVA_ERR_PAGETABLE_MALFORMED, "workspace_size: kv_indptr decreasing", kva_plan_workspace_size(F.ctx, &d, PP, &p, &db, &hb));
@@ -562,6 +578,20 @@ static void test_run(void) {
     RUN("run: paged head_dim_vo 32", KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH);
     a = F.args; a.paged.k_stride_token = -1;
     RUN("run: paged negative stride", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    /* strides whose farthest element lies beyond 2^63 bytes: no tensor in memory has them, and the element offsets
+       would overflow (the CPU backend read far outside q before these were checked) */
+    a = F.args; a.q.stride[0] = INT64_MAX / 2;
+    RUN("run: q row stride addressing beyond 2^63 bytes", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.o.stride[1] = INT64_MAX / 3;
+    RUN("run: o head stride addressing beyond 2^63 bytes", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.paged.v_stride_page = INT64_MAX / 4;
+    RUN("run: paged page stride addressing beyond 2^63 bytes", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.paged.num_pages = INT64_MAX; /* only int32 page indices are reachable: a large pool bound is fine */
+    {
+        kva_status st = kva_run(F.ctx, pl, ws, &a);
+        H_CHECK(st == KVA_OK, "run: paged num_pages INT64_MAX with ordinary strides: %s: %s", kva_status_string(st),
+                kva_last_error_message());
+    }
     a = F.args; a.paged.indices = NULL;
     RUN("run: paged indices NULL", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
     a = F.args; a.paged.k_data = NULL;
@@ -901,6 +931,30 @@ static void test_merge(void) {
     x = to4;
     x.shape[0] = R + 1;
     ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: v_out rows != rows", kva_merge_states(F.ctx, &tva, &tsa, ip, R, &x, &tso, NULL));
+    /* states with no elements and NULL data pointers (PyTorch's empty tensors) are not an error (docs/errors.md) */
+    {
+        kva_tensor ev = t3(NULL, KVA_DTYPE_F32, 0, H, DD), es = kva_tensor_make(NULL, KVA_DTYPE_F32, 2, 0, H, 0, 0);
+        kva_tensor ev0 = t3(NULL, KVA_DTYPE_F32, R, 0, DD), es0 = kva_tensor_make(NULL, KVA_DTYPE_F32, 2, R, 0, 0, 0);
+        const int32_t ip0[1] = {0};
+        const char* which = "";
+        fx_snap();
+        kva_status s1 = kva_merge_state(F.ctx, &ev, &es, &ev, &es, &ev, &es, NULL);
+        kva_status s2 = kva_merge_state_in_place(F.ctx, &ev, &es, &ev, &es, NULL, NULL);
+        kva_status s3 = kva_merge_states(F.ctx, &ev, &es, ip0, 0, &ev, &es, NULL);
+        kva_status s4 = kva_merge_state(F.ctx, &ev0, &es0, &ev0, &es0, &ev0, &es0, NULL);
+        H_CHECK(s1 == KVA_OK && s2 == KVA_OK && s3 == KVA_OK && s4 == KVA_OK && fx_same(&which),
+                "merges of empty states with NULL pointers: %s %s %s %s (%s)%s%s", kva_status_string(s1),
+                kva_status_string(s2), kva_status_string(s3), kva_status_string(s4), kva_last_error_message(),
+                fx_same(&which) ? "" : ", modified: ", fx_same(&which) ? "" : which);
+        /* a non-empty state still needs its pointers */
+        x = es;
+        x.shape[0] = R;
+        ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: s_a with data NULL", kva_merge_state(F.ctx, &tva, &x, &tvb, &tsb, &tvo, &tso, NULL));
+        x = tva;
+        x.stride[0] = INT64_MAX / 2;
+        ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: v_a row stride addressing beyond 2^63 bytes",
+            kva_merge_state(F.ctx, &x, &tsa, &tvb, &tsb, &tvo, &tso, NULL));
+    }
     h_buf_free(&va);
     h_buf_free(&sa);
     h_buf_free(&vb);
@@ -1114,6 +1168,16 @@ static void test_append(void) {
     x = *tk;
     x.shape[0] = NNZ - 1;
     ERR(KVA_ERR_INVALID_ARGUMENT, "append: append_k has fewer rows than nnz", app_call(&x, tv, bip, pop, NNZ, &pg));
+    /* pool strides as run checks them (the CPU backend wrote through a negative page stride before) */
+    pg2 = pg;
+    pg2.k_stride_page = -pg2.k_stride_page;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged negative page stride", app_call(tk, tv, bip, pop, NNZ, &pg2));
+    pg2 = pg;
+    pg2.v_stride_token = -1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged negative token stride", app_call(tk, tv, bip, pop, NNZ, &pg2));
+    pg2 = pg;
+    pg2.k_stride_head = INT64_MAX / 2;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged head stride addressing beyond 2^63 bytes", app_call(tk, tv, bip, pop, NNZ, &pg2));
     if (h_backend_device()) {
         /* CUDA: pointers must be aligned to their element size (2 bytes for f16 rows) */
         x = *tk;
@@ -1157,6 +1221,14 @@ static void test_misc(void) {
     ERR(KVA_ERR_INVALID_ARGUMENT, "paged_kv_init: layout 5",
         kva_paged_kv_init(&pk, h_buf_dp(&F.kp), h_buf_dp(&F.vp), KVA_DTYPE_F16, (kva_layout)5, NPAGES, PS, HKV, D, D));
     ERR(KVA_ERR_INVALID_ARGUMENT, "paged_kv_init: NULL", kva_paged_kv_init(NULL, NULL, NULL, KVA_DTYPE_F16, KVA_LAYOUT_NHD, 1, 1, 1, 1, 1));
+    kva_paged_kv pk0;
+    memset(&pk0, 0x5a, sizeof pk0);
+    pk = pk0;
+    kva_status st = kva_paged_kv_init(&pk, h_buf_dp(&F.kp), h_buf_dp(&F.vp), KVA_DTYPE_F16, KVA_LAYOUT_NHD, NPAGES, INT32_MAX,
+                                      INT32_MAX, INT32_MAX, D);
+    H_CHECK(st == KVA_ERR_INVALID_ARGUMENT && kva_last_error_message()[0] && memcmp(&pk, &pk0, sizeof pk) == 0,
+            "paged_kv_init: page of 2^31 x 2^31 x 2^31 elements (strides overflow int64): %s: %s", kva_status_string(st),
+            kva_last_error_message());
     /* errors are per thread and cleared on request */
     kva_clear_last_error();
     H_CHECK(kva_last_error_status() == KVA_OK && kva_last_error_message()[0] == 0, "kva_clear_last_error resets status and message");

@@ -1711,6 +1711,14 @@ static void suite_ragged(void) {
     b.max_kv = 120;
     b.max_qo = 20;
     sweep_attention(&b);
+    /* tall tiles (128 packed rows of one head each) under a short sliding window: the later rows of a tile see none
+       of the tile's first KV block (the CPU kernel masked past the end of the block's score row there) */
+    static const char* const tall[] = {
+        "op=ragged B=2 qo=300 kv=300 hq=2 hkv=2 dqk=64 dvo=64 mask=none win=0",
+        "op=ragged B=2 qo=260 kv=400 hq=3 hkv=3 dqk=128 dvo=128 mask=causal win=5 lse=1",
+        "op=prefill B=2 qo=200 kv=300 hq=2 hkv=1 dqk=64 dvo=64 ps=7 mask=custom win=2",
+    };
+    go_strings(tall, sizeof tall / sizeof tall[0]);
 }
 
 static void suite_single(void) {

@@ -324,6 +324,10 @@ static inline bool kva__visible(const kva_attention_desc* d, int64_t q_pos, int6
 
 /* Tensor checks used by the core and the backends. */
 kva_status kva__check_tensor(const char* name, const kva_tensor* t, kva_dtype dtype, int32_t ndim, const int64_t* shape);
+/* Paged K/V strides: non-negative, and the farthest element of the pool addressable without overflow. */
+kva_status kva__check_paged_strides(const char* name, const kva_paged_kv* pk);
+/* Largest element offset of a tensor of dtype whose byte offset stays below 2^63. */
+int64_t kva__max_elem_offset(kva_dtype dtype);
 
 /* Size helpers */
 static inline size_t kva__align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }

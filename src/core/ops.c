@@ -67,9 +67,7 @@ static kva_status kva__check_paged(const kva__plan_data* pd, const kva_paged_kv*
     KVA_RETURN_IF(pk->head_dim_qk != d->head_dim_qk || pk->head_dim_vo != d->head_dim_vo, KVA_ERR_PLAN_MISMATCH,
                   "run: paged head dims (%d, %d) differ from the descriptor's (%d, %d)", (int)pk->head_dim_qk,
                   (int)pk->head_dim_vo, (int)d->head_dim_qk, (int)d->head_dim_vo);
-    KVA_RETURN_IF(pk->k_stride_page < 0 || pk->k_stride_token < 0 || pk->k_stride_head < 0 || pk->v_stride_page < 0 ||
-                      pk->v_stride_token < 0 || pk->v_stride_head < 0,
-                  KVA_ERR_INVALID_ARGUMENT, "run: paged strides must be non-negative");
+    KVA_FORWARD(kva__check_paged_strides("run", pk));
     if (pd->num_page_entries > 0) {
         KVA_RETURN_IF(!pk->k_data || !pk->v_data, KVA_ERR_INVALID_ARGUMENT, "run: paged.k_data or v_data is NULL");
         KVA_RETURN_IF(!pk->indices, KVA_ERR_INVALID_ARGUMENT, "run: paged.indices is NULL");
@@ -275,14 +273,16 @@ static bool kva__is_float(kva_dtype t) { return t == KVA_DTYPE_F32 || t == KVA_D
 
 static kva_status kva__check_state(const char* name, const kva_tensor* v, const kva_tensor* s, int64_t rows,
                                    int64_t heads, int64_t dim, bool s_optional) {
-    KVA_RETURN_IF(!v || !v->data, KVA_ERR_INVALID_ARGUMENT, "%s: v is NULL", name);
+    /* a state with no elements may have a NULL pointer (PyTorch's empty tensors): nothing is read or written */
+    const bool empty = rows <= 0 || heads <= 0;
+    KVA_RETURN_IF(!v || (!v->data && !empty && dim > 0), KVA_ERR_INVALID_ARGUMENT, "%s: v is NULL", name);
     KVA_RETURN_IF(!kva__is_float(v->dtype), KVA_ERR_UNSUPPORTED, "%s: v dtype %s (f32, f16 or bf16 expected)", name,
                   kva_dtype_name(v->dtype));
     int64_t vs[3] = {rows, heads, dim};
     kva_status st = kva__check_tensor(name, v, v->dtype, 3, vs);
     if (st == KVA_ERR_PLAN_MISMATCH) st = kva__retag_error(KVA_ERR_INVALID_ARGUMENT);
     KVA_FORWARD(st);
-    if (!s || !s->data) {
+    if (!s || (!s->data && (s_optional || !empty))) {
         KVA_RETURN_IF(!s_optional, KVA_ERR_INVALID_ARGUMENT, "%s: s (lse) is NULL", name);
         return KVA_OK;
     }
@@ -365,6 +365,7 @@ KVA_API kva_status kva_append_paged_kv_cache(kva_context* context, const kva_ten
                   "kva_append_paged_kv_cache: paged has page_size %d, num_pages %lld, num_heads %d, head dims %d/%d",
                   (int)paged->page_size, (long long)paged->num_pages, (int)paged->num_heads, (int)paged->head_dim_qk,
                   (int)paged->head_dim_vo);
+    KVA_FORWARD(kva__check_paged_strides("kva_append_paged_kv_cache", paged));
     KVA_RETURN_IF(!append_k || !append_v || !append_k->data || !append_v->data, KVA_ERR_INVALID_ARGUMENT,
                   "kva_append_paged_kv_cache: append_k or append_v is NULL");
     KVA_RETURN_IF(!kva__is_float(append_k->dtype) && append_k->dtype != paged->dtype, KVA_ERR_UNSUPPORTED,

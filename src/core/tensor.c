@@ -42,6 +42,51 @@ kva_status kva__check_tensor(const char* name, const kva_tensor* t, kva_dtype dt
     KVA_RETURN_IF(t->stride[ndim - 1] != 1 && shape[ndim - 1] > 1, KVA_ERR_INVALID_ARGUMENT,
                   "%s: the last dimension must be contiguous (stride[%d] = %lld, expected 1)", name, ndim - 1,
                   (long long)t->stride[ndim - 1]);
+    if (!empty) {
+        /* the byte offset of the last element must be representable (no tensor in memory is larger), so the
+           backends' index arithmetic cannot overflow */
+        const int64_t limit = kva__max_elem_offset(dtype);
+        int64_t extent = 0;
+        for (int i = 0; i < ndim; ++i) {
+            const int64_t span = shape[i] - 1;
+            KVA_RETURN_IF(t->stride[i] > 0 && span > (limit - extent) / t->stride[i], KVA_ERR_INVALID_ARGUMENT,
+                          "%s: the strides address beyond 2^63 bytes (stride[%d] = %lld with shape[%d] = %lld)", name,
+                          i, (long long)t->stride[i], i, (long long)shape[i]);
+            extent += span * t->stride[i];
+        }
+    }
+    return KVA_OK;
+}
+
+int64_t kva__max_elem_offset(kva_dtype dtype) {
+    const size_t es = kva_dtype_size(dtype);
+    return INT64_MAX / (int64_t)(es > 0 ? es : 4) - 1;
+}
+
+kva_status kva__check_paged_strides(const char* name, const kva_paged_kv* pk) {
+    KVA_RETURN_IF(pk->k_stride_page < 0 || pk->k_stride_token < 0 || pk->k_stride_head < 0 || pk->v_stride_page < 0 ||
+                      pk->v_stride_token < 0 || pk->v_stride_head < 0,
+                  KVA_ERR_INVALID_ARGUMENT, "%s: paged strides must be non-negative", name);
+    /* pages are addressed by int32 indices below num_pages: the farthest element must be representable */
+    int64_t last_page = pk->num_pages < ((int64_t)INT32_MAX + 1) ? pk->num_pages - 1 : INT32_MAX;
+    if (last_page < 0) last_page = 0;
+    const int64_t limit = kva__max_elem_offset(pk->dtype);
+    for (int kv = 0; kv < 2; ++kv) {
+        const int64_t st[4] = {kv ? pk->v_stride_page : pk->k_stride_page, kv ? pk->v_stride_token : pk->k_stride_token,
+                               kv ? pk->v_stride_head : pk->k_stride_head, 1};
+        const int64_t span[4] = {last_page, (int64_t)pk->page_size - 1, (int64_t)pk->num_heads - 1,
+                                 (int64_t)(kv ? pk->head_dim_vo : pk->head_dim_qk) - 1};
+        int64_t extent = 0;
+        for (int i = 0; i < 4; ++i) {
+            if (span[i] <= 0 || st[i] == 0) continue;
+            KVA_RETURN_IF(span[i] > (limit - extent) / st[i], KVA_ERR_INVALID_ARGUMENT,
+                          "%s: the %s pool's strides (page %lld, token %lld, head %lld) address beyond 2^63 bytes "
+                          "for %lld pages of %d tokens",
+                          name, kv ? "V" : "K", (long long)st[0], (long long)st[1], (long long)st[2],
+                          (long long)last_page + 1, (int)pk->page_size);
+            extent += span[i] * st[i];
+        }
+    }
     return KVA_OK;
 }
 
@@ -56,6 +101,12 @@ KVA_API kva_status kva_paged_kv_init(kva_paged_kv* paged, void* k_data, void* v_
                   (long long)num_pages, (int)page_size, (int)num_heads, (int)head_dim_qk, (int)head_dim_vo);
     KVA_RETURN_IF(layout != KVA_LAYOUT_NHD && layout != KVA_LAYOUT_HND, KVA_ERR_INVALID_ARGUMENT,
                   "kva_paged_kv_init: layout = %d is not a kva_layout", (int)layout);
+    {
+        const int64_t dmax = head_dim_qk > head_dim_vo ? head_dim_qk : head_dim_vo;
+        KVA_RETURN_IF((int64_t)page_size * num_heads > INT64_MAX / dmax, KVA_ERR_INVALID_ARGUMENT,
+                      "kva_paged_kv_init: a page of %d tokens x %d heads x %lld dims has more than 2^63 elements",
+                      (int)page_size, (int)num_heads, (long long)dmax);
+    }
     memset(paged, 0, sizeof *paged);
     paged->k_data = k_data;
     paged->v_data = v_data;

@@ -290,6 +290,7 @@ static void run_item(const run_ctx* rc, kva__cpu_scratch* sc, const kva__work_it
             if (need_mask) {
                 if (rc->causal && vhi > qpos + 1) vhi = qpos + 1;
                 if (rc->window_left >= 0 && vlo < qpos - rc->window_left) vlo = qpos - rc->window_left;
+                if (vlo > j0 + nb) vlo = j0 + nb; /* the row's window starts past this block (rows of a tall tile) */
                 if (vhi < vlo) vhi = vlo;
             }
             const int tlo = (int)(vlo - j0), thi = (int)(vhi - j0);

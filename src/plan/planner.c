@@ -502,6 +502,16 @@ static kva_status kva__check_common(kva_context* ctx, const kva_attention_desc* 
     return KVA_OK;
 }
 
+/* A bound on the query rows of every plan (graph mode, kva_workspace_bound) within what one plan supports (the
+ * limits of kva__validate_params), so the capacities derived from it cannot overflow. */
+static kva_status kva__check_row_bound(const char* fn, const kva_attention_desc* d, int64_t max_rows) {
+    KVA_RETURN_IF(max_rows > INT32_MAX / 2 || max_rows * (int64_t)d->num_qo_heads > INT32_MAX, KVA_ERR_UNSUPPORTED,
+                  "%s: max_total_qo_rows = %lld x %d query heads exceeds what a plan supports (2^30 rows, 2^31 "
+                  "packed rows)",
+                  fn, (long long)max_rows, (int)d->num_qo_heads);
+    return KVA_OK;
+}
+
 static void kva__init_plan_data(kva__plan_data* pd, kva_context* ctx, const kva_attention_desc* nd, kva_op op) {
     memset(pd, 0, sizeof *pd);
     pd->magic = KVA__PLAN_MAGIC;
@@ -562,6 +572,8 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
                                 (int)B, (long long)total_rows, (int)params->max_batch_size, (long long)mr);
             goto done;
         }
+        st = kva__check_row_bound("graph mode", &nd, mr);
+        if (st != KVA_OK) goto done;
         if (params->fixed_split_size > 0) {
             st = kva__set_error(KVA_ERR_UNSUPPORTED,
                                 "graph mode with fixed_split_size: the partial-output buffer would depend on KV "
@@ -981,6 +993,7 @@ static kva_status kva__workspace_bound(kva_context* context, const kva_attention
     KVA_RETURN_IF(max_batch_size < 1 || max_total_qo_rows < 0, KVA_ERR_INVALID_ARGUMENT,
                   "kva_workspace_bound: max_batch_size = %d must be >= 1 and max_total_qo_rows = %lld >= 0",
                   (int)max_batch_size, (long long)max_total_qo_rows);
+    KVA_FORWARD(kva__check_row_bound("kva_workspace_bound", &nd, max_total_qo_rows));
     kva__plan_data* pd = out;
     kva__init_plan_data(pd, context, &nd, op);
     /* Valid for every tile size the backend may choose (1..128 packed rows): the item count is largest for
