@@ -1948,6 +1948,27 @@ static void suite_split(void) {
         c.score = KVA_SCORE_SIGMOID;
         c.threads = 8;
         go(c);
+        /* the partials in a scratch region shared with a second plan (kva_workspace.scratch): default split,
+           fixed split, graph mode, and a GQA 32/8 d128 bf16 call with a long request (the tensor-core decode
+           kernel's fused merge on a GPU) */
+        c = b;
+        c.scratch = 1;
+        c.threads = 4;
+        go(c);
+        c.fixed_split = 16;
+        c.mask = KVA_MASK_CAUSAL;
+        go(c);
+        c = b;
+        c.scratch = 1;
+        c.graph = 1;
+        c.threads = 6;
+        go(c);
+        c = b;
+        c.scratch = 1;
+        c.hq = 32, c.hkv = 8, c.dqk = c.dvo = 128;
+        c.q_dt = c.kv_dt = c.o_dt = KVA_DTYPE_BF16;
+        c.batch = 3, c.max_kv = 3000, c.max_qo = 3, c.threads = 5;
+        go(c);
     }
     batch_invariance(H_OP_PREFILL, -1, 64, KVA_MASK_CAUSAL);
     batch_invariance(H_OP_RAGGED, -1, 100, KVA_MASK_NONE);
