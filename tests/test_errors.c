@@ -622,6 +622,19 @@ static void test_run(void) {
     w2.device_bytes -= 1;
     ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: workspace declared one byte smaller than planned",
          kva_run(F.ctx, pl, &w2, &a));
+    /* an eager plan that a later plan into the same workspace replaced: refused (its work list is gone), nothing
+       written; the later plan runs */
+    {
+        kva_plan old = F.plan, fresh;
+        kva_status st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &F.pp, ws, &fresh, NULL);
+        H_CHECK(st == KVA_OK, "re-plan into the same workspace: %s: %s", kva_status_string(st), kva_last_error_message());
+        a = F.args;
+        ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: a plan replaced by a later plan into its workspace",
+             kva_run(F.ctx, &old, ws, &a));
+        F.plan = fresh;
+        st = kva_run(F.ctx, &F.plan, ws, &a);
+        H_CHECK(st == KVA_OK, "run of the later plan: %s: %s", kva_status_string(st), kva_last_error_message());
+    }
 
     /* ragged: K/V rows must match kv_indptr[B] */
     a = F.args_rag;

@@ -52,6 +52,7 @@ kva_status kva__retag_error(kva_status status);
 
 struct kva__backend_ops;
 
+#define KVA__STAMP_SLOTS 64
 struct kva_context {
     kva_backend backend;
     int32_t device;
@@ -90,7 +91,21 @@ struct kva_context {
     pthread_mutex_t variant_mu;
     struct kva_variant** variants;
     int32_t num_variants, cap_variants;
+    /* The latest plan made into each recently used workspace (device address -> plan stamp, KVA__STAMP_SLOTS
+       slots, round-robin): run refuses an eager plan that a later plan into the same workspace replaced. */
+    pthread_mutex_t stamp_mu;
+    uint64_t stamp_next;
+    uint32_t stamp_victim;
+    struct {
+        uint64_t addr, stamp;
+    } stamps[KVA__STAMP_SLOTS];
 };
+
+/* Record that a plan was just made into the workspace at device address addr; returns its stamp. */
+uint64_t kva__stamp_record(kva_context* ctx, uint64_t addr);
+/* 0 if a later plan than the one with this stamp was made into the workspace at addr (as far as the table
+   remembers), else 1. */
+int kva__stamp_current(const kva_context* ctx, uint64_t addr, uint64_t stamp);
 
 void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...) KVA_PRINTF(3, 4);
 
@@ -98,7 +113,7 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
 /* Plan data: the public kva_plan's opaque bytes. Everything a backend needs at run time.           */
 
 #define KVA__PLAN_MAGIC 0x6b76617474706c6eull /* "kvattpln" */
-#define KVA__PLAN_VERSION 4
+#define KVA__PLAN_VERSION 5
 #define KVA__WS_ALIGN 256          /* alignment of every region in the workspace */
 #define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
 #define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
@@ -213,6 +228,7 @@ typedef struct kva__plan_data {
     size_t host_bytes;
     uint64_t ws_device_addr; /* the workspace the plan was written into (run must use the same) */
     uint64_t ws_host_addr;
+    uint64_t stamp;           /* kva__stamp_record's stamp (0: none) */
     uint64_t ws_scratch_addr; /* != 0: the partials live in the workspace's scratch region at this address
                                  (off_partial_* relative to it; device_bytes = int_region_end); run must pass it */
     size_t scratch_bytes;     /* bytes of it the plan uses */

@@ -35,6 +35,13 @@ static kva_status kva__check_plan(const kva_context* ctx, const kva_plan* plan, 
                   KVA_ERR_PLAN_MISMATCH,
                   "run: the workspace (%p, %zu bytes) is not the one the plan was written into (%p, %zu bytes needed)",
                   ws->device, ws->device_bytes, (void*)(uintptr_t)pd->ws_device_addr, pd->device_bytes);
+    /* graph-mode plans are re-planned into their workspace under a captured graph by design (their kernels read the
+       counts from the workspace), so only eager plans are checked */
+    KVA_RETURN_IF(!pd->graph_mode && pd->stamp && !kva__stamp_current(ctx, pd->ws_device_addr, pd->stamp),
+                  KVA_ERR_PLAN_MISMATCH,
+                  "run: a later plan was made into this workspace (%p), replacing this plan's work list; plan again, "
+                  "or give each plan its own workspace (plans may share one scratch region)",
+                  (void*)(uintptr_t)pd->ws_device_addr);
     KVA_RETURN_IF(pd->ws_scratch_addr != (uint64_t)(uintptr_t)ws->scratch ||
                       (pd->ws_scratch_addr && ws->scratch_bytes < pd->scratch_bytes),
                   KVA_ERR_PLAN_MISMATCH,
