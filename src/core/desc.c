@@ -110,7 +110,7 @@ float kva__alibi_slope(int32_t head, int32_t num_heads) {
     /* Standard ALiBi: n2 = largest power of two <= num_heads; heads h < n2 get 2^(-8(h+1)/n2); the remaining
        heads take the odd powers of 2^(-4/n2): 2^(-4(2k+1)/n2), k = h - n2. */
     int32_t n2 = 1;
-    while (n2 * 2 <= num_heads) n2 *= 2;
+    while (n2 <= num_heads / 2) n2 *= 2; /* (n2 * 2 would overflow for num_heads >= 2^30) */
     if (head < n2) return (float)exp2(-8.0 * (double)(head + 1) / (double)n2);
     int32_t k = head - n2;
     return (float)exp2(-4.0 * (double)(2 * k + 1) / (double)n2);
