@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional, Tuple
 
 from . import _ffi as F
 from . import _tensor as T
-from .exceptions import WorkspaceTooSmallError
+from .exceptions import CaptureActiveError, WorkspaceTooSmallError
 
 _log = logging.getLogger("kvattn")
 _lock = threading.Lock()
@@ -154,6 +154,19 @@ def workspace_intact(dev: T.DeviceKey, start: int, nbytes: int, owner: Any) -> b
     """Whether bytes [start, start + nbytes) still hold what `owner` last wrote there."""
     d = _ws_writes.get(dev)
     return d is not None and d.get((start, start + int(nbytes))) is owner
+
+
+def replan_if_overwritten(dev: T.DeviceKey, start: int, nbytes: int, owner: Any, wrapper: str, replan: Any) -> None:
+    """Before a run of a plan that lives in the float workspace: if another wrapper planned or ran in its bytes
+    since, call replan() (refused during CUDA-graph capture, where the plan cannot be written again)."""
+    if workspace_intact(dev, start, nbytes, owner):
+        return
+    if is_capturing(dev):
+        raise CaptureActiveError(
+            "kvattn: %s.run: another wrapper used this wrapper's float workspace since its plan(), and the plan "
+            "cannot be written again during CUDA-graph capture; give wrappers whose runs are captured together "
+            "separate float workspaces" % wrapper)
+    replan()
 
 
 class HostStaging:

@@ -311,7 +311,6 @@ class PlanState:
         self.q_len_per_req = 1
         self.causal = False
         self.valid = False
-        self.ws_bytes = 0
         self.scratch_bytes = 0
         self.commit: Any = None
         self.layout_shape_k: Optional[Tuple[int, ...]] = None
@@ -354,12 +353,9 @@ def commit_plan(st: PlanState, ws: C.Workspace, what: str) -> None:
     F.check(lib.kva_plan_make(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(wss),
                               ctypes.byref(plan), stream), what)
     st.plan, st.ws, st.ctx = plan, wss, ctx
-    st.ws_bytes = int(plan_b.value)
     st.scratch_bytes = int(scr_b.value) if wss.scratch else 0
-    st.commit = object()  # this commit's identity in the workspace-writer record
-    C.claim_workspace(st.dev, int(wss.device or 0), st.ws_bytes, st.commit)
-    if st.scratch_bytes:  # its runs write partials there: a block-sparse plan living in those bytes is overwritten
-        C.claim_workspace(st.dev, int(wss.scratch), st.scratch_bytes, C.SCRATCH_WRITES)
+    st.commit = object()  # this commit's identity (the plan memory is the wrapper's own: nobody else writes there;
+    # the runs record the scratch bytes they write, see run_impl)
 
 
 def _narrow_rows(t: "F.kva_tensor", rows: int) -> None:
@@ -397,16 +393,7 @@ def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: f
     if w is None:
         raise RuntimeError("kvattn: wrapper handle %d is gone (the wrapper was garbage collected)" % handle)
     st = w._require_plan()
-    if not C.workspace_intact(st.dev, int(st.ws.device or 0), st.ws_bytes, st.commit):
-        # Another wrapper planned or ran in this float workspace since this plan was made (engines share one float
-        # workspace between wrappers, as FlashInfer allows): write this plan's work list again.
-        if C.is_capturing(st.dev):
-            raise CaptureActiveError(
-                "kvattn: %s.run: another wrapper planned or ran in this wrapper's float workspace since its plan(), "
-                "and the plan cannot be written again during CUDA-graph capture; give wrappers whose runs are "
-                "captured together separate float workspaces" % type(w).__name__)
-        commit_plan(st, w._ws, "%s.run (re-plan: the float workspace was used by another plan)" % type(w).__name__)
-    elif st.scratch_bytes:
+    if st.scratch_bytes:  # the partials this run writes (the block-sparse wrappers' plans may live there)
         C.claim_workspace(st.dev, int(st.ws.scratch), st.scratch_bytes, C.SCRATCH_WRITES)
     lib = F.lib()
     args = F.kva_run_args()

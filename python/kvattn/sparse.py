@@ -398,14 +398,9 @@ class BlockSparseAttentionWrapper:
                 lse = T.empty(q, (st.M, st.num_qo_heads), F.KVA_DTYPE_F32)
             else:
                 self._check(st, lse, "lse", F.KVA_DTYPE_F32, (st.M, st.num_qo_heads))
-        if not CX.workspace_intact(st.dev, int(st.ws.device or 0), st.ws_bytes, st):
-            # another wrapper planned or ran in this float workspace since plan(): write the plan again
-            if CX.is_capturing(st.dev):
-                raise _core.CaptureActiveError(
-                    "kvattn: BlockSparseAttentionWrapper.run: another wrapper used this wrapper's float workspace "
-                    "since its plan(), and the plan cannot be written again during CUDA-graph capture; give "
-                    "wrappers whose runs are captured together separate float workspaces")
-            self._commit(st, "BlockSparseAttentionWrapper.run (re-plan: the float workspace was used by another plan)")
+        what = "BlockSparseAttentionWrapper"
+        CX.replan_if_overwritten(st.dev, int(st.ws.device or 0), st.ws_bytes, st, what, lambda: self._commit(
+            st, what + ".run (re-plan: the float workspace was used by another plan)"))
         lib = _lib()
         a = kva_bsr_run_args()
         lib.kva_bsr_run_args_init(ctypes.byref(a))

@@ -280,15 +280,9 @@ class VariableBlockSparseAttentionWrapper:
                 lse = T.empty(q, (Hq, M), F.KVA_DTYPE_F32)
             else:
                 self._check(st, lse, "lse", F.KVA_DTYPE_F32, (Hq, M))
-        if not CX.workspace_intact(st.dev, int(st.ws.device or 0), st.ws_bytes, st):
-            # another wrapper planned or ran in this float workspace since plan(): write the plan again
-            if CX.is_capturing(st.dev):
-                raise _core.CaptureActiveError(
-                    "kvattn: VariableBlockSparseAttentionWrapper.run: another wrapper used this wrapper's float "
-                    "workspace since its plan(), and the plan cannot be written again during CUDA-graph capture; give "
-                    "wrappers whose runs are captured together separate float workspaces")
-            self._commit(st, "VariableBlockSparseAttentionWrapper.run (re-plan: the float workspace was used by "
-                             "another plan)")
+        what = "VariableBlockSparseAttentionWrapper"
+        CX.replan_if_overwritten(st.dev, int(st.ws.device or 0), st.ws_bytes, st, what, lambda: self._commit(
+            st, what + ".run (re-plan: the float workspace was used by another plan)"))
         lib = _lib()
         a = kva_vbsr_run_args()
         lib.kva_vbsr_run_args_init(ctypes.byref(a))
