@@ -822,6 +822,7 @@ static kva_paged_kv layer_paged(const app* a, const batch* b, int layer) {
     p.indices = (const int32_t*)b->kv_indices.d;
     p.indptr = (const int32_t*)b->kv_indptr.d;
     p.last_page_len = (const int32_t*)b->last_page_len.d;
+    p.num_indices = b->cap_pages; /* the table buffer's length: bounds every indptr range */
     return p;
 }
 

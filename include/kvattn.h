@@ -199,6 +199,10 @@ typedef struct kva_paged_kv {
     const int32_t* indices;       /* page table (backend memory) */
     const int32_t* indptr;        /* [B+1] (backend memory): needed by append only; attention uses the plan's copy */
     const int32_t* last_page_len; /* [B] (backend memory): needed by append only */
+    /* Appended field: the number of entries in `indices` (0 = not given: unchecked; kva_paged_kv_init sets 0).
+     * Where given, run refuses a plan whose page table (kv_indptr[B]) is longer (KVA_ERR_PAGETABLE_MALFORMED) and
+     * append refuses (CPU) or faults (CUDA) a request whose indptr range leaves [0, num_indices). */
+    int64_t num_indices;
 } kva_paged_kv;
 
 /* Fill a kva_paged_kv for separately allocated contiguous K and V pools in the given layout. */

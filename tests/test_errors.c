@@ -594,6 +594,18 @@ static void test_run(void) {
     }
     a = F.args; a.paged.indices = NULL;
     RUN("run: paged indices NULL", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    /* paged.num_indices: the length of paged.indices where the caller gives it (0 = unchecked) */
+    a = F.args; a.paged.num_indices = F.kv_indptr[B] - 1;
+    RUN("run: paged.num_indices one short of the plan's page table", KVA_ERR_PAGETABLE_MALFORMED,
+        KVA_ERR_PAGETABLE_MALFORMED);
+    a = F.args; a.paged.num_indices = -1;
+    RUN("run: paged.num_indices -1", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.paged.num_indices = F.kv_indptr[B];
+    {
+        kva_status st = kva_run(F.ctx, pl, ws, &a);
+        H_CHECK(st == KVA_OK, "run: paged.num_indices == kv_indptr[B]: %s: %s", kva_status_string(st),
+                kva_last_error_message());
+    }
     a = F.args; a.paged.k_data = NULL;
     RUN("run: paged k_data NULL", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
 
@@ -1026,7 +1038,9 @@ static int app_model(unsigned char* k, unsigned char* v, int64_t* bad_page) {
         int64_t page = -1;
         int ok = b >= 0 && b < B && pos >= 0;
         if (ok) {
-            const int32_t np = ip[b + 1] - ip[b];
+            /* a request whose indptr range is negative, decreasing or past num_indices (where given) has no tokens */
+            const int table_ok = ip[b] >= 0 && ip[b + 1] >= ip[b] && (A.pg.num_indices == 0 || ip[b + 1] <= A.pg.num_indices);
+            const int32_t np = table_ok ? ip[b + 1] - ip[b] : 0;
             const int64_t len = np > 0 ? (int64_t)(np - 1) * PS + lp[b] : 0;
             ok = pos < len;
             if (ok) {
@@ -1161,6 +1175,25 @@ static void test_append(void) {
     app_device_data_case("append: last_page_len 0 for a non-empty request", KVA_ERR_PAGETABLE_MALFORMED);
     lp[0] = F.last[0];
     h_buf_upload(&F.last_d);
+    /* indptr that leaves the page table: request 2's range [3, 5) against a table said to hold 4 entries; then
+       request 2's range starting at -8 (before the fix the CUDA kernel read indices[-8 + pos / PS]) */
+    A.pg.num_indices = F.kv_indptr[B] - 1;
+    app_device_data_case("append: request's indptr range past paged.num_indices", KVA_ERR_PAGETABLE_MALFORMED);
+    A.pg.num_indices = F.kv_indptr[B];
+    if (h_backend_device()) app_check_device("append: paged.num_indices == indptr[B] (valid tokens)", 0);
+    A.pg.num_indices = 0;
+    int32_t* ipd = (int32_t*)h_buf_hp(&F.indptr_d);
+    ipd[2] = -8;
+    h_buf_upload(&F.indptr_d);
+    app_device_data_case("append: negative indptr entry", KVA_ERR_PAGETABLE_MALFORMED);
+    ipd[2] = F.kv_indptr[2];
+    ipd[3] = 1 << 30; /* request 2 ends far past the table: refused where num_indices is given */
+    h_buf_upload(&F.indptr_d);
+    A.pg.num_indices = F.kv_indptr[B];
+    app_device_data_case("append: indptr[B] far past paged.num_indices", KVA_ERR_PAGETABLE_MALFORMED);
+    A.pg.num_indices = 0;
+    ipd[3] = F.kv_indptr[3];
+    h_buf_upload(&F.indptr_d);
     /* host-side mistakes: every backend */
     const kva_tensor* tk = &A.tk;
     const kva_tensor* tv = &A.tv;
@@ -1191,6 +1224,9 @@ static void test_append(void) {
     pg2 = pg;
     pg2.k_stride_head = INT64_MAX / 2;
     ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged head stride addressing beyond 2^63 bytes", app_call(tk, tv, bip, pop, NNZ, &pg2));
+    pg2 = pg;
+    pg2.num_indices = -1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged num_indices -1", app_call(tk, tv, bip, pop, NNZ, &pg2));
     if (h_backend_device()) {
         /* CUDA: pointers must be aligned to their element size (2 bytes for f16 rows) */
         x = *tk;

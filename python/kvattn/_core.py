@@ -187,7 +187,7 @@ def pool_dims(k: Any, layout: str) -> Tuple[int, int, int, int]:
 
 
 def fill_paged(p: "F.kva_paged_kv", k: Any, v: Any, layout: str, dtype: int, num_pages: int, indices_ptr: int,
-               indptr_ptr: int = 0, last_page_len_ptr: int = 0) -> None:
+               indptr_ptr: int = 0, last_page_len_ptr: int = 0, num_indices: int = 0) -> None:
     ks = T.strides_of(k, "k_cache")
     vs = T.strides_of(v, "v_cache")
     P, ps, H, Dk = pool_dims(k, layout)
@@ -214,6 +214,7 @@ def fill_paged(p: "F.kva_paged_kv", k: Any, v: Any, layout: str, dtype: int, num
     p.indices = indices_ptr or None
     p.indptr = indptr_ptr or None
     p.last_page_len = last_page_len_ptr or None
+    p.num_indices = int(num_indices)
 
 
 def copy_into(dst: Any, src: Any, what: str) -> None:
@@ -426,7 +427,8 @@ def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: f
             w._replan_for_pool(pool)
             st = w._require_plan()
         w._pool_pages = pool
-        fill_paged(args.paged, k, v, st.kv_layout, st.kv_dtype, st.num_pages, T.data_ptr(st.indices))
+        fill_paged(args.paged, k, v, st.kv_layout, st.kv_dtype, st.num_pages, T.data_ptr(st.indices),
+                   num_indices=int(st.indices.shape[0]) if st.indices is not None else 0)
     if st.mask is not None:
         args.custom_mask = T.data_ptr(st.mask) or None
         args.custom_mask_bytes = st.mask_bytes

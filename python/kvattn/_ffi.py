@@ -153,6 +153,7 @@ class kva_paged_kv(Structure):
         ("indices", c_void_p),  # const int32_t*
         ("indptr", c_void_p),  # const int32_t*
         ("last_page_len", c_void_p),  # const int32_t*
+        ("num_indices", c_int64),  # entries in indices (0 = unchecked)
     ]
 
 

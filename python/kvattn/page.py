@@ -74,7 +74,7 @@ def _append_impl(append_key: Any, append_value: Any, batch_indices: Any, positio
         raise TypeError("kvattn: the K and V caches must have the same dtype")
     p = F.kva_paged_kv()
     _core.fill_paged(p, k, v, layout_name, kd, int(k.shape[0]), T.data_ptr(kv_indices), T.data_ptr(kv_indptr),
-                     T.data_ptr(kv_last_page_len))
+                     T.data_ptr(kv_last_page_len), int(kv_indices.shape[0]))
     tk = T.make_tensor(append_key, "append_key")
     tv = T.make_tensor(append_value, "append_value")
     nnz = int(append_key.shape[0])

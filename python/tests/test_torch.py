@@ -209,6 +209,33 @@ def test_merge_and_append(rng, device):
     assert packed.tolist() == [13, 1]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_append_kv_indptr_past_kv_indices(device):
+    """kv_indptr reaching past kv_indices: CPU raises before writing; CUDA (the table cannot be read without a
+    sync) writes the valid request's tokens and none of the request whose pages lie past the table."""
+    ps, hkv, d = 16, 2, 64
+    cache = torch.randn(6, 2, ps, hkv, d, device=device).half()
+    before = cache.clone()
+    indptr = torch.tensor([0, 2, 3], dtype=torch.int32, device=device)
+    indices = torch.tensor([4, 1, 3], dtype=torch.int32, device=device)[:2]  # request 1's page entry is missing
+    last = torch.tensor([4, 3], dtype=torch.int32, device=device)
+    bi = torch.tensor([0, 0, 1, 1], dtype=torch.int32, device=device)
+    pos = torch.tensor([16, 17, 0, 1], dtype=torch.int32, device=device)
+    ak = torch.randn(4, hkv, d, device=device).half()
+    av = torch.randn(4, hkv, d, device=device).half()
+    if device == "cpu":
+        with pytest.raises(ValueError):
+            kvattn.append_paged_kv_cache(ak, av, bi, pos, cache, indices, indptr, last)
+        assert torch.equal(cache, before)
+        return
+    kvattn.append_paged_kv_cache(ak, av, bi, pos, cache, indices, indptr, last)
+    torch.cuda.synchronize()
+    expect = before.clone()
+    expect[1, 0, :2] = ak[:2]
+    expect[1, 1, :2] = av[:2]
+    assert torch.equal(cache, expect)
+
+
 def _decode_ref(q, cache, indptr, indices, lens):
     c = np64(cache)
     out = []

@@ -664,6 +664,7 @@ KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan*
     ra.o = args->o;
     ra.lse = args->lse;
     ra.paged = *pk;
+    ra.paged.num_indices = 0; /* the user's paged.indices is not read: each level has its own table */
     ra.paged.indptr = NULL;
     ra.paged.last_page_len = NULL;
     ra.k_scale = args->k_scale;

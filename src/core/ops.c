@@ -75,6 +75,12 @@ static kva_status kva__check_paged(const kva__plan_data* pd, const kva_paged_kv*
                   "run: paged head dims (%d, %d) differ from the descriptor's (%d, %d)", (int)pk->head_dim_qk,
                   (int)pk->head_dim_vo, (int)d->head_dim_qk, (int)d->head_dim_vo);
     KVA_FORWARD(kva__check_paged_strides("run", pk));
+    KVA_RETURN_IF(pk->num_indices < 0, KVA_ERR_INVALID_ARGUMENT, "run: paged.num_indices = %lld is negative",
+                  (long long)pk->num_indices);
+    KVA_RETURN_IF(pk->num_indices > 0 && pk->num_indices < pd->num_page_entries, KVA_ERR_PAGETABLE_MALFORMED,
+                  "run: the plan's page table has %lld entries (kv_indptr[B]) but paged.indices holds %lld "
+                  "(paged.num_indices)",
+                  (long long)pd->num_page_entries, (long long)pk->num_indices);
     if (pd->num_page_entries > 0) {
         KVA_RETURN_IF(!pk->k_data || !pk->v_data, KVA_ERR_INVALID_ARGUMENT, "run: paged.k_data or v_data is NULL");
         KVA_RETURN_IF(!pk->indices, KVA_ERR_INVALID_ARGUMENT, "run: paged.indices is NULL");
@@ -373,6 +379,8 @@ KVA_API kva_status kva_append_paged_kv_cache(kva_context* context, const kva_ten
                   (int)paged->page_size, (long long)paged->num_pages, (int)paged->num_heads, (int)paged->head_dim_qk,
                   (int)paged->head_dim_vo);
     KVA_FORWARD(kva__check_paged_strides("kva_append_paged_kv_cache", paged));
+    KVA_RETURN_IF(paged->num_indices < 0, KVA_ERR_INVALID_ARGUMENT,
+                  "kva_append_paged_kv_cache: paged->num_indices = %lld is negative", (long long)paged->num_indices);
     KVA_RETURN_IF(!append_k || !append_v || !append_k->data || !append_v->data, KVA_ERR_INVALID_ARGUMENT,
                   "kva_append_paged_kv_cache: append_k or append_v is NULL");
     KVA_RETURN_IF(!kva__is_float(append_k->dtype) && append_k->dtype != paged->dtype, KVA_ERR_UNSUPPORTED,

@@ -327,6 +327,9 @@ kva_status kva__cpu_append_paged_kv(kva_context* ctx, const kva_tensor* append_k
                           (int)paged->page_size);
         }
     }
+    KVA_RETURN_IF(paged->num_indices > 0 && indptr[batch_size] > paged->num_indices, KVA_ERR_PAGETABLE_MALFORMED,
+                  "CPU append_paged_kv: indptr[%d] = %d but paged->indices holds %lld entries (paged->num_indices)",
+                  (int)batch_size, (int)indptr[batch_size], (long long)paged->num_indices);
     for (int64_t i = 0; i < nnz; ++i) {
         const int32_t b = batch_indices[i], p = positions[i];
         KVA_RETURN_IF(b < 0 || b >= batch_size, KVA_ERR_INVALID_ARGUMENT,

@@ -909,6 +909,7 @@ static kva_status kva__cuda_append(kva_context* ctx, const kva_tensor* append_k,
     p.v_stride_token = paged->v_stride_token * (int64_t)des;
     p.v_stride_head = paged->v_stride_head * (int64_t)des;
     p.num_pages = paged->num_pages;
+    p.num_indices = paged->num_indices;
     p.batch_size = batch_size;
     p.page_size = paged->page_size;
     p.heads = paged->num_heads;

@@ -275,7 +275,7 @@ KVA_DEV void kva_sincos(float x, float* s, float* c) {
 /* standard ALiBi slope of head h of n (n2 = largest power of two <= n) */
 KVA_DEV float kva_alibi_slope(int h, int n) {
     int n2 = 1;
-    while (n2 * 2 <= n) n2 *= 2;
+    while (n2 <= n / 2) n2 *= 2; /* (n2 * 2 would overflow for n >= 2^30) */
     float e = h < n2 ? -8.0f * (float)(h + 1) / (float)n2 : -4.0f * (float)(2 * (h - n2) + 1) / (float)n2;
     return exp2f(e);
 }

@@ -288,6 +288,7 @@ typedef struct kvk_append_params {
     kvk_i64 k_stride_page, k_stride_token, k_stride_head; /* bytes */
     kvk_i64 v_stride_page, v_stride_token, v_stride_head;
     kvk_i64 num_pages;
+    kvk_i64 num_indices; /* entries in indices; 0 = unchecked */
     kvk_i32 batch_size;
     kvk_i32 page_size;
     kvk_i32 heads;

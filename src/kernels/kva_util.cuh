@@ -99,8 +99,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_states(co
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* append_paged_kv: one warp per (token, head). Checks the request, the position and the page; a bad token is
-   not written and is recorded in the status word (request = token index). */
+/* append_paged_kv: one warp per (token, head). Checks the request, its indptr range, the position and the page;
+   a bad token is not written and is recorded in the status word (request = token index). */
 
 KVA_DEV void kva_copy_row(char* dst, const char* src, int bytes, int vec, int lane) {
     if (vec == 16) {
@@ -129,7 +129,10 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_append_paged(co
         bool ok = b >= 0 && b < p.batch_size && pos >= 0;
         if (ok) {
             const int e0 = p.indptr[b], e1 = p.indptr[b + 1];
-            const int npages = e1 - e0;
+            /* a malformed indptr (negative, decreasing, or past the table where its length is known) must not
+               index outside indices: the request's tokens are refused */
+            const bool table_ok = e0 >= 0 && e1 >= e0 && (p.num_indices == 0 || (long long)e1 <= p.num_indices);
+            const int npages = table_ok ? e1 - e0 : 0;
             const int lpl = npages > 0 ? p.last_page_len[b] : 0;
             /* a malformed last_page_len must not let pos / page_size index past the request's pages */
             const long long len =
