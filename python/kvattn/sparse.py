@@ -181,6 +181,7 @@ class _BsrState:
 
     def __init__(self) -> None:
         self.plan = kva_bsr_plan()
+        self.ws_owner: Any = None  # token of the last commit (the workspace record's owner)
         self.ws: Optional[F.kva_workspace] = None
         self.ctx = 0
         self.dev: T.DeviceKey = ("cpu", 0)
@@ -348,7 +349,10 @@ class BlockSparseAttentionWrapper:
         """Write st's plan into its workspace (and record it as the last writer of those bytes)."""
         F.check(_lib().kva_bsr_plan_make(st.ctx, ctypes.byref(st.desc), ctypes.byref(st.params), ctypes.byref(st.ws),
                                          ctypes.byref(st.plan), CX.current_stream(st.dev)), what)
-        CX.claim_workspace(st.dev, int(st.ws.device or 0), st.ws_bytes, st)
+        # the record's owner is a token of this commit, not st: the process-wide record must not keep the plan's
+        # index and mask copies alive after the wrapper drops them
+        st.ws_owner = object()
+        CX.claim_workspace(st.dev, int(st.ws.device or 0), st.ws_bytes, st.ws_owner)
 
     _DTYPE_HINT = {"q": "pass q_data_type to plan()", "k": "pass kv_data_type to plan()",
                    "v": "pass kv_data_type to plan()", "out": "pass o_data_type to plan()",
@@ -399,7 +403,7 @@ class BlockSparseAttentionWrapper:
             else:
                 self._check(st, lse, "lse", F.KVA_DTYPE_F32, (st.M, st.num_qo_heads))
         what = "BlockSparseAttentionWrapper"
-        CX.replan_if_overwritten(st.dev, int(st.ws.device or 0), st.ws_bytes, st, what, lambda: self._commit(
+        CX.replan_if_overwritten(st.dev, int(st.ws.device or 0), st.ws_bytes, st.ws_owner, what, lambda: self._commit(
             st, what + ".run (re-plan: the float workspace was used by another plan)"))
         lib = _lib()
         a = kva_bsr_run_args()

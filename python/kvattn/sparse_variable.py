@@ -115,6 +115,7 @@ def _host_i32_2d(x: Any, what: str, shape: Tuple[int, int]) -> np.ndarray:
 class _VState:
     def __init__(self) -> None:
         self.plan = kva_vbsr_plan()
+        self.ws_owner: Any = None  # token of the last commit (the workspace record's owner)
         self.head_plans: Any = None
         self.ws: Optional[F.kva_workspace] = None
         self.ctx = 0
@@ -250,7 +251,10 @@ class VariableBlockSparseAttentionWrapper:
         F.check(_lib().kva_vbsr_plan_make(st.ctx, ctypes.byref(st.desc), ctypes.byref(st.params),
                                           ctypes.byref(st.ws), ctypes.cast(st.head_plans, c_void_p),
                                           ctypes.byref(st.plan), CX.current_stream(st.dev)), what)
-        CX.claim_workspace(st.dev, int(st.ws.device or 0), st.ws_bytes, st)
+        # the record's owner is a token of this commit, not st: the process-wide record must not keep the plan's
+        # index and mask copies alive after the wrapper drops them
+        st.ws_owner = object()
+        CX.claim_workspace(st.dev, int(st.ws.device or 0), st.ws_bytes, st.ws_owner)
 
     def _check(self, st: _VState, x: Any, what: str, dtype: int, shape: Tuple[int, ...]) -> None:
         T.check_run_array(x, st.dev, what, dtype, shape)
@@ -281,7 +285,7 @@ class VariableBlockSparseAttentionWrapper:
             else:
                 self._check(st, lse, "lse", F.KVA_DTYPE_F32, (Hq, M))
         what = "VariableBlockSparseAttentionWrapper"
-        CX.replan_if_overwritten(st.dev, int(st.ws.device or 0), st.ws_bytes, st, what, lambda: self._commit(
+        CX.replan_if_overwritten(st.dev, int(st.ws.device or 0), st.ws_bytes, st.ws_owner, what, lambda: self._commit(
             st, what + ".run (re-plan: the float workspace was used by another plan)"))
         lib = _lib()
         a = kva_vbsr_run_args()

@@ -201,3 +201,26 @@ def test_block_sparse_plan_is_rewritten_after_split_kv_runs_in_its_bytes(rng):
         _check_decode(o, lse, qd, cache, indptr, indices, lens, "decode, layer %d" % step)
         assert_close(bsr.run(qs, k, v), ro, atol, rtol, "block-sparse, layer %d" % step)
     assert dec._state.commit is dcommit
+
+
+def test_block_sparse_plan_state_is_freed_with_its_wrapper():
+    """The process-wide record of who wrote the float workspace holds a token, not the plan: a dropped block-sparse
+    wrapper's plan state (with its index and mask copies) is freed at once."""
+    import gc
+    import weakref
+
+    ws = workspace()
+    refs = []
+    for cls, plan in ((kvattn.BlockSparseAttentionWrapper,
+                       lambda w: w.plan(np.array([0, 1, 3], np.int32), np.array([0, 0, 1], np.int32), 32, 32, 16, 16,
+                                        HQ, HKV, D, q_data_type="float32", o_data_type="float32")),
+                      (kvattn.VariableBlockSparseAttentionWrapper,
+                       lambda w: w.plan(np.ones((HKV, 2, 2), bool), np.full((HKV, 2), 16, np.int32),
+                                        np.full((HKV, 2), 16, np.int32), HQ, HKV, D, q_data_type="float32",
+                                        o_data_type="float32"))):
+        w = cls(ws)
+        plan(w)
+        refs.append(weakref.ref(w._state))
+        del w
+    gc.collect()
+    assert all(r() is None for r in refs)
