@@ -646,6 +646,19 @@ static void test_run(void) {
         F.plan = fresh;
         st = kva_run(F.ctx, &F.plan, ws, &a);
         H_CHECK(st == KVA_OK, "run of the later plan: %s: %s", kva_status_string(st), kva_last_error_message());
+        /* the same across contexts: another context's plan into this workspace replaces F.plan too */
+        kva_plan theirs;
+        st = kva_plan_make(F.other_ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &F.pp, ws, &theirs, NULL);
+        H_CHECK(st == KVA_OK, "another context's plan into the same workspace: %s: %s", kva_status_string(st),
+                kva_last_error_message());
+        a = F.args;
+        ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH,
+             "run: a plan replaced by another context's plan into its workspace", kva_run(F.ctx, &F.plan, ws, &a));
+        st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &F.pp, ws, &fresh, NULL);
+        H_CHECK(st == KVA_OK, "re-plan after the other context: %s: %s", kva_status_string(st), kva_last_error_message());
+        F.plan = fresh;
+        st = kva_run(F.ctx, &F.plan, ws, &a);
+        H_CHECK(st == KVA_OK, "run after re-planning: %s: %s", kva_status_string(st), kva_last_error_message());
     }
 
     /* ragged: K/V rows must match kv_indptr[B] */

@@ -61,7 +61,6 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
         ctx->plan_lpt_only = lpt && lpt[0] == '1';
     }
     pthread_mutex_init(&ctx->variant_mu, NULL);
-    pthread_mutex_init(&ctx->stamp_mu, NULL);
 
     kva_status st = KVA_ERR_NO_DEVICE;
     if (opt.backend == KVA_BACKEND_CUDA || opt.backend == KVA_BACKEND_AUTO) {
@@ -73,7 +72,6 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
 #endif
         if (st != KVA_OK && opt.backend == KVA_BACKEND_CUDA) {
             pthread_mutex_destroy(&ctx->variant_mu);
-            pthread_mutex_destroy(&ctx->stamp_mu);
             free(ctx);
             return st;
         }
@@ -88,7 +86,6 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
         st = kva__cpu_init(ctx);
         if (st != KVA_OK) {
             pthread_mutex_destroy(&ctx->variant_mu);
-            pthread_mutex_destroy(&ctx->stamp_mu);
             free(ctx);
             return st;
         }
@@ -105,7 +102,6 @@ KVA_API kva_status kva_context_destroy(kva_context* context) {
     kva__variants_destroy_all(context); /* before the backend: their kernels or shared objects are its */
     if (context->ops && context->ops->destroy) context->ops->destroy(context);
     pthread_mutex_destroy(&context->variant_mu);
-    pthread_mutex_destroy(&context->stamp_mu);
     for (int i = 0; i < 8; ++i) free(context->plan_scratch[i]);
     free(context);
     return KVA_OK;
@@ -117,31 +113,39 @@ KVA_API kva_backend kva_context_backend(const kva_context* context) {
 
 KVA_API int32_t kva_context_num_workers(const kva_context* context) { return context ? context->num_workers : 0; }
 
+static pthread_mutex_t kva__stamp_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t kva__stamp_next;
+static uint32_t kva__stamp_victim;
+static struct {
+    uint64_t addr, stamp;
+} kva__stamps[KVA__STAMP_SLOTS];
+
 uint64_t kva__stamp_record(kva_context* ctx, uint64_t addr) {
-    pthread_mutex_lock(&ctx->stamp_mu);
-    const uint64_t stamp = ++ctx->stamp_next;
+    (void)ctx;
+    pthread_mutex_lock(&kva__stamp_mu);
+    const uint64_t stamp = ++kva__stamp_next;
     int slot = -1;
     for (int i = 0; i < KVA__STAMP_SLOTS; ++i)
-        if (ctx->stamps[i].stamp && ctx->stamps[i].addr == addr) {
+        if (kva__stamps[i].stamp && kva__stamps[i].addr == addr) {
             slot = i;
             break;
         }
-    if (slot < 0) slot = (int)(ctx->stamp_victim++ % KVA__STAMP_SLOTS);
-    ctx->stamps[slot].addr = addr;
-    ctx->stamps[slot].stamp = stamp;
-    pthread_mutex_unlock(&ctx->stamp_mu);
+    if (slot < 0) slot = (int)(kva__stamp_victim++ % KVA__STAMP_SLOTS);
+    kva__stamps[slot].addr = addr;
+    kva__stamps[slot].stamp = stamp;
+    pthread_mutex_unlock(&kva__stamp_mu);
     return stamp;
 }
 
 int kva__stamp_current(const kva_context* ctx, uint64_t addr, uint64_t stamp) {
-    kva_context* c = (kva_context*)(uintptr_t)ctx; /* the table's lock */
+    (void)ctx;
     int current = 1;
-    pthread_mutex_lock(&c->stamp_mu);
+    pthread_mutex_lock(&kva__stamp_mu);
     for (int i = 0; i < KVA__STAMP_SLOTS; ++i)
-        if (c->stamps[i].stamp && c->stamps[i].addr == addr) {
-            current = c->stamps[i].stamp == stamp;
+        if (kva__stamps[i].stamp && kva__stamps[i].addr == addr) {
+            current = kva__stamps[i].stamp == stamp;
             break;
         }
-    pthread_mutex_unlock(&c->stamp_mu);
+    pthread_mutex_unlock(&kva__stamp_mu);
     return current;
 }

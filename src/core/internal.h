@@ -52,7 +52,7 @@ kva_status kva__retag_error(kva_status status);
 
 struct kva__backend_ops;
 
-#define KVA__STAMP_SLOTS 64
+#define KVA__STAMP_SLOTS 128 /* workspaces whose latest plan the process remembers (kva__stamp_record) */
 struct kva_context {
     kva_backend backend;
     int32_t device;
@@ -91,17 +91,13 @@ struct kva_context {
     pthread_mutex_t variant_mu;
     struct kva_variant** variants;
     int32_t num_variants, cap_variants;
-    /* The latest plan made into each recently used workspace (device address -> plan stamp, KVA__STAMP_SLOTS
-       slots, round-robin): run refuses an eager plan that a later plan into the same workspace replaced. */
-    pthread_mutex_t stamp_mu;
-    uint64_t stamp_next;
-    uint32_t stamp_victim;
-    struct {
-        uint64_t addr, stamp;
-    } stamps[KVA__STAMP_SLOTS];
 };
 
-/* Record that a plan was just made into the workspace at device address addr; returns its stamp. */
+/* The latest plan made into each recently used workspace, process-wide (device address -> plan stamp,
+   KVA__STAMP_SLOTS slots, round-robin; addresses are unique across devices and the host under unified addressing,
+   so plans of different contexts into one workspace are ordered too): run refuses an eager plan that a later plan
+   into the same workspace replaced. Record that a plan was just made into the workspace at device address addr;
+   returns its stamp (ctx is unused). */
 uint64_t kva__stamp_record(kva_context* ctx, uint64_t addr);
 /* 0 if a later plan than the one with this stamp was made into the workspace at addr (as far as the table
    remembers), else 1. */
