@@ -278,7 +278,12 @@ static int bench_cuda_device(int reps) {
                     fprintf(stderr, "bench_jit: cudaMalloc failed\n");
                     exit(1);
                 }
-                kva_workspace ws = {dev, db, host, hb ? hb : 256};
+                kva_workspace ws;
+                memset(&ws, 0, sizeof ws);
+                ws.device = dev;
+                ws.device_bytes = db;
+                ws.host = host;
+                ws.host_bytes = hb ? hb : 256;
                 kva_plan plan;
                 double t2 = now();
                 KV(kva_batch_decode_plan(ctx, &d, &pp, &ws, &plan, NULL));
