@@ -120,8 +120,7 @@ static struct {
     uint64_t addr, stamp;
 } kva__stamps[KVA__STAMP_SLOTS];
 
-uint64_t kva__stamp_record(kva_context* ctx, uint64_t addr) {
-    (void)ctx;
+uint64_t kva__stamp_record(uint64_t addr) {
     pthread_mutex_lock(&kva__stamp_mu);
     const uint64_t stamp = ++kva__stamp_next;
     int slot = -1;
@@ -137,8 +136,7 @@ uint64_t kva__stamp_record(kva_context* ctx, uint64_t addr) {
     return stamp;
 }
 
-int kva__stamp_current(const kva_context* ctx, uint64_t addr, uint64_t stamp) {
-    (void)ctx;
+int kva__stamp_current(uint64_t addr, uint64_t stamp) {
     int current = 1;
     pthread_mutex_lock(&kva__stamp_mu);
     for (int i = 0; i < KVA__STAMP_SLOTS; ++i)

@@ -97,11 +97,11 @@ struct kva_context {
    KVA__STAMP_SLOTS slots, round-robin; addresses are unique across devices and the host under unified addressing,
    so plans of different contexts into one workspace are ordered too): run refuses an eager plan that a later plan
    into the same workspace replaced. Record that a plan was just made into the workspace at device address addr;
-   returns its stamp (ctx is unused). */
-uint64_t kva__stamp_record(kva_context* ctx, uint64_t addr);
+   returns its stamp. */
+uint64_t kva__stamp_record(uint64_t addr);
 /* 0 if a later plan than the one with this stamp was made into the workspace at addr (as far as the table
    remembers), else 1. */
-int kva__stamp_current(const kva_context* ctx, uint64_t addr, uint64_t stamp);
+int kva__stamp_current(uint64_t addr, uint64_t stamp);
 
 void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...) KVA_PRINTF(3, 4);
 
@@ -336,8 +336,9 @@ static inline bool kva__visible(const kva_attention_desc* d, int64_t q_pos, int6
 
 /* Tensor checks used by the core and the backends. */
 kva_status kva__check_tensor(const char* name, const kva_tensor* t, kva_dtype dtype, int32_t ndim, const int64_t* shape);
-/* Paged K/V strides: non-negative, and the farthest element of the pool addressable without overflow. */
-kva_status kva__check_paged_strides(const char* name, const kva_paged_kv* pk);
+/* Paged K/V fields every call checks: strides non-negative with the farthest element of the pool addressable
+   without overflow, num_indices non-negative. */
+kva_status kva__check_paged_fields(const char* name, const kva_paged_kv* pk);
 /* Largest element offset of a tensor of dtype whose byte offset stays below 2^63. */
 int64_t kva__max_elem_offset(kva_dtype dtype);
 

@@ -37,7 +37,7 @@ static kva_status kva__check_plan(const kva_context* ctx, const kva_plan* plan, 
                   ws->device, ws->device_bytes, (void*)(uintptr_t)pd->ws_device_addr, pd->device_bytes);
     /* graph-mode plans are re-planned into their workspace under a captured graph by design (their kernels read the
        counts from the workspace), so only eager plans are checked */
-    KVA_RETURN_IF(!pd->graph_mode && pd->stamp && !kva__stamp_current(ctx, pd->ws_device_addr, pd->stamp),
+    KVA_RETURN_IF(!pd->graph_mode && pd->stamp && !kva__stamp_current(pd->ws_device_addr, pd->stamp),
                   KVA_ERR_PLAN_MISMATCH,
                   "run: a later plan was made into this workspace (%p), replacing this plan's work list; plan again, "
                   "or give each plan its own workspace (plans may share one scratch region)",
@@ -74,9 +74,7 @@ static kva_status kva__check_paged(const kva__plan_data* pd, const kva_paged_kv*
     KVA_RETURN_IF(pk->head_dim_qk != d->head_dim_qk || pk->head_dim_vo != d->head_dim_vo, KVA_ERR_PLAN_MISMATCH,
                   "run: paged head dims (%d, %d) differ from the descriptor's (%d, %d)", (int)pk->head_dim_qk,
                   (int)pk->head_dim_vo, (int)d->head_dim_qk, (int)d->head_dim_vo);
-    KVA_FORWARD(kva__check_paged_strides("run", pk));
-    KVA_RETURN_IF(pk->num_indices < 0, KVA_ERR_INVALID_ARGUMENT, "run: paged.num_indices = %lld is negative",
-                  (long long)pk->num_indices);
+    KVA_FORWARD(kva__check_paged_fields("run", pk));
     KVA_RETURN_IF(pk->num_indices > 0 && pk->num_indices < pd->num_page_entries, KVA_ERR_PAGETABLE_MALFORMED,
                   "run: the plan's page table has %lld entries (kv_indptr[B]) but paged.indices holds %lld "
                   "(paged.num_indices)",
@@ -378,9 +376,7 @@ KVA_API kva_status kva_append_paged_kv_cache(kva_context* context, const kva_ten
                   "kva_append_paged_kv_cache: paged has page_size %d, num_pages %lld, num_heads %d, head dims %d/%d",
                   (int)paged->page_size, (long long)paged->num_pages, (int)paged->num_heads, (int)paged->head_dim_qk,
                   (int)paged->head_dim_vo);
-    KVA_FORWARD(kva__check_paged_strides("kva_append_paged_kv_cache", paged));
-    KVA_RETURN_IF(paged->num_indices < 0, KVA_ERR_INVALID_ARGUMENT,
-                  "kva_append_paged_kv_cache: paged->num_indices = %lld is negative", (long long)paged->num_indices);
+    KVA_FORWARD(kva__check_paged_fields("kva_append_paged_kv_cache", paged));
     KVA_RETURN_IF(!append_k || !append_v || !append_k->data || !append_v->data, KVA_ERR_INVALID_ARGUMENT,
                   "kva_append_paged_kv_cache: append_k or append_v is NULL");
     KVA_RETURN_IF(!kva__is_float(append_k->dtype) && append_k->dtype != paged->dtype, KVA_ERR_UNSUPPORTED,

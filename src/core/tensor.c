@@ -63,7 +63,9 @@ int64_t kva__max_elem_offset(kva_dtype dtype) {
     return INT64_MAX / (int64_t)(es > 0 ? es : 4) - 1;
 }
 
-kva_status kva__check_paged_strides(const char* name, const kva_paged_kv* pk) {
+kva_status kva__check_paged_fields(const char* name, const kva_paged_kv* pk) {
+    KVA_RETURN_IF(pk->num_indices < 0, KVA_ERR_INVALID_ARGUMENT, "%s: paged num_indices = %lld is negative", name,
+                  (long long)pk->num_indices);
     KVA_RETURN_IF(pk->k_stride_page < 0 || pk->k_stride_token < 0 || pk->k_stride_head < 0 || pk->v_stride_page < 0 ||
                       pk->v_stride_token < 0 || pk->v_stride_head < 0,
                   KVA_ERR_INVALID_ARGUMENT, "%s: paged strides must be non-negative", name);

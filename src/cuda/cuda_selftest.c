@@ -1464,7 +1464,7 @@ static void test_bsr_graph(kva_context* ctx) {
     st = st == KVA_OK ? kva_bsr_workspace_size(ctx, &d, &p, &db2, &hb2) : st;
     CHECK(st == KVA_OK && db == db2 && hb == hb2, "bsr graph: workspace sizes depend only on the shape (%zu/%zu vs %zu/%zu)",
           db, hb, db2, hb2);
-    kva_workspace ws = {dalloc(db), db, NULL, hb};
+    kva_workspace ws = {dalloc(db), db, NULL, hb, NULL, 0};
     CU(cudaMallocHost(&ws.host, hb > 0 ? hb : 256));
     void* d_idx = dalloc(sizeof(int32_t) * MB * NB);
     p.indptr = A.indptr;
@@ -1516,7 +1516,7 @@ static void test_bsr_graph(kva_context* ctx) {
     /* reference: pattern B planned without graph mode into its own workspace and buffers */
     p.graph_mode = 0;
     st = kva_bsr_workspace_size(ctx, &d, &p, &db2, &hb2);
-    kva_workspace ws2 = {dalloc(db2), db2, NULL, hb2};
+    kva_workspace ws2 = {dalloc(db2), db2, NULL, hb2, NULL, 0};
     CU(cudaMallocHost(&ws2.host, hb2 > 0 ? hb2 : 256));
     kva_bsr_plan planR;
     st = st == KVA_OK ? kva_bsr_plan_make(ctx, &d, &p, &ws2, &planR, s) : st;

@@ -923,7 +923,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         memset(base, 0, KVA__STATUS_BYTES);
     }
     st = ctx->ops->finish_plan(ctx, pd, ws, stream);
-    if (st == KVA_OK) pd->stamp = kva__stamp_record(ctx, pd->ws_device_addr);
+    if (st == KVA_OK) pd->stamp = kva__stamp_record(pd->ws_device_addr);
 
 done:
     kva__scratch_free(&s);
