@@ -779,6 +779,10 @@ typedef struct kva_cascade_run_args {
     float k_scale;              /* default 1 */
     float v_scale;              /* default 1 */
     void* stream;
+    /* appended: the length (entries) of kv_indices[l], 0 = not given (unchecked), as kva_paged_kv.num_indices:
+       where given, run refuses a level whose planned page table (its kv_indptr[B]) is longer
+       (KVA_ERR_PAGETABLE_MALFORMED); negative: KVA_ERR_INVALID_ARGUMENT. paged.num_indices is not read. */
+    int64_t kv_num_indices[KVA_CASCADE_MAX_LEVELS];
 } kva_cascade_run_args;
 
 KVA_API void kva_cascade_run_args_init(kva_cascade_run_args* args);

@@ -1681,6 +1681,16 @@ static void f_suite_errors(void) {
         e = a;
         e.k_scale = NAN;
         F_ERR(kva_cascade_run(ctx, &plan, &ws.ws, &e), KVA_ERR_INVALID_ARGUMENT);
+        if (last_with_pages > 0) {
+            /* a later level's table one entry short of its plan (kv_num_indices): level 0 must not run either */
+            e = a;
+            e.kv_num_indices[last_with_pages] = s.kv_indptr[last_with_pages][s.nb[last_with_pages]] - 1;
+            if (e.kv_num_indices[last_with_pages] > 0)
+                F_ERR(kva_cascade_run(ctx, &plan, &ws.ws, &e), KVA_ERR_PAGETABLE_MALFORMED);
+            e = a;
+            e.kv_num_indices[last_with_pages] = -1;
+            F_ERR(kva_cascade_run(ctx, &plan, &ws.ws, &e), KVA_ERR_INVALID_ARGUMENT);
+        }
         F_ERR(kva_cascade_run(ctx, &plan, &mis, &a), KVA_ERR_PLAN_MISMATCH);
         kva_cascade_plan bp = plan;
         bp.magic = 0;
@@ -1703,6 +1713,7 @@ static void f_suite_errors(void) {
         h_buf_download(&lse);
         H_CHECK(f_all_poison(&o) && f_all_poison(&lse) && h_buf_guards_ok(&o),
                 "a failed cascade run wrote to o or lse");
+        for (int l = 0; l < 3; ++l) a.kv_num_indices[l] = s.kv_indptr[l][s.nb[l]]; /* exact lengths: accepted */
         F_ERR(kva_cascade_run(ctx, &plan, &ws.ws, &a), KVA_OK);
         kva_fault_report rep;
         F_ERR(kva_cascade_read_faults(ctx, &plan, &ws.ws, &rep, NULL), KVA_OK);

@@ -641,6 +641,13 @@ KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan*
     for (int32_t l = 0; l < L; ++l) {
         const kva__plan_data* pd = kva__plan_data_ofc(&plan->levels[l]);
         const int64_t entries = pd->num_page_entries;
+        const int64_t given = args->kv_num_indices[l];
+        KVA_RETURN_IF(given < 0, KVA_ERR_INVALID_ARGUMENT, "%s: kv_num_indices[%d] = %lld is negative", fn, (int)l,
+                      (long long)given);
+        KVA_RETURN_IF(given > 0 && given < entries, KVA_ERR_PAGETABLE_MALFORMED,
+                      "%s: level %d's plan reads %lld page-table entries, but kv_indices[%d] holds %lld "
+                      "(kv_num_indices[%d])",
+                      fn, (int)l, (long long)entries, (int)l, (long long)given, (int)l);
         if (entries == 0) continue;
         KVA_RETURN_IF(!pk->k_data || !pk->v_data, KVA_ERR_INVALID_ARGUMENT, "%s: paged.k_data or v_data is NULL", fn);
         KVA_RETURN_IF(pk->num_pages < 1, KVA_ERR_INVALID_ARGUMENT,
@@ -664,7 +671,7 @@ KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan*
     ra.o = args->o;
     ra.lse = args->lse;
     ra.paged = *pk;
-    ra.paged.num_indices = 0; /* the user's paged.indices is not read: each level has its own table */
+    ra.paged.num_indices = 0; /* paged.indices / num_indices are not read: each level has its own table and length */
     ra.paged.indptr = NULL;
     ra.paged.last_page_len = NULL;
     ra.k_scale = args->k_scale;
@@ -680,6 +687,7 @@ KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan*
         kva_workspace sub = kva__sub_ws(workspace, plan->level_device_offset[l], plan->level_device_bytes[l],
                                         plan->level_host_offset[l], plan->level_host_bytes[l]);
         ra.paged.indices = args->kv_indices[l];
+        ra.paged.num_indices = args->kv_num_indices[l];
         if (l == 0) {
             ra.o = args->o;
             ra.lse = L > 1 ? acc_lse : args->lse;
