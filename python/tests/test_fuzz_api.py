@@ -17,6 +17,15 @@ A combination that an API documents as unsupported (or cannot express) is re-dra
 drawing never produces anything else the docs call unsupported, so an UnsupportedError / NotImplementedError at run
 time fails the case.
 
+torch groups (skipped without torch; importing this module never imports torch):
+  test_fuzz_api_torch_cpu   the same cases (same seeds, draws and checks; default 30) with torch CPU tensors
+  test_fuzz_api_torch_cuda  cases drawn within the CUDA backend's constraints (draw_cuda_case; default 60: head dims
+                            64/128/256, q f16/bf16, KV also fp8 with k_scale/v_scale, o also f32, lengths to 2048),
+                            torch CUDA tensors, run 0 / run 1 with enable_pdl on / off, against the float64 reference
+                            of the rounded inputs (skipped unless torch.cuda.is_available())
+  test_fuzz_api_torch_cuda_graph  a use_cuda_graph=True decode wrapper captured, re-planned and replayed (default 2)
+The env vars below select the cases of every group (-k torch_cpu / torch_cuda picks a group).
+
 Replay:
     KVATTN_FUZZ_SEED=<base seed> KVATTN_FUZZ_CASES=<n> pytest python/tests/test_fuzz_api.py   # cases 0 .. n-1
     KVATTN_FUZZ_CASE_SEED=<case seed> pytest python/tests/test_fuzz_api.py                     # one case
@@ -82,6 +91,72 @@ def np_dtype(name):
 def f32(x):
     """x as a float32-exact Python float (the C descriptor stores float32: no ambiguity in the reference)."""
     return float(np.float32(x))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Array front end of the runners below: NumPy arrays (test_fuzz_api) or torch CPU tensors (test_fuzz_api_torch_cpu).
+# The runners draw and check NumPy arrays; IO converts what they pass to the API and what comes back. The NumPy
+# front end is the identity, so the NumPy cases are exactly what they were.
+
+class NumpyIO:
+    name = "numpy"
+
+    def t(self, x):  # a NumPy array as passed to the API
+        return x
+
+    def idx(self, x):  # an int32 index array (indptr, indices, last_page_len) as passed to plan()
+        return x
+
+    def np(self, x):  # an API result as a NumPy array of its dtype
+        return x
+
+    def ws(self, nbytes):
+        return workspace(nbytes)
+
+    def dtype(self, name):  # the dtype a result of dtype `name` has
+        return np.dtype(np_dtype(name))
+
+    def api_dtype(self, name):  # a dtype argument given as a dtype object rather than a string
+        return np.dtype(np_dtype(name))
+
+
+class TorchCpuIO(NumpyIO):
+    """torch CPU tensors sharing the NumPy arrays' memory (torch.from_numpy keeps strides, so padded pools, strided
+    queries, transposed HND views and out= views inside a guard band stay what they are). idx_torch: plan()'s
+    index arrays as torch tensors too (else NumPy arrays, which torch wrappers also take)."""
+    name = "torch_cpu"
+
+    def __init__(self, torch, idx_torch):
+        self.torch = torch
+        self.idx_torch = idx_torch
+        self.tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+    def t(self, x):
+        assert isinstance(x, np.ndarray)
+        if BF16 is not None and x.dtype == np.dtype(BF16):
+            return self.torch.from_numpy(x.view(np.int16)).view(self.torch.bfloat16)
+        return self.torch.from_numpy(x)
+
+    def idx(self, x):
+        return self.torch.from_numpy(x) if self.idx_torch else x
+
+    def np(self, x):
+        assert isinstance(x, self.torch.Tensor) and x.device.type == "cpu", (type(x), getattr(x, "device", None))
+        if x.dtype == self.torch.bfloat16:
+            return x.view(self.torch.int16).numpy().view(BF16)
+        return x.numpy()
+
+    def ws(self, nbytes):
+        return self.torch.zeros(nbytes, dtype=self.torch.uint8)
+
+    def dtype(self, name):
+        return self.tdt[name]
+
+    def api_dtype(self, name):
+        return self.tdt[name]
+
+
+IO = NumpyIO()  # the front end of the case being run (set by the test functions)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -394,10 +469,11 @@ def make_pools(rng, c, P, form):
         assert dqk == dvo
         cache = pool((P, 2) + shape(dqk)[1:])
         k, v = cache[:, 0], cache[:, 1]
-        return (cache if form.startswith("5d") else (k, v)), k, v
+        ct = IO.t(cache)  # (torch modes: the halves are views of the converted 5-D tensor, as in the NumPy form)
+        return (ct if form.startswith("5d") else (ct[:, 0], ct[:, 1])), k, v
     k = pool(shape(dqk))
     v = pool(shape(dvo))
-    return (k, v), k, v
+    return (IO.t(k), IO.t(v)), k, v
 
 
 def make_mask(rng, c, qo, kv):
@@ -417,9 +493,13 @@ def packed_segments(masks):
 # ---------------------------------------------------------------------------------------------------------------
 # Reference and checks
 
+# fp8 KV (CUDA group only): test_torch.test_decode_fp8_kv's tolerance, against the reference on the fp8 values
+TOLS = dict(TOL, float8_e4m3fn=(2e-2, 2e-2), float8_e5m2=(2e-2, 2e-2))
+
+
 def tolerance(c):
     names = {c["q_dtype"], c["kv_dtype"], c["o_dtype"]}
-    return max(TOL[n][0] for n in names), max(TOL[n][1] for n in names)
+    return max(TOLS[n][0] for n in names), max(TOLS[n][1] for n in names)
 
 
 def ref_kw(c, causal):
@@ -452,7 +532,7 @@ def check(c, o, lse, ro, rl, what):
 # API argument helpers
 
 def api_dtype(c, name):
-    return np.dtype(np_dtype(c[name])) if c["dtype_as_numpy"] else c[name]
+    return IO.api_dtype(c[name]) if c["dtype_as_numpy"] else c[name]
 
 
 def api_layout(c):
@@ -493,7 +573,7 @@ def echo_kw(c):
 def case_workspace(c):
     """The float workspace a new wrapper gets: the one it shares with another wrapper, else a fresh 32 MB one."""
     ws = c.get("ws_buffer")
-    return ws if ws is not None else workspace(32 << 20)
+    return ws if ws is not None else IO.ws(32 << 20)
 
 
 def setup_workspace(c, w, size_args, size_kw):
@@ -501,9 +581,9 @@ def setup_workspace(c, w, size_args, size_kw):
     if c["workspace"] == "exact":
         fbytes, ibytes = w.workspace_size(*size_args, **size_kw)
         assert fbytes >= 0 and ibytes > 0
-        w.reset_workspace_buffer(np.zeros(fbytes, np.uint8))
+        w.reset_workspace_buffer(IO.ws(fbytes))
     elif c.get("prev_workspace") == "exact":  # a re-plan after an exact-size plan: the default buffer again
-        w.reset_workspace_buffer(workspace(32 << 20))
+        w.reset_workspace_buffer(IO.ws(32 << 20))
 
 
 GUARD = 12345.0  # the value around out= / lse= views; a write outside the view changes it
@@ -546,26 +626,29 @@ def call_run(w, mode, args, kw, o_shape, o_dtype, rows, hq, guard=False):
         o, lse = w.forward_return_lse(*args, **kw)
     else:
         out, obig = guarded(tuple(o_shape), np_dtype(o_dtype), guard)
+        out_a = IO.t(out)  # torch CPU: a tensor sharing out's memory (and the guard band's)
         if mode == "out":
-            r = w.run(*args, out=out, **kw)
-            assert r is out
-            o, lse = out, None
+            r = w.run(*args, out=out_a, **kw)
+            assert r is out_a
+            o, lse = out_a, None
         else:
             lbuf, lbig = guarded((rows, hq), np.float32, guard)
+            lbuf_a = IO.t(lbuf)
             if mode == "out_lse":
-                r = w.run(*args, out=out, lse=lbuf, return_lse=True, **kw)
-                assert r[0] is out and r[1] is lbuf
+                r = w.run(*args, out=out_a, lse=lbuf_a, return_lse=True, **kw)
+                assert r[0] is out_a and r[1] is lbuf_a
             else:  # lse= without return_lse: the buffer is still written, only out is returned
-                r = w.run(*args, out=out, lse=lbuf, **kw)
-                assert r is out
-            o, lse = out, lbuf
+                r = w.run(*args, out=out_a, lse=lbuf_a, **kw)
+                assert r is out_a
+            o, lse = out_a, lbuf_a  # (torch CPU: IO.np gives back views of out / lbuf)
             check_guard(lbig, (rows, hq), "lse=")
         check_guard(obig, tuple(o_shape), "out=")
-    assert o.shape == tuple(o_shape), (o.shape, o_shape)
-    assert o.dtype == np.dtype(np_dtype(o_dtype)), (o.dtype, o_dtype)
+    assert tuple(o.shape) == tuple(o_shape), (o.shape, o_shape)
+    assert o.dtype == IO.dtype(o_dtype), (o.dtype, o_dtype)
     if lse is not None:
-        assert lse.shape == (rows, hq) and lse.dtype == np.float32
-    return o, lse
+        assert tuple(lse.shape) == (rows, hq) and lse.dtype == IO.dtype("float32")
+        lse = IO.np(lse)
+    return IO.np(o), lse
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -581,8 +664,8 @@ def run_decode(rng, c, w=None):
     if w is None:
         ws = case_workspace(c)
         if c["graph"]:  # fixed buffers the plan copies the page table into (batch size fixed to B)
-            bufs = c["graph_buffers"] = (np.full(B + 1, -7, np.int32), np.full(16384, -7, np.int32),
-                                         np.full(B, -7, np.int32))
+            bufs = c["graph_buffers"] = (IO.t(np.full(B + 1, -7, np.int32)), IO.t(np.full(16384, -7, np.int32)),
+                                         IO.t(np.full(B, -7, np.int32)))
             if c["graph_subclass"]:
                 w = kvattn.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, *bufs, kv_layout=api_layout(c),
                                                                        use_tensor_cores=c["use_tensor_cores"])
@@ -598,9 +681,9 @@ def run_decode(rng, c, w=None):
     plan_kw = dict(feature_kw(c), q_data_type=api_dtype(c, "q_dtype"), kv_data_type=api_dtype(c, "kv_dtype"),
                    o_data_type=api_dtype(c, "o_dtype"), q_len_per_req=ql, **split_kw(c))
     setup_workspace(c, w, (indptr, indices, last, hq, hkv, d, ps), plan_kw)
-    w.plan(indptr, indices, last, hq, hkv, d, ps, **plan_kw)
+    w.plan(IO.idx(indptr), IO.idx(indices), IO.idx(last), hq, hkv, d, ps, **plan_kw)
     if c["graph"]:
-        ib, xb, lb = c["graph_buffers"]
+        ib, xb, lb = (IO.np(b) for b in c["graph_buffers"])
         n = int(indptr[-1])
         np.testing.assert_array_equal(ib, indptr)
         np.testing.assert_array_equal(xb[:n], indices[:n])
@@ -612,7 +695,7 @@ def run_decode(rng, c, w=None):
             if c["new_kv_run2"] or c["kv_form_run2"] != c["kv_form"] or c["grow_pool_run2"]:
                 arg, kp, vp = make_pools(rng, c, P + c["grow_pool_run2"], c["kv_form_run2"])
         q = make_q(rng, c, (rows, hq, d))
-        o, lse = call_run(w, c["out_modes"][run], (q, arg), echo_kw(c), (rows, hq, d), c["o_dtype"], rows, hq,
+        o, lse = call_run(w, c["out_modes"][run], (IO.t(q), arg), echo_kw(c), (rows, hq, d), c["o_dtype"], rows, hq,
                           c["out_guard"])
         for b, n in enumerate(kv_lens):
             k, v = gather_kv(kp, vp, indptr, indices, b, n, c["kv_layout"])
@@ -628,8 +711,8 @@ def _batch_masks(rng, c, qo_lens, kv_lens):
     masks = [make_mask(rng, c, q, n) for q, n in zip(qo_lens, kv_lens)]
     if c["mask"] == "custom":
         flat = np.concatenate([m.reshape(-1) for m in masks]) if masks else np.zeros(0, bool)
-        return masks, dict(custom_mask=flat.astype(bool))
-    return masks, dict(packed_custom_mask=packed_segments(masks))
+        return masks, dict(custom_mask=IO.t(flat.astype(bool)))
+    return masks, dict(packed_custom_mask=IO.t(packed_segments(masks)))
 
 
 def run_prefill_paged(rng, c, w=None):
@@ -648,7 +731,7 @@ def run_prefill_paged(rng, c, w=None):
     if dvo != dqk or c["pass_head_dim_vo"]:
         plan_kw["head_dim_vo"] = dvo
     setup_workspace(c, w, (qo_indptr, indptr, indices, last, hq, hkv, dqk, ps), plan_kw)
-    w.plan(qo_indptr, indptr, indices, last, hq, hkv, dqk, ps, **plan_kw)
+    w.plan(IO.idx(qo_indptr), IO.idx(indptr), IO.idx(indices), IO.idx(last), hq, hkv, dqk, ps, **plan_kw)
     yield  # planned (a wrapper sharing the workspace may plan now)
     arg, kp, vp = make_pools(rng, c, P, c["kv_form"])
     for run in range(2):
@@ -656,7 +739,7 @@ def run_prefill_paged(rng, c, w=None):
             if c["new_kv_run2"] or c["kv_form_run2"] != c["kv_form"] or c["grow_pool_run2"]:
                 arg, kp, vp = make_pools(rng, c, P + c["grow_pool_run2"], c["kv_form_run2"])
         q = make_q(rng, c, (rows, hq, dqk))
-        o, lse = call_run(w, c["out_modes"][run], (q, arg), echo_kw(c), (rows, hq, dvo), c["o_dtype"], rows, hq,
+        o, lse = call_run(w, c["out_modes"][run], (IO.t(q), arg), echo_kw(c), (rows, hq, dvo), c["o_dtype"], rows, hq,
                           c["out_guard"])
         for b, (qo, n) in enumerate(zip(qo_lens, kv_lens)):
             k, v = gather_kv(kp, vp, indptr, indices, b, n, c["kv_layout"])
@@ -698,14 +781,15 @@ def run_prefill_ragged(rng, c, w=None):
     if dvo != dqk or c["pass_head_dim_vo"]:
         plan_kw["head_dim_vo"] = dvo
     setup_workspace(c, w, (qo_indptr, kv_indptr, hq, hkv, dqk), plan_kw)
-    w.plan(qo_indptr, kv_indptr, hq, hkv, dqk, **plan_kw)
+    w.plan(IO.idx(qo_indptr), IO.idx(kv_indptr), hq, hkv, dqk, **plan_kw)
     yield  # planned (a wrapper sharing the workspace may plan now)
     k, v = _ragged_kv(rng, c, nnz)
     for run in range(2):
         if run == 1 and c["new_kv_run2"]:
             k, v = _ragged_kv(rng, c, nnz)
         q = make_q(rng, c, (rows, hq, dqk))
-        o, lse = call_run(w, c["out_modes"][run], (q, _hnd(c, k), _hnd(c, v)), echo_kw(c), (rows, hq, dvo),
+        o, lse = call_run(w, c["out_modes"][run], (IO.t(q), IO.t(_hnd(c, k)), IO.t(_hnd(c, v))), echo_kw(c),
+                          (rows, hq, dvo),
                           c["o_dtype"], rows, hq, c["out_guard"])
         for b, (qo, n) in enumerate(zip(qo_lens, kv_lens)):
             rs = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
@@ -731,7 +815,8 @@ def run_cascade(rng, c, w=None):
     qo_arr = [qo_last[np.array(bnd)].astype(np.int32) for bnd in c["cascade_bounds"]]
     if w is None:
         w = kvattn.MultiLevelCascadeAttentionWrapper(L, case_workspace(c), kv_layout=api_layout(c))
-    w.plan(qo_arr, [t[0] for t in tables], [t[1] for t in tables], [t[2] for t in tables], hq, hkv, d, ps,
+    w.plan([IO.idx(a) for a in qo_arr], [IO.idx(t[0]) for t in tables], [IO.idx(t[1]) for t in tables],
+           [IO.idx(t[2]) for t in tables], hq, hkv, d, ps,
            causal=c["causal"], q_data_type=api_dtype(c, "q_dtype"), kv_data_type=api_dtype(c, "kv_dtype"),
            **feature_kw(c))
     yield  # planned (a wrapper sharing the workspace may plan now)
@@ -741,8 +826,9 @@ def run_cascade(rng, c, w=None):
             if c["new_kv_run2"] or c["kv_form_run2"] != c["kv_form"] or c["grow_pool_run2"]:
                 arg, kp, vp = make_pools(rng, c, P + c["grow_pool_run2"], c["kv_form_run2"])
         q = make_q(rng, c, (rows, hq, d))
-        o = w.run(q, arg)
-        assert o.shape == (rows, hq, d) and o.dtype == np.dtype(np_dtype(c["q_dtype"]))
+        o = w.run(IO.t(q), arg)
+        assert tuple(o.shape) == (rows, hq, d) and o.dtype == IO.dtype(c["q_dtype"])
+        o = IO.np(o)
         ro_all = rl_all = None
         for lvl, (bnd, kvs, (indptr, indices, _)) in enumerate(zip(c["cascade_bounds"], c["cascade_kv_lens"],
                                                                    tables)):
@@ -768,15 +854,16 @@ def run_single_decode(rng, c, w=None):
     q = make_q(rng, c, (hq, d))
     k, v = _ragged_kv(rng, c, n)
     kw = feature_kw(c)
-    res = kvattn.single_decode_with_kv_cache(q, _hnd(c, k), _hnd(c, v), kv_layout=api_layout(c),
+    res = kvattn.single_decode_with_kv_cache(IO.t(q), IO.t(_hnd(c, k)), IO.t(_hnd(c, v)), kv_layout=api_layout(c),
                                              use_tensor_cores=c["use_tensor_cores"],
                                              return_lse=c["return_lse_single"], **kw)
     o, lse = res if c["return_lse_single"] else (res, None)
-    assert o.shape == (hq, d) and o.dtype == np.dtype(np_dtype(c["q_dtype"]))
+    assert tuple(o.shape) == (hq, d) and o.dtype == IO.dtype(c["q_dtype"])
+    o = IO.np(o)
     ro, rl = attention(q[None], k, v, **ref_kw(c, causal=False))
     if lse is not None:
-        assert lse.shape == (hq,) and lse.dtype == np.float32
-        lse = lse[None]
+        assert tuple(lse.shape) == (hq,) and lse.dtype == IO.dtype("float32")
+        lse = IO.np(lse)[None]
     check(c, o[None], lse, ro, rl, "kv_len %d" % n)
 
 
@@ -792,17 +879,19 @@ def run_single_prefill(rng, c, w=None):
     if c["mask"] != "none":
         m = make_mask(rng, c, qo, n)
         if c["mask"] == "custom":
-            kw["custom_mask"] = m if c["mask_2d"] else m.reshape(-1)
+            kw["custom_mask"] = IO.t(m if c["mask_2d"] else m.reshape(-1))
         else:
-            kw["packed_custom_mask"] = packed_segments([m])
+            kw["packed_custom_mask"] = IO.t(packed_segments([m]))
     if c["o_dtype"] != c["q_dtype"] or c["pass_o_dtype"]:
         kw["o_dtype"] = api_dtype(c, "o_dtype")
-    res = kvattn.single_prefill_with_kv_cache(q, _hnd(c, k), _hnd(c, v), causal=c["causal"],
+    res = kvattn.single_prefill_with_kv_cache(IO.t(q), IO.t(_hnd(c, k)), IO.t(_hnd(c, v)), causal=c["causal"],
                                               kv_layout=api_layout(c), return_lse=c["return_lse_single"], **kw)
     o, lse = res if c["return_lse_single"] else (res, None)
-    assert o.shape == (qo, hq, dvo) and o.dtype == np.dtype(np_dtype(c["o_dtype"]))
+    assert tuple(o.shape) == (qo, hq, dvo) and o.dtype == IO.dtype(c["o_dtype"])
+    o = IO.np(o)
     if lse is not None:
-        assert lse.shape == (qo, hq) and lse.dtype == np.float32
+        assert tuple(lse.shape) == (qo, hq) and lse.dtype == IO.dtype("float32")
+        lse = IO.np(lse)
     ro, rl = attention(q, k, v, mask=m, **ref_kw(c, causal=c["causal"] and m is None))
     check(c, o, lse, ro, rl, "qo_len %d, kv_len %d" % (qo, n))
 
@@ -822,21 +911,25 @@ RUNNERS = {"decode": run_decode, "prefill_paged": run_prefill_paged, "prefill_ra
 
 # ---------------------------------------------------------------------------------------------------------------
 
-def replay_hint(c):
+def replay_hint(c, group=""):
     return ("replay: KVATTN_FUZZ_CASE_SEED=%d PYTHONPATH=$PWD/python KVATTN_LIBRARY=$PWD/build/libkvattn.so "
-            "python3 -m pytest -q python/tests/test_fuzz_api.py" % c["seed"])
+            "python3 -m pytest -q python/tests/test_fuzz_api.py%s" % (c["seed"], " -k " + group if group else ""))
 
 
 @pytest.mark.parametrize("index,seed", CASES, ids=["case%03d-seed%d" % cs for cs in CASES])
 def test_fuzz_api(index, seed):
+    run_case(index, seed)
+
+
+def run_case(index, seed, group=""):
     c, rng = draw_case(seed, index)
     print("fuzz case %d (base seed %d) seed %d: %s" % (index, BASE_SEED, seed, describe(c)))
-    print(replay_hint(c))
+    print(replay_hint(c, group))
     gens = [RUNNERS[c["op"]](rng, c)]
     if c["companion"]:
         # FlashInfer engines share one float workspace among their wrappers: a second wrapper plans into the buffer
         # between this plan and its runs, and runs after them
-        c["ws_buffer"] = workspace(32 << 20)
+        c["ws_buffer"] = IO.ws(32 << 20)
         next(gens[0])
         c3 = draw_companion(rng, c)
         print("companion wrapper on the same float workspace: %s" % describe(c3))
@@ -846,6 +939,572 @@ def test_fuzz_api(index, seed):
         c2 = draw_replan(rng, c)
         print("re-plan of the same wrapper: %s" % describe(c2))
         finish(RUNNERS[c2["op"]](rng, c2, ws[0]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# torch groups. Importing this module never imports torch: the tests below import it (pytest.importorskip).
+
+def _group_cases(default_n):
+    """Cases of a torch group: KVATTN_FUZZ_CASE_SEED (one case), else KVATTN_FUZZ_CASES (default default_n) cases
+    of base seed KVATTN_FUZZ_SEED, seeded as the NumPy group's (so the torch CPU cases are its first ones)."""
+    if ONE_CASE_SEED is not None:
+        return [(0, int(ONE_CASE_SEED))]
+    n = NUM_CASES if "KVATTN_FUZZ_CASES" in os.environ else default_n
+    return [(i, case_seed(i)) for i in range(n)]
+
+
+TORCH_CPU_CASES = _group_cases(30)
+CUDA_CASES = _group_cases(60)
+CUDA_GRAPH_CASES = _group_cases(2)
+
+
+def _torch_or_skip():
+    return pytest.importorskip("torch", reason="torch is not installed: the torch fuzz groups need it")
+
+
+@pytest.mark.parametrize("index,seed", TORCH_CPU_CASES, ids=["case%03d-seed%d" % cs for cs in TORCH_CPU_CASES])
+def test_fuzz_api_torch_cpu(index, seed):
+    """The NumPy group's case of this seed (same draws, same checks) with torch CPU tensors: inputs, out= / lse=
+    buffers, the paged cache in both forms, workspaces, masks, CUDA-graph-mode buffers and (mostly) the plan's index
+    arrays."""
+    global IO
+    torch = _torch_or_skip()
+    opts = np.random.default_rng([seed, 0x7057])  # torch-only choices: the case's own draws stay the NumPy ones
+    io = TorchCpuIO(torch, idx_torch=bool(opts.random() < 0.7))
+    print("torch CPU tensors (torch %s); plan index arrays as %s" % (
+        torch.__version__, "torch tensors" if io.idx_torch else "NumPy arrays"))
+    IO = io
+    try:
+        run_case(index, seed, "torch_cpu")
+    finally:
+        IO = NumpyIO()
+
+
+# ---- torch CUDA tensors (the CUDA backend) ----
+# What the CUDA backend takes (include/kvattn.h q_dtype, docs/variants.md "Dtypes and head dims are those of the
+# CUDA backend", src/cuda kva__cuda_select): q f16 / bf16; KV f16 / bf16 / e4m3 / e5m2; o f16 / bf16 / f32;
+# head_dim_qk == head_dim_vo in {64, 128, 256}; row / head strides multiples of 16 bytes and 16-byte aligned
+# q / o / K / V pointers (docs/errors.md ALIGNMENT), so paddings and view offsets below are 16-byte multiples.
+
+CUDA_DEV = "cuda"  # (a local smoke test of this code can point it at the CPU backend)
+CUDA_HEAD_DIMS = [64, 128, 256]
+CUDA_PAGE_SIZES = [1, 3, 5, 16, 17, 32]
+CUDA_OUT_MODES = ["alloc", "alloc_lse", "run_return_lse", "out", "out_lse"]
+CUDA_COST_BUDGET = 1.5e8  # float64 reference MACs per run (the CPU computes it)
+
+
+def _draw_cuda_kv_len(rng):
+    r = rng.random()
+    if r < 0.1:
+        return 0
+    if r < 0.35:
+        return int(rng.integers(1, 65))
+    if r < 0.75:
+        return int(rng.integers(65, 700))
+    return int(rng.integers(700, 2049))  # long: split-KV
+
+
+def draw_cuda_case(seed, index=0, fp8_names=(), log=print):
+    """A case within the CUDA backend's constraints (its own draws from `seed`; op = seed % 6 as in draw_case).
+    fp8_names: the fp8 dtypes this torch has."""
+    rng = np.random.default_rng(seed)
+    op = OPS[seed % len(OPS)]
+    c = {"op": op, "index": index, "seed": seed}
+    c["num_kv_heads"] = int(rng.integers(1, 5))
+    c["group"] = int(rng.integers(1, 9))
+    c["num_qo_heads"] = c["num_kv_heads"] * c["group"]
+    c["head_dim_qk"] = c["head_dim_vo"] = _pick(rng, CUDA_HEAD_DIMS)
+    c["kv_layout"] = _pick(rng, ["NHD", "HND"])
+    q16 = ["float16", "bfloat16"]
+    c["q_dtype"] = _pick(rng, q16)
+    other = q16[1 - q16.index(c["q_dtype"])]
+    r = rng.random()
+    if r < 0.25 and fp8_names:
+        c["kv_dtype"] = _pick(rng, list(fp8_names))
+    elif r < 0.4:
+        c["kv_dtype"] = other
+    else:
+        c["kv_dtype"] = c["q_dtype"]
+    r = rng.random()
+    if op in ("single_decode", "cascade") or r < 0.6:  # no output dtype argument there
+        c["o_dtype"] = c["q_dtype"]
+    else:
+        c["o_dtype"] = other if r < 0.8 else "float32"
+    fp8 = c["kv_dtype"].startswith("float8")
+    c["k_scale"] = c["v_scale"] = None  # fp8 dequantisation scales (the cascade run takes none)
+    if fp8 and op != "cascade":
+        c["k_scale"] = _pick(rng, [0.5, 1.0, 2.0, f32(rng.uniform(0.25, 4.0))])
+        c["v_scale"] = _pick(rng, [0.5, 1.0, 2.0, f32(rng.uniform(0.25, 4.0))])
+    c["page_size"] = _pick(rng, CUDA_PAGE_SIZES)
+    c["extra_pages"] = int(rng.integers(1, 9))
+    c["shared_pages"] = bool(rng.random() < 0.2)
+    c["junk_indices"], c["junk_out_of_range"] = 0, False
+    B = int(rng.integers(1, 7)) if op not in ("single_decode", "single_prefill") else 1
+    c["kv_lens"] = [_draw_cuda_kv_len(rng) for _ in range(B)]
+    c["qo_lens"] = [_draw_qo_len(rng, allow_zero=op != "single_prefill") for _ in range(B)]
+    c["q_len_per_req"] = 1 if rng.random() < 0.8 else int(rng.integers(2, 5))
+    if op == "cascade":
+        c["num_levels"] = int(rng.integers(2, 4))
+        bounds, kvs = [], []
+        for lvl in range(c["num_levels"] - 1):
+            cuts = [i for i in range(1, B) if rng.random() < (0.15 if lvl == 0 else 0.5)]
+            bnd = [0] + cuts + [B]
+            bounds.append(bnd)
+            kvs.append([_draw_cuda_kv_len(rng) for _ in range(len(bnd) - 1)])
+        bounds.append(list(range(B + 1)))
+        kvs.append(c["kv_lens"])
+        c["cascade_bounds"], c["cascade_kv_lens"] = bounds, kvs
+    c["causal"] = bool(rng.random() < 0.6)
+    c["pos_encoding_mode"] = _pick(rng, ["NONE", "ROPE_LLAMA", "ALIBI"], p=[0.5, 0.25, 0.25])
+    c["rope_scale"] = None if rng.random() < 0.5 else f32(rng.uniform(0.25, 8.0))
+    c["rope_theta"] = None if rng.random() < 0.4 else _pick(rng, [1e4, 5e5, 1e6, f32(10 ** rng.uniform(2, 6))])
+    r = rng.random()
+    c["window_left"] = -1 if r < 0.6 else int(rng.integers(0, 9)) if r < 0.8 else int(rng.integers(0, 1500))
+    c["logits_soft_cap"] = None if rng.random() < 0.65 else f32(rng.uniform(0.5, 30.0))
+    c["sm_scale"] = None if rng.random() < 0.6 else f32(rng.uniform(0.02, 0.3))
+    c["q_mag"] = _pick(rng, [0.5, 1.0, 1.0, 2.0, 4.0, 8.0])
+    mask_ok = op in ("prefill_paged", "prefill_ragged", "single_prefill")
+    c["mask"] = _pick(rng, ["none", "custom", "packed"], p=[0.7, 0.15, 0.15]) if mask_ok else "none"
+    c["mask_density"] = float(rng.uniform(0.05, 0.95))
+    c["mask_2d"] = bool(rng.random() < 0.5)
+    c["kv_form"] = _pick(rng, ["5d", "5d_padded", "tuple_views", "tuple", "tuple_padded"])
+    c["kv_strided_view"] = bool(rng.random() < 0.3)
+    c["strided_q"] = bool(rng.random() < 0.2)
+    c["new_kv_run2"] = bool(rng.random() < 0.5)
+    c["out_modes"] = [_pick(rng, CUDA_OUT_MODES), _pick(rng, CUDA_OUT_MODES)]
+    c["out_guard"] = bool(rng.random() < 0.3)
+    c["return_lse_single"] = bool(rng.random() < 0.7)
+    c["idx_on_device"] = bool(rng.random() < 0.5)  # page indices as a device tensor (vLLM), else host arrays
+    c["pdl_first"] = bool(rng.random() < 0.5)  # run 0 with enable_pdl=pdl_first, run 1 with the other
+    r = rng.random()
+    if r < 0.7 or op not in BATCH_OPS:
+        c["split"] = None
+    elif r < 0.85:
+        toks = int(rng.integers(64, 1025))
+        c["split"] = ("fixed", toks if op == "prefill_ragged" else max(1, -(-toks // c["page_size"])))
+    else:
+        c["split"] = ("disable",)
+    while request_cost(c) > CUDA_COST_BUDGET:
+        if op not in ("decode", "single_decode") and max(c["qo_lens"]) > 1:
+            c["qo_lens"] = [max(q // 2, 1) if q > 0 else 0 for q in c["qo_lens"]]
+        else:
+            c["kv_lens"] = [n // 2 for n in c["kv_lens"]]
+            if op == "cascade":
+                c["cascade_kv_lens"] = [[n // 2 for n in kvs] for kvs in c["cascade_kv_lens"]]
+                c["cascade_kv_lens"][-1] = c["kv_lens"]
+        log("  shrunk lengths to stay within the reference budget")
+    return c, rng
+
+
+def describe_cuda(c):
+    skip = {"index", "seed", "junk_indices", "junk_out_of_range"}
+    return ", ".join("%s=%r" % (k, v) for k, v in c.items() if k not in skip)
+
+
+class CudaCase:
+    """Device tensors of a CUDA case, made from the case's NumPy draws (float32, then rounded to the dtype on the
+    device) and read back as float64 for the reference (np64: the rounded values)."""
+
+    def __init__(self, torch, c, rng):
+        self.torch, self.c, self.rng = torch, c, rng
+        self.tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+        for name in ("float8_e4m3fn", "float8_e5m2"):
+            if hasattr(torch, name):
+                self.tdt[name] = getattr(torch, name)
+
+    def np64(self, x):
+        return x.detach().float().cpu().numpy().astype(np.float64)
+
+    def tensor(self, shape, dtype_name, mag=1.0, pad=0, offset=0):
+        """A random [shape] tensor on the device; pad: the last dim padded by `pad` elements and the tensor a
+        view at element `offset` of it (both 16-byte multiples for the CUDA backend's alignment rules)."""
+        x = self.rng.standard_normal(tuple(shape[:-1]) + (shape[-1] + pad,), dtype=np.float32)
+        if mag != 1.0:
+            x *= np.float32(mag)
+        t = self.torch.from_numpy(x).to(CUDA_DEV).to(self.tdt[dtype_name])
+        return t[..., offset:offset + shape[-1]] if pad else t
+
+    def q(self, shape):
+        c = self.c
+        if c["strided_q"]:  # 32 elements of padding, the view 8 elements in: 16-byte aligned rows and pointer
+            return self.tensor(shape, c["q_dtype"], c["q_mag"], pad=32, offset=8)
+        return self.tensor(shape, c["q_dtype"], c["q_mag"])
+
+    def pools(self, P):
+        """(argument for run, k pool float64 4-D, v pool float64 4-D)."""
+        c = self.c
+        ps, H, d = c["page_size"], c["num_kv_heads"], c["head_dim_qk"]
+        shape = (P, ps, H, d) if c["kv_layout"] == "NHD" else (P, H, ps, d)
+        pad = 16 if c["kv_form"].endswith("_padded") else 0  # 16 elements: 16-byte multiples for fp8 too
+        if c["kv_form"].startswith("5d") or c["kv_form"] == "tuple_views":
+            cache = self.tensor((P, 2) + shape[1:], c["kv_dtype"], pad=pad)
+            k, v = cache[:, 0], cache[:, 1]
+            arg = cache if c["kv_form"].startswith("5d") else (k, v)
+        else:
+            k = self.tensor(shape, c["kv_dtype"], pad=pad)
+            v = self.tensor(shape, c["kv_dtype"], pad=pad)
+            arg = (k, v)
+        return arg, self.np64(k), self.np64(v)
+
+    def ragged(self, n):
+        """k, v [n, Hkv, D] in the case's layout (HND: contiguous [H, n, D] or a transposed view) and float64
+        NHD copies."""
+        c = self.c
+        k = self.tensor((n, c["num_kv_heads"], c["head_dim_qk"]), c["kv_dtype"])
+        v = self.tensor((n, c["num_kv_heads"], c["head_dim_vo"]), c["kv_dtype"])
+        k64, v64 = self.np64(k), self.np64(v)
+        if c["kv_layout"] == "HND":
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+            if not c["kv_strided_view"]:
+                k, v = k.contiguous(), v.contiguous()
+        return k, v, k64, v64
+
+    def scale_kw(self):
+        c = self.c
+        return {} if c["k_scale"] is None else dict(k_scale=c["k_scale"], v_scale=c["v_scale"])
+
+    def ref_kv(self, k, v):
+        """K/V as the kernels see them: times k_scale / v_scale (fp8 dequantisation)."""
+        c = self.c
+        return (k if c["k_scale"] is None else k * c["k_scale"]), (v if c["v_scale"] is None else v * c["v_scale"])
+
+    def idx(self, x, device_ok=True):
+        t = self.torch.from_numpy(np.ascontiguousarray(x))
+        return t.to(CUDA_DEV) if device_ok and self.c["idx_on_device"] else t
+
+    def feature_kw(self):
+        c = self.c
+        return dict(pos_encoding_mode=c["pos_encoding_mode"], window_left=c["window_left"],
+                    logits_soft_cap=c["logits_soft_cap"], sm_scale=c["sm_scale"], rope_scale=c["rope_scale"],
+                    rope_theta=c["rope_theta"])
+
+    def masks(self, qo_lens, kv_lens):
+        c = self.c
+        if c["mask"] == "none":
+            return None, {}
+        masks = [make_mask(self.rng, c, q, n) for q, n in zip(qo_lens, kv_lens)]
+        if c["mask"] == "custom":
+            flat = np.concatenate([m.reshape(-1) for m in masks]) if masks else np.zeros(0, bool)
+            return masks, dict(custom_mask=self.torch.from_numpy(flat.astype(bool)).to(CUDA_DEV))
+        return masks, dict(packed_custom_mask=self.torch.from_numpy(packed_segments(masks)).to(CUDA_DEV))
+
+    def run(self, w, mode, args, kw, o_shape, rows, hq):
+        """One run() in output mode `mode` (out= / lse= poisoned with NaN, maybe inside a guard band); synchronises
+        and returns (o, lse or None) as float64 NumPy arrays."""
+        torch, c = self.torch, self.c
+        odt = self.tdt[c["o_dtype"]]
+        bigs = []
+        if mode == "alloc":
+            o, lse = w.run(*args, **kw), None
+        elif mode == "alloc_lse":
+            o, lse = w.run(*args, return_lse=True, **kw)
+        elif mode == "run_return_lse":
+            o, lse = w.run_return_lse(*args, **kw)
+        else:
+            if c["out_guard"]:  # 2 guard rows either side; last dim padded by 16, the view 8 elements in
+                obig = torch.full((o_shape[0] + 4,) + tuple(o_shape[1:-1]) + (o_shape[-1] + 16,), GUARD,
+                                  dtype=odt, device=CUDA_DEV)
+                osl = (slice(2, 2 + o_shape[0]), slice(None), slice(8, 8 + o_shape[-1]))
+                out = obig[osl]
+                out.fill_(float("nan"))
+                bigs.append((obig, osl, "out="))
+            else:
+                out = torch.full(tuple(o_shape), float("nan"), dtype=odt, device=CUDA_DEV)
+            if mode == "out":
+                r = w.run(*args, out=out, **kw)
+                assert r is out
+                o, lse = out, None
+            else:
+                if c["out_guard"]:
+                    lbig = torch.full((rows + 4, hq + 5), GUARD, dtype=torch.float32, device=CUDA_DEV)
+                    lsl = (slice(2, 2 + rows), slice(1, 1 + hq))
+                    lbuf = lbig[lsl]
+                    lbuf.fill_(float("nan"))
+                    bigs.append((lbig, lsl, "lse="))
+                else:
+                    lbuf = torch.full((rows, hq), float("nan"), dtype=torch.float32, device=CUDA_DEV)
+                r = w.run(*args, out=out, lse=lbuf, return_lse=True, **kw)
+                assert r[0] is out and r[1] is lbuf
+                o, lse = out, lbuf
+        torch.cuda.synchronize()
+        for big, sl, what in bigs:
+            inside = torch.zeros(big.shape, dtype=torch.bool)
+            inside[sl] = True
+            outside = big.float().cpu()[~inside]
+            g = float(torch.tensor(GUARD, dtype=big.dtype).float())
+            assert bool((outside == g).all()), "%s: %d elements outside the buffer view were written" % (
+                what, int((outside != g).sum()))
+        assert o.device.type == CUDA_DEV and o.dtype == odt and tuple(o.shape) == tuple(o_shape), (
+            o.device, o.dtype, tuple(o.shape))
+        if lse is not None:
+            assert lse.device.type == CUDA_DEV and lse.dtype == torch.float32 and tuple(lse.shape) == (rows, hq)
+            lse = self.np64(lse)
+        return self.np64(o), lse
+
+
+def run_cuda_paged(cc, kvattn):
+    """decode / prefill_paged on the CUDA backend: plan once, two runs (new q, maybe new KV) with enable_pdl
+    pdl_first then its opposite."""
+    c, torch = cc.c, cc.torch
+    op = c["op"]
+    hq, hkv, d, ps = c["num_qo_heads"], c["num_kv_heads"], c["head_dim_qk"], c["page_size"]
+    kv_lens = c["kv_lens"]
+    B = len(kv_lens)
+    P, [(indptr, indices, last)] = page_tables(cc.rng, c, [kv_lens])
+    ws = torch.zeros(64 << 20, dtype=torch.uint8, device=CUDA_DEV)
+    plan_kw = dict(cc.feature_kw(), q_data_type=cc.tdt[c["q_dtype"]], kv_data_type=cc.tdt[c["kv_dtype"]],
+                   o_data_type=cc.tdt[c["o_dtype"]], **split_kw(c))
+    masks = None
+    if op == "decode":
+        ql = c["q_len_per_req"]
+        qo_indptr = np.arange(B + 1, dtype=np.int32) * ql
+        w = kvattn.BatchDecodeWithPagedKVCacheWrapper(ws, kv_layout=c["kv_layout"])
+        w.plan(cc.idx(indptr, False), cc.idx(indices), cc.idx(last, False), hq, hkv, d, ps, q_len_per_req=ql,
+               **plan_kw)
+    else:
+        qo_indptr = np.concatenate([[0], np.cumsum(c["qo_lens"])]).astype(np.int32)
+        masks, mask_kw = cc.masks(c["qo_lens"], kv_lens)
+        w = kvattn.BatchPrefillWithPagedKVCacheWrapper(ws, kv_layout=c["kv_layout"])
+        w.plan(cc.idx(qo_indptr, False), cc.idx(indptr, False), cc.idx(indices), cc.idx(last, False), hq, hkv, d, ps,
+               causal=c["causal"], **mask_kw, **plan_kw)
+    rows = int(qo_indptr[-1])
+    arg, kp, vp = cc.pools(P)
+    for run in range(2):
+        if run == 1 and c["new_kv_run2"]:
+            arg, kp, vp = cc.pools(P)
+        pdl = c["pdl_first"] if run == 0 else not c["pdl_first"]
+        q = cc.q((rows, hq, d))
+        q64 = cc.np64(q)
+        o, lse = cc.run(w, c["out_modes"][run], (q, arg), dict(cc.scale_kw(), enable_pdl=pdl), (rows, hq, d), rows,
+                        hq)
+        for b, n in enumerate(kv_lens):
+            k, v = cc.ref_kv(*gather_kv(kp, vp, indptr, indices, b, n, c["kv_layout"]))
+            rs = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+            m = masks[b] if masks is not None else None
+            causal = True if op == "decode" else (c["causal"] and m is None)  # decode: causal inside a block
+            ro, rl = attention(q64[rs], k, v, mask=m, **ref_kw(c, causal=causal))
+            check(c, o[rs], None if lse is None else lse[rs], ro, rl,
+                  "run %d (enable_pdl=%s) request %d (qo rows %d, kv_len %d)" % (run, pdl, b, rs.stop - rs.start, n))
+
+
+def run_cuda_ragged(cc, kvattn):
+    c, torch = cc.c, cc.torch
+    hq, hkv, d = c["num_qo_heads"], c["num_kv_heads"], c["head_dim_qk"]
+    kv_lens, qo_lens = c["kv_lens"], c["qo_lens"]
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    kv_indptr = np.concatenate([[0], np.cumsum(kv_lens)]).astype(np.int32)
+    rows, nnz = int(qo_indptr[-1]), int(kv_indptr[-1])
+    masks, mask_kw = cc.masks(qo_lens, kv_lens)
+    w = kvattn.BatchPrefillWithRaggedKVCacheWrapper(torch.zeros(64 << 20, dtype=torch.uint8, device=CUDA_DEV),
+                                                    kv_layout=c["kv_layout"])
+    w.plan(cc.idx(qo_indptr), cc.idx(kv_indptr), hq, hkv, d, causal=c["causal"], q_data_type=cc.tdt[c["q_dtype"]],
+           kv_data_type=cc.tdt[c["kv_dtype"]], o_data_type=cc.tdt[c["o_dtype"]], **mask_kw, **cc.feature_kw(),
+           **split_kw(c))
+    k, v, k64, v64 = cc.ragged(nnz)
+    for run in range(2):
+        if run == 1 and c["new_kv_run2"]:
+            k, v, k64, v64 = cc.ragged(nnz)
+        pdl = c["pdl_first"] if run == 0 else not c["pdl_first"]
+        q = cc.q((rows, hq, d))
+        q64 = cc.np64(q)
+        o, lse = cc.run(w, c["out_modes"][run], (q, k, v), dict(cc.scale_kw(), enable_pdl=pdl), (rows, hq, d), rows,
+                        hq)
+        for b, (qo, n) in enumerate(zip(qo_lens, kv_lens)):
+            rs = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+            ks = slice(int(kv_indptr[b]), int(kv_indptr[b + 1]))
+            m = masks[b] if masks is not None else None
+            kk, vv = cc.ref_kv(k64[ks], v64[ks])
+            ro, rl = attention(q64[rs], kk, vv, mask=m, **ref_kw(c, causal=c["causal"] and m is None))
+            check(c, o[rs], None if lse is None else lse[rs], ro, rl,
+                  "run %d (enable_pdl=%s) request %d (qo_len %d, kv_len %d)" % (run, pdl, b, qo, n))
+
+
+def run_cuda_cascade(cc, kvattn):
+    c, torch = cc.c, cc.torch
+    hq, hkv, d, ps = c["num_qo_heads"], c["num_kv_heads"], c["head_dim_qk"], c["page_size"]
+    L = c["num_levels"]
+    qo_last = np.concatenate([[0], np.cumsum(c["qo_lens"])]).astype(np.int32)
+    rows = int(qo_last[-1])
+    P, tables = page_tables(cc.rng, c, c["cascade_kv_lens"])
+    qo_arr = [qo_last[np.array(bnd)].astype(np.int32) for bnd in c["cascade_bounds"]]
+    w = kvattn.MultiLevelCascadeAttentionWrapper(L, torch.zeros(64 << 20, dtype=torch.uint8, device=CUDA_DEV),
+                                                 kv_layout=c["kv_layout"])
+    w.plan([cc.idx(a, False) for a in qo_arr], [cc.idx(t[0], False) for t in tables], [cc.idx(t[1]) for t in tables],
+           [cc.idx(t[2], False) for t in tables], hq, hkv, d, ps, causal=c["causal"],
+           q_data_type=cc.tdt[c["q_dtype"]], kv_data_type=cc.tdt[c["kv_dtype"]], **cc.feature_kw())
+    arg, kp, vp = cc.pools(P)
+    for run in range(2):
+        if run == 1 and c["new_kv_run2"]:
+            arg, kp, vp = cc.pools(P)
+        q = cc.q((rows, hq, d))
+        o = w.run(q, arg)
+        torch.cuda.synchronize()
+        assert o.device.type == CUDA_DEV and o.dtype == cc.tdt[c["q_dtype"]] and tuple(o.shape) == (rows, hq, d)
+        o = cc.np64(o)
+        q64 = cc.np64(q)
+        ro_all = rl_all = None
+        for lvl, (bnd, kvs, (indptr, indices, _)) in enumerate(zip(c["cascade_bounds"], c["cascade_kv_lens"],
+                                                                   tables)):
+            lo = np.zeros((rows, hq, d))
+            ll = np.full((rows, hq), -np.inf)
+            for g, n in enumerate(kvs):
+                k, v = gather_kv(kp, vp, indptr, indices, g, n, c["kv_layout"])
+                rs = slice(int(qo_last[bnd[g]]), int(qo_last[bnd[g + 1]]))
+                lo[rs], ll[rs] = attention(q64[rs], k, v, **ref_kw(c, causal=c["causal"] and lvl == L - 1))
+            if ro_all is None:
+                ro_all, rl_all = lo, ll
+            else:
+                ro_all, rl_all = merge(ro_all, rl_all, lo, ll)
+        check(c, o, None, ro_all, rl_all, "run %d (%d levels)" % (run, L))
+
+
+def run_cuda_single(cc, kvattn):
+    c, torch = cc.c, cc.torch
+    hq, d = c["num_qo_heads"], c["head_dim_qk"]
+    n = c["kv_lens"][0]
+    k, v, k64, v64 = cc.ragged(n)
+    kk, vv = cc.ref_kv(k64, v64)
+    kw = dict(cc.feature_kw(), kv_layout=c["kv_layout"], return_lse=c["return_lse_single"], **cc.scale_kw())
+    if c["op"] == "single_decode":
+        q = cc.q((hq, d))
+        res = kvattn.single_decode_with_kv_cache(q, k, v, **kw)
+        q64 = cc.np64(q)[None]
+        ro, rl = attention(q64, kk, vv, **ref_kw(c, causal=False))
+        shape, what = (hq, d), "kv_len %d" % n
+    else:
+        qo = c["qo_lens"][0]
+        q = cc.q((qo, hq, d))
+        m = None
+        if c["mask"] != "none":
+            m = make_mask(cc.rng, c, qo, n)
+            if c["mask"] == "custom":
+                kw["custom_mask"] = torch.from_numpy(m if c["mask_2d"] else m.reshape(-1)).to(CUDA_DEV)
+            else:
+                kw["packed_custom_mask"] = torch.from_numpy(packed_segments([m])).to(CUDA_DEV)
+        if c["o_dtype"] != c["q_dtype"]:
+            kw["o_dtype"] = cc.tdt[c["o_dtype"]]
+        res = kvattn.single_prefill_with_kv_cache(q, k, v, causal=c["causal"], **kw)
+        ro, rl = attention(cc.np64(q), kk, vv, mask=m, **ref_kw(c, causal=c["causal"] and m is None))
+        shape, what = (qo, hq, d), "qo_len %d, kv_len %d" % (qo, n)
+    o, lse = res if c["return_lse_single"] else (res, None)
+    torch.cuda.synchronize()
+    assert o.device.type == CUDA_DEV and o.dtype == cc.tdt[c["o_dtype"]] and tuple(o.shape) == shape
+    o = cc.np64(o)
+    if lse is not None:
+        assert lse.dtype == torch.float32 and tuple(lse.shape) == shape[:-1]
+        lse = cc.np64(lse)
+    if c["op"] == "single_decode":
+        o = o[None]
+        lse = None if lse is None else lse[None]
+    check(c, o, lse, ro, rl, what)
+
+
+CUDA_RUNNERS = {"decode": run_cuda_paged, "prefill_paged": run_cuda_paged, "prefill_ragged": run_cuda_ragged,
+                "cascade": run_cuda_cascade, "single_decode": run_cuda_single, "single_prefill": run_cuda_single}
+
+
+def _cuda_or_skip():
+    torch = _torch_or_skip()
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA is not available (torch.cuda.is_available() is False)")
+    return torch
+
+
+def _fp8_names(torch):
+    return tuple(n for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+
+
+@pytest.mark.parametrize("index,seed", CUDA_CASES, ids=["case%03d-seed%d" % cs for cs in CUDA_CASES])
+def test_fuzz_api_torch_cuda(index, seed):
+    """A case drawn within the CUDA backend's constraints (draw_cuda_case), with torch CUDA tensors, against the
+    float64 reference of the rounded inputs."""
+    torch = _cuda_or_skip()
+    import kvattn
+    c, rng = draw_cuda_case(seed, index, _fp8_names(torch))
+    print("fuzz CUDA case %d (base seed %d) seed %d: %s" % (index, BASE_SEED, seed, describe_cuda(c)))
+    print(replay_hint(c, "torch_cuda"))
+    CUDA_RUNNERS[c["op"]](CudaCase(torch, c, rng), kvattn)
+
+
+@pytest.mark.parametrize("index,seed", CUDA_GRAPH_CASES, ids=["case%03d-seed%d" % cs for cs in CUDA_GRAPH_CASES])
+def test_fuzz_api_torch_cuda_graph(index, seed):
+    """A use_cuda_graph=True decode wrapper: plan, eager run, capture run(out=, lse=) in a torch.cuda.CUDAGraph,
+    then re-plan other lengths (same batch size and pool) and replay; every result against the reference."""
+    torch = _cuda_or_skip()
+    import kvattn
+    rng = np.random.default_rng([seed, 0x6AF])
+    B = int(rng.integers(2, 7))
+    hkv = int(rng.integers(1, 5))
+    g = int(rng.integers(1, 9))
+    c = {"op": "decode", "index": index, "seed": seed, "num_kv_heads": hkv, "group": g, "num_qo_heads": hkv * g,
+         "head_dim_qk": _pick(rng, CUDA_HEAD_DIMS), "kv_layout": _pick(rng, ["NHD", "HND"]),
+         "q_dtype": _pick(rng, ["float16", "bfloat16"]), "page_size": _pick(rng, [1, 3, 16, 17]),
+         "window_left": -1, "logits_soft_cap": None, "sm_scale": None, "pos_encoding_mode": "NONE",
+         "rope_scale": None, "rope_theta": None, "enable_pdl": bool(rng.random() < 0.5)}
+    c["head_dim_vo"] = c["head_dim_qk"]
+    c["kv_dtype"] = c["o_dtype"] = c["q_dtype"]
+    hq, d, ps = c["num_qo_heads"], c["head_dim_qk"], c["page_size"]
+    max_len = 2048 if ps > 1 else 1200
+    max_len = max(64, min(max_len, int(CUDA_COST_BUDGET // (hq * 2 * d * B))))
+    lens_sets = [[int(x) for x in rng.integers(1, max_len + 1, B)] for _ in range(3)]
+    lens_sets[1][0] = 0  # an empty request
+    lens_sets[2] = [int(x) for x in rng.integers(1, 9, B)]  # all short
+    c["lens_sets"] = lens_sets
+    print("fuzz CUDA graph case %d (base seed %d) seed %d: %s" % (index, BASE_SEED, seed, describe_cuda(c)))
+    print(replay_hint(c, "torch_cuda_graph"))
+    P = B * (-(-max_len // ps)) + 3
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[c["q_dtype"]]
+    dev = CUDA_DEV
+    bufs = (torch.zeros(B + 1, dtype=torch.int32, device=dev), torch.zeros(P, dtype=torch.int32, device=dev),
+            torch.zeros(B, dtype=torch.int32, device=dev))
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(64 << 20, dtype=torch.uint8, device=dev),
+                                                  kv_layout=c["kv_layout"], use_cuda_graph=True,
+                                                  paged_kv_indptr_buffer=bufs[0], paged_kv_indices_buffer=bufs[1],
+                                                  paged_kv_last_page_len_buffer=bufs[2])
+    shape = (P, 2, ps, hkv, d) if c["kv_layout"] == "NHD" else (P, 2, hkv, ps, d)
+    cache = torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(dev).to(tdt)
+    c64 = cache.float().cpu().numpy().astype(np.float64)
+    q = torch.zeros(B, hq, d, device=dev, dtype=tdt)
+    out = torch.empty(B, hq, d, device=dev, dtype=tdt)
+    lse = torch.empty(B, hq, device=dev, dtype=torch.float32)
+
+    def table(lens):
+        pages = [(n + ps - 1) // ps for n in lens]
+        indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+        indices = rng.permutation(P)[: indptr[-1]].astype(np.int32)
+        last = np.array([((n - 1) % ps) + 1 if n else 1 for n in lens], np.int32)
+        return indptr, indices, last
+
+    def check_now(lens, t, what):
+        q64 = q.float().cpu().numpy().astype(np.float64)
+        o64 = out.float().cpu().numpy().astype(np.float64)
+        l64 = lse.cpu().numpy().astype(np.float64)
+        for b, n in enumerate(lens):
+            k, v = gather_kv(c64[:, 0], c64[:, 1], t[0], t[1], b, n, c["kv_layout"])
+            ro, rl = attention(q64[b:b + 1], k, v)
+            check(c, o64[b:b + 1], l64[b:b + 1], ro, rl, "%s request %d (kv_len %d)" % (what, b, n))
+
+    def new_q():
+        q.copy_(torch.from_numpy(rng.standard_normal((B, hq, d), dtype=np.float32)).to(dev).to(tdt))
+
+    t = table(lens_sets[0])
+    w.plan(*t, hq, hkv, d, ps, q_data_type=tdt, kv_data_type=tdt)
+    new_q()
+    w.run(q, cache, out=out, lse=lse, enable_pdl=c["enable_pdl"])  # warm-up outside capture (pool size learnt)
+    torch.cuda.synchronize()
+    check_now(lens_sets[0], t, "eager")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        w.run(q, cache, out=out, lse=lse, enable_pdl=c["enable_pdl"])
+    for i, lens in enumerate(lens_sets[1:] + lens_sets[:1]):
+        t = table(lens)
+        w.plan(*t, hq, hkv, d, ps, q_data_type=tdt, kv_data_type=tdt)
+        new_q()
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_now(lens, t, "replay %d after a re-plan" % i)
 
 
 def summarize(cases):
