@@ -654,6 +654,52 @@ def call_run(w, mode, args, kw, o_shape, o_dtype, rows, hq, guard=False):
 # ---------------------------------------------------------------------------------------------------------------
 # Ops
 
+def check_paged(c, o, lse, q, kp, vp, indptr, indices, qo_indptr, kv_lens, masks, what, decode=False, ref_kv=None):
+    """Every request of a paged batch against the reference: rows qo_indptr[b] .. qo_indptr[b + 1] attend to request
+    b's pages (decode: causal inside the request's block of q_len_per_req rows; ref_kv: the K/V the kernels see)."""
+    for b, n in enumerate(kv_lens):
+        k, v = gather_kv(kp, vp, indptr, indices, b, n, c["kv_layout"])
+        if ref_kv is not None:
+            k, v = ref_kv(k, v)
+        rs = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+        m = masks[b] if masks is not None else None
+        causal = True if decode else (c["causal"] and m is None)
+        ro, rl = attention(q[rs], k, v, mask=m, **ref_kw(c, causal=causal))
+        check(c, o[rs], None if lse is None else lse[rs], ro, rl,
+              "%s request %d (qo rows %d, kv_len %d)" % (what, b, rs.stop - rs.start, n))
+
+
+def check_ragged(c, o, lse, q, k, v, qo_indptr, kv_indptr, masks, what, ref_kv=None):
+    """Every request of a ragged batch against the reference (rows and K/V rows by the two indptrs)."""
+    for b in range(len(qo_indptr) - 1):
+        rs = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
+        ks = slice(int(kv_indptr[b]), int(kv_indptr[b + 1]))
+        kk, vv = (k[ks], v[ks]) if ref_kv is None else ref_kv(k[ks], v[ks])
+        m = masks[b] if masks is not None else None
+        ro, rl = attention(q[rs], kk, vv, mask=m, **ref_kw(c, causal=c["causal"] and m is None))
+        check(c, o[rs], None if lse is None else lse[rs], ro, rl,
+              "%s request %d (qo_len %d, kv_len %d)" % (what, b, rs.stop - rs.start, ks.stop - ks.start))
+
+
+def cascade_reference(c, q, kp, vp, tables, qo_last, rows, hq, d):
+    """Cascade = per level a paged prefill over that level's grouping of the query rows (only the last level causal),
+    merged level by level: the reference o and lse of every row."""
+    L = c["num_levels"]
+    ro_all = rl_all = None
+    for lvl, (bnd, kvs, (indptr, indices, _)) in enumerate(zip(c["cascade_bounds"], c["cascade_kv_lens"], tables)):
+        lo = np.zeros((rows, hq, d))
+        ll = np.full((rows, hq), -np.inf)
+        for g, n in enumerate(kvs):
+            k, v = gather_kv(kp, vp, indptr, indices, g, n, c["kv_layout"])
+            rs = slice(int(qo_last[bnd[g]]), int(qo_last[bnd[g + 1]]))
+            lo[rs], ll[rs] = attention(q[rs], k, v, **ref_kw(c, causal=c["causal"] and lvl == L - 1))
+        if ro_all is None:
+            ro_all, rl_all = lo, ll
+        else:
+            ro_all, rl_all = merge(ro_all, rl_all, lo, ll)
+    return ro_all, rl_all
+
+
 def run_decode(rng, c, w=None):
     import kvattn
     hq, hkv, d, ps = c["num_qo_heads"], c["num_kv_heads"], c["head_dim_qk"], c["page_size"]
@@ -697,11 +743,8 @@ def run_decode(rng, c, w=None):
         q = make_q(rng, c, (rows, hq, d))
         o, lse = call_run(w, c["out_modes"][run], (IO.t(q), arg), echo_kw(c), (rows, hq, d), c["o_dtype"], rows, hq,
                           c["out_guard"])
-        for b, n in enumerate(kv_lens):
-            k, v = gather_kv(kp, vp, indptr, indices, b, n, c["kv_layout"])
-            rs = slice(b * ql, (b + 1) * ql)
-            ro, rl = attention(q[rs], k, v, **ref_kw(c, causal=True))  # causal inside a request's block
-            check(c, o[rs], None if lse is None else lse[rs], ro, rl, "run %d request %d (kv_len %d)" % (run, b, n))
+        check_paged(c, o, lse, q, kp, vp, indptr, indices, np.arange(B + 1) * ql, kv_lens, None, "run %d" % run,
+                    decode=True)
     return w
 
 
@@ -741,13 +784,7 @@ def run_prefill_paged(rng, c, w=None):
         q = make_q(rng, c, (rows, hq, dqk))
         o, lse = call_run(w, c["out_modes"][run], (IO.t(q), arg), echo_kw(c), (rows, hq, dvo), c["o_dtype"], rows, hq,
                           c["out_guard"])
-        for b, (qo, n) in enumerate(zip(qo_lens, kv_lens)):
-            k, v = gather_kv(kp, vp, indptr, indices, b, n, c["kv_layout"])
-            rs = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
-            m = masks[b] if masks is not None else None
-            ro, rl = attention(q[rs], k, v, mask=m, **ref_kw(c, causal=c["causal"] and m is None))
-            check(c, o[rs], None if lse is None else lse[rs], ro, rl,
-                  "run %d request %d (qo_len %d, kv_len %d)" % (run, b, qo, n))
+        check_paged(c, o, lse, q, kp, vp, indptr, indices, qo_indptr, kv_lens, masks, "run %d" % run)
     return w
 
 
@@ -791,13 +828,7 @@ def run_prefill_ragged(rng, c, w=None):
         o, lse = call_run(w, c["out_modes"][run], (IO.t(q), IO.t(_hnd(c, k)), IO.t(_hnd(c, v))), echo_kw(c),
                           (rows, hq, dvo),
                           c["o_dtype"], rows, hq, c["out_guard"])
-        for b, (qo, n) in enumerate(zip(qo_lens, kv_lens)):
-            rs = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
-            ks = slice(int(kv_indptr[b]), int(kv_indptr[b + 1]))
-            m = masks[b] if masks is not None else None
-            ro, rl = attention(q[rs], k[ks], v[ks], mask=m, **ref_kw(c, causal=c["causal"] and m is None))
-            check(c, o[rs], None if lse is None else lse[rs], ro, rl,
-                  "run %d request %d (qo_len %d, kv_len %d)" % (run, b, qo, n))
+        check_ragged(c, o, lse, q, k, v, qo_indptr, kv_indptr, masks, "run %d" % run)
     return w
 
 
@@ -829,19 +860,7 @@ def run_cascade(rng, c, w=None):
         o = w.run(IO.t(q), arg)
         assert tuple(o.shape) == (rows, hq, d) and o.dtype == IO.dtype(c["q_dtype"])
         o = IO.np(o)
-        ro_all = rl_all = None
-        for lvl, (bnd, kvs, (indptr, indices, _)) in enumerate(zip(c["cascade_bounds"], c["cascade_kv_lens"],
-                                                                   tables)):
-            lo = np.zeros((rows, hq, d))
-            ll = np.full((rows, hq), -np.inf)
-            for g, n in enumerate(kvs):
-                k, v = gather_kv(kp, vp, indptr, indices, g, n, c["kv_layout"])
-                rs = slice(int(qo_last[bnd[g]]), int(qo_last[bnd[g + 1]]))
-                lo[rs], ll[rs] = attention(q[rs], k, v, **ref_kw(c, causal=c["causal"] and lvl == L - 1))
-            if ro_all is None:
-                ro_all, rl_all = lo, ll
-            else:
-                ro_all, rl_all = merge(ro_all, rl_all, lo, ll)
+        ro_all, rl_all = cascade_reference(c, q, kp, vp, tables, qo_last, rows, hq, d)
         check(c, o, None, ro_all, rl_all, "run %d (%d levels)" % (run, L))
     return w
 
@@ -849,7 +868,7 @@ def run_cascade(rng, c, w=None):
 def run_single_decode(rng, c, w=None):
     import kvattn
     yield  # (no plan)
-    hq, hkv, d = c["num_qo_heads"], c["num_kv_heads"], c["head_dim_qk"]
+    hq, d = c["num_qo_heads"], c["head_dim_qk"]
     n = c["kv_lens"][0]
     q = make_q(rng, c, (hq, d))
     k, v = _ragged_kv(rng, c, n)
@@ -1277,14 +1296,8 @@ def run_cuda_paged(cc, kvattn):
         q64 = cc.np64(q)
         o, lse = cc.run(w, c["out_modes"][run], (q, arg), dict(cc.scale_kw(), enable_pdl=pdl), (rows, hq, d), rows,
                         hq)
-        for b, n in enumerate(kv_lens):
-            k, v = cc.ref_kv(*gather_kv(kp, vp, indptr, indices, b, n, c["kv_layout"]))
-            rs = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
-            m = masks[b] if masks is not None else None
-            causal = True if op == "decode" else (c["causal"] and m is None)  # decode: causal inside a block
-            ro, rl = attention(q64[rs], k, v, mask=m, **ref_kw(c, causal=causal))
-            check(c, o[rs], None if lse is None else lse[rs], ro, rl,
-                  "run %d (enable_pdl=%s) request %d (qo rows %d, kv_len %d)" % (run, pdl, b, rs.stop - rs.start, n))
+        check_paged(c, o, lse, q64, kp, vp, indptr, indices, qo_indptr, kv_lens, masks,
+                    "run %d (enable_pdl=%s)" % (run, pdl), decode=op == "decode", ref_kv=cc.ref_kv)
 
 
 def run_cuda_ragged(cc, kvattn):
@@ -1309,14 +1322,8 @@ def run_cuda_ragged(cc, kvattn):
         q64 = cc.np64(q)
         o, lse = cc.run(w, c["out_modes"][run], (q, k, v), dict(cc.scale_kw(), enable_pdl=pdl), (rows, hq, d), rows,
                         hq)
-        for b, (qo, n) in enumerate(zip(qo_lens, kv_lens)):
-            rs = slice(int(qo_indptr[b]), int(qo_indptr[b + 1]))
-            ks = slice(int(kv_indptr[b]), int(kv_indptr[b + 1]))
-            m = masks[b] if masks is not None else None
-            kk, vv = cc.ref_kv(k64[ks], v64[ks])
-            ro, rl = attention(q64[rs], kk, vv, mask=m, **ref_kw(c, causal=c["causal"] and m is None))
-            check(c, o[rs], None if lse is None else lse[rs], ro, rl,
-                  "run %d (enable_pdl=%s) request %d (qo_len %d, kv_len %d)" % (run, pdl, b, qo, n))
+        check_ragged(c, o, lse, q64, k64, v64, qo_indptr, kv_indptr, masks, "run %d (enable_pdl=%s)" % (run, pdl),
+                     ref_kv=cc.ref_kv)
 
 
 def run_cuda_cascade(cc, kvattn):
@@ -1342,19 +1349,7 @@ def run_cuda_cascade(cc, kvattn):
         assert o.device.type == CUDA_DEV and o.dtype == cc.tdt[c["q_dtype"]] and tuple(o.shape) == (rows, hq, d)
         o = cc.np64(o)
         q64 = cc.np64(q)
-        ro_all = rl_all = None
-        for lvl, (bnd, kvs, (indptr, indices, _)) in enumerate(zip(c["cascade_bounds"], c["cascade_kv_lens"],
-                                                                   tables)):
-            lo = np.zeros((rows, hq, d))
-            ll = np.full((rows, hq), -np.inf)
-            for g, n in enumerate(kvs):
-                k, v = gather_kv(kp, vp, indptr, indices, g, n, c["kv_layout"])
-                rs = slice(int(qo_last[bnd[g]]), int(qo_last[bnd[g + 1]]))
-                lo[rs], ll[rs] = attention(q64[rs], k, v, **ref_kw(c, causal=c["causal"] and lvl == L - 1))
-            if ro_all is None:
-                ro_all, rl_all = lo, ll
-            else:
-                ro_all, rl_all = merge(ro_all, rl_all, lo, ll)
+        ro_all, rl_all = cascade_reference(c, q64, kp, vp, tables, qo_last, rows, hq, d)
         check(c, o, None, ro_all, rl_all, "run %d (%d levels)" % (run, L))
 
 

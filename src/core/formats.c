@@ -670,8 +670,7 @@ KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan*
     ra.q = args->q;
     ra.o = args->o;
     ra.lse = args->lse;
-    ra.paged = *pk;
-    ra.paged.num_indices = 0; /* paged.indices / num_indices are not read: each level has its own table and length */
+    ra.paged = *pk; /* paged.indices / num_indices are not read: each level sets its own table and length below */
     ra.paged.indptr = NULL;
     ra.paged.last_page_len = NULL;
     ra.k_scale = args->k_scale;
