@@ -483,8 +483,8 @@ static kva_status kva__check_rows_tensor(const char* name, const kva_tensor* t, 
  * - paged: 4-d {head dim, page rows, KV heads, pages}, box {64, R, 1, 1} with R = min(page_size, 128), for page sizes
  *   16, 32, 64, 128 and multiples of 128: one box per page and column block of a page-aligned tile (8 pages x 2
  *   blocks at page size 16). The map depends on the pool only, so graph mode keeps it. */
-/* Head-group decode (hg = heads per unit, > 1): paged only, box {64, 16, hg, 1} (16 tokens of hg heads; page sizes
- * that are multiples of 16), L2 promotion by st->hg_promo (256 bytes on devices below 4 TB/s, else none: TMA boxes of
+/* Head-group decode (hg = heads per unit, > 1): paged only, box {128 bytes, 16, hg, 1} (16 tokens of hg heads: 64
+ * columns of 16-bit K/V, or a whole fp8 row at head dim 128; page sizes that are multiples of 16), L2 promotion by st->hg_promo (256 bytes on devices below 4 TB/s, else none: TMA boxes of
  * half a 256-byte row read 7-8 % slower on an H200 with the 256-byte promotion, docs/kernels/decode.md, session 12;
  * on an H100 they read 2-3 % faster with it, session 13). */
 static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* pd, const kva_run_args* a,
@@ -495,11 +495,15 @@ static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* p
     if (!cu->TensorMapEncodeTiled) return 0;
     if (!hg && (st->no_tma || (ragged && pd->graph_mode) || (!ragged && st->no_paged_tma))) return 0;
     if (hg && ragged) return 0;
-    if (d->kv_dtype != KVA_DTYPE_BF16 && d->kv_dtype != KVA_DTYPE_F16) return 0;
-    const CUtensorMapDataType dt = d->kv_dtype == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    /* fp8 K/V: head-group decode at head dim 128 only (one 128-byte box row per token and head) */
+    const bool fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
+    if (d->kv_dtype != KVA_DTYPE_BF16 && d->kv_dtype != KVA_DTYPE_F16 && !(fp8 && hg)) return 0;
+    const CUtensorMapDataType dt = fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : d->kv_dtype == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const int64_t eb = fp8 ? 1 : 2; /* bytes per element */
     const int64_t D = d->head_dim_qk, H = d->num_kv_heads;
-    if ((D != 64 && D != 128) || H < 1 || d->head_dim_vo != D) return 0;
+    if ((D != 64 && D != 128) || H < 1 || d->head_dim_vo != D || (fp8 && D != 128)) return 0;
     int rank;
     cuuint64_t dims[4], kst[3], vst[3];
     cuuint32_t box[4];
@@ -510,8 +514,8 @@ static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* p
         if (a->k.shape[0] > tokens && a->v.shape[0] >= a->k.shape[0]) tokens = a->k.shape[0];
         rank = 3;
         dims[0] = (cuuint64_t)D, dims[1] = (cuuint64_t)H, dims[2] = (cuuint64_t)tokens;
-        kst[0] = (cuuint64_t)p->k_stride_head * 2, kst[1] = (cuuint64_t)p->k_stride_token * 2;
-        vst[0] = (cuuint64_t)p->v_stride_head * 2, vst[1] = (cuuint64_t)p->v_stride_token * 2;
+        kst[0] = (cuuint64_t)(p->k_stride_head * eb), kst[1] = (cuuint64_t)(p->k_stride_token * eb);
+        vst[0] = (cuuint64_t)(p->v_stride_head * eb), vst[1] = (cuuint64_t)(p->v_stride_token * eb);
         box[0] = 64, box[1] = 1, box[2] = 128;
     } else {
         const int64_t ps = p->page_size, np = p->num_pages;
@@ -524,11 +528,11 @@ static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* p
         }
         rank = 4;
         dims[0] = (cuuint64_t)D, dims[1] = (cuuint64_t)ps, dims[2] = (cuuint64_t)H, dims[3] = (cuuint64_t)np;
-        kst[0] = (cuuint64_t)p->k_stride_token * 2, kst[1] = (cuuint64_t)p->k_stride_head * 2;
-        kst[2] = (cuuint64_t)p->k_stride_page * 2;
-        vst[0] = (cuuint64_t)p->v_stride_token * 2, vst[1] = (cuuint64_t)p->v_stride_head * 2;
-        vst[2] = (cuuint64_t)p->v_stride_page * 2;
-        box[0] = 64, box[3] = 1;
+        kst[0] = (cuuint64_t)(p->k_stride_token * eb), kst[1] = (cuuint64_t)(p->k_stride_head * eb);
+        kst[2] = (cuuint64_t)(p->k_stride_page * eb);
+        vst[0] = (cuuint64_t)(p->v_stride_token * eb), vst[1] = (cuuint64_t)(p->v_stride_head * eb);
+        vst[2] = (cuuint64_t)(p->v_stride_page * eb);
+        box[0] = (cuuint32_t)(128 / eb), box[3] = 1; /* 128-byte rows: the 128-byte swizzle's span */
         box[1] = hg ? 16u : (cuuint32_t)(ps < 128 ? ps : 128);
         box[2] = hg ? (cuuint32_t)hg : 1u;
     }

@@ -148,8 +148,10 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
 
 int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t heads, kva__kkey* out) {
     if (heads != 2 && heads != 4) return 0;
-    if (!kva__is16(d->q_dtype) || d->kv_dtype != d->q_dtype || d->head_dim_qk != d->head_dim_vo ||
-        (d->head_dim_qk != 64 && d->head_dim_qk != 128))
+    /* 16-bit q = KV at head dims 64 and 128, or fp8 KV (e4m3, e5m2) under 16-bit q at head dim 128 */
+    const bool fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
+    if (!kva__is16(d->q_dtype) || (d->kv_dtype != d->q_dtype && !fp8) || d->head_dim_qk != d->head_dim_vo ||
+        (d->head_dim_qk != 64 && d->head_dim_qk != 128) || (fp8 && d->head_dim_qk != 128))
         return 0;
     if (!(d->o_dtype == KVA_DTYPE_F32 || kva__is16(d->o_dtype))) return 0;
     if (d->num_kv_heads < 1 || d->num_qo_heads % d->num_kv_heads != 0 || d->num_qo_heads / d->num_kv_heads > 8 ||
@@ -173,7 +175,7 @@ int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t hea
 
 size_t kva__kkey_smem(const kva__kkey* k) {
     if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_smem(k);
-    if (k->family == KVA__KF_DECODE_HG) return (size_t)KVK_HG_SMEM(k->dqk, k->rows);
+    if (k->family == KVA__KF_DECODE_HG) return (size_t)KVK_HG_SMEM(k->dqk, k->dqk * KVK_DEC_ES(k->kt), k->rows);
     if (k->family == KVA__KF_DECODE_TC)
         return (size_t)KVK_TC_SMEM_NW(k->dqk, KVK_DEC_ES(k->kt), k->rows, k->warps == 8 ? 8 : 4);
     if (k->family == KVA__KF_DECODE) return (size_t)KVK_DEC_SMEM(k->dqk, k->dvo, KVK_DEC_ES(k->kt), k->rows);
@@ -462,23 +464,28 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                         }
                 }
             }
-    /* head-group decode kernels (kva__cuda_hg_key): head dims 64 and 128, 16-bit q = KV, every output dtype, 2 or 4
-       heads per item */
+    /* head-group decode kernels (kva__cuda_hg_key): head dims 64 and 128 with 16-bit q = KV, fp8 KV at head dim 128;
+       every output dtype, 2 or 4 heads per item */
     for (int a = 0; a < 2; ++a)
         for (int b = 0; b < 2; ++b)
-            for (int e = 0; e < 3; ++e)
-                for (int hg = 2; hg <= 4; hg += 2) {
-                    if (n < max) {
-                        kva__kkey* k = &keys[n];
-                        memset(k, 0, sizeof *k);
-                        k->family = KVA__KF_DECODE_HG;
-                        k->dqk = k->dvo = dims[a];
-                        k->qt = k->kt = qts[b];
-                        k->ot = ots[e];
-                        k->rows = hg;
+            for (int c = 0; c < 4; ++c) {
+                const int fp8 = kts[c] == KVA_DTYPE_E4M3 || kts[c] == KVA_DTYPE_E5M2;
+                if ((!fp8 && kts[c] != qts[b]) || (fp8 && dims[a] != 128)) continue;
+                for (int e = 0; e < 3; ++e)
+                    for (int hg = 2; hg <= 4; hg += 2) {
+                        if (n < max) {
+                            kva__kkey* k = &keys[n];
+                            memset(k, 0, sizeof *k);
+                            k->family = KVA__KF_DECODE_HG;
+                            k->dqk = k->dvo = dims[a];
+                            k->qt = qts[b];
+                            k->kt = kts[c];
+                            k->ot = ots[e];
+                            k->rows = hg;
+                        }
+                        ++n;
                     }
-                    ++n;
-                }
+            }
     return n;
 }
 

@@ -892,6 +892,24 @@ static void test_decode_hg(kva_context* ctx, int nofused) {
     c = base_case("hg g8 bf16 long split");
     c.hq = 16, c.hkv = 2, c.B = 3, c.long_kv = quick ? 3000 : 20000, c.expect_hg = 1;
     cs[n++] = c;
+    /* fp8 KV (head dim 128) under 16-bit q, with k / v scales (prob: 0.75 / 1.25) */
+    c = base_case("hg gqa32/8 bf16 q e4m3 p16 nhd");
+    c.kt = KVA_DTYPE_E4M3, c.B = 9, c.max_kv = 1500, c.expect_hg = 1;
+    cs[n++] = c;
+    c = base_case("hg g5 f16 q e5m2 p32 hnd o=f32 long split");
+    c.hq = 10, c.hkv = 2, c.qt = KVA_DTYPE_F16, c.kt = KVA_DTYPE_E5M2, c.ot = KVA_DTYPE_F32, c.page_size = 32,
+    c.layout = KVA_LAYOUT_HND, c.B = 3, c.long_kv = quick ? 3000 : 12000, c.expect_hg = 1;
+    cs[n++] = c;
+    if (!nofused) {
+        c = base_case("hg g2 bf16 q e4m3 p48 window empties");
+        c.hq = 4, c.hkv = 2, c.kt = KVA_DTYPE_E4M3, c.page_size = 48, c.window = 100, c.empty_every = 3,
+        c.max_kv = 1200, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg g1 f16 q e4m3 o=bf16 len 1..40");
+        c.hq = 8, c.hkv = 8, c.qt = KVA_DTYPE_F16, c.kt = KVA_DTYPE_E4M3, c.ot = KVA_DTYPE_BF16, c.min_kv = 1,
+        c.max_kv = 40, c.expect_hg = 1;
+        cs[n++] = c;
+    }
     if (!nofused) {
         c = base_case("hg mha f16 d64 p32 hnd o=f32");
         c.hq = 8, c.hkv = 8, c.D = 64, c.qt = c.kt = KVA_DTYPE_F16, c.ot = KVA_DTYPE_F32, c.page_size = 32,
@@ -938,7 +956,7 @@ static void test_decode_hg(kva_context* ctx, int nofused) {
         c.cap = 30.0f;
         cs[n++] = c;
     }
-    int limit = quick ? (n < 8 ? n : 8) : n;
+    int limit = quick ? (n < 10 ? n : 10) : n;
     for (int i = 0; i < limit; ++i) run_case(ctx, &cs[i]);
 }
 
@@ -1200,8 +1218,9 @@ static void test_pdl(kva_context* ctx, const char* tag, int graph_plan, int batc
 
 /* ---------------------------------------------------------------------------------------------- */
 
-static void test_fault(kva_context* ctx, int split, int negative) {
+static void test_fault(kva_context* ctx, int split, int negative, int kt) {
     tcase c = base_case("fault");
+    c.kt = kt;
     c.B = 5;
     c.max_kv = 600;
     prob P;
@@ -1630,9 +1649,9 @@ int main(int argc, char** argv) {
     }
     test_decode_matrix(ctx);
     if (!cpu_mode) {
-        test_fault(ctx, 0, 0);
-        test_fault(ctx, 1, 0);
-        test_fault(ctx, 1, 1);
+        test_fault(ctx, 0, 0, KVA_DTYPE_BF16);
+        test_fault(ctx, 1, 0, KVA_DTYPE_BF16);
+        test_fault(ctx, 1, 1, KVA_DTYPE_BF16);
         test_graph(ctx);
         test_bsr_graph(ctx);
     }
@@ -1656,9 +1675,11 @@ int main(int argc, char** argv) {
             test_decode_hg(hctx, nofused);
             test_pdl(hctx, nofused ? "head groups, merge kernel" : "head groups", 0, 5, 7000);
             if (!nofused) {
-                test_fault(hctx, 0, 0);
-                test_fault(hctx, 1, 0);
-                test_fault(hctx, 1, 1);
+                test_fault(hctx, 0, 0, KVA_DTYPE_BF16);
+                test_fault(hctx, 1, 0, KVA_DTYPE_BF16);
+                test_fault(hctx, 1, 1, KVA_DTYPE_BF16);
+                test_fault(hctx, 0, 1, KVA_DTYPE_E4M3); /* fp8 KV in head groups */
+                test_fault(hctx, 1, 0, KVA_DTYPE_E4M3);
             }
             hg_ctx = 0;
             kva_context_destroy(hctx);

@@ -237,7 +237,14 @@ static void test_select(void) {
         CHECK(!kva__cuda_hg_key(&d, 16, 4, NULL), "hg: no ALiBi");
         kva_attention_desc_init(&d, 32, 8, 128, KVA_DTYPE_BF16);
         d.kv_dtype = KVA_DTYPE_E4M3;
-        CHECK(!kva__cuda_hg_key(&d, 16, 4, NULL), "hg: 16-bit KV only");
+        CHECK(kva__cuda_hg_key(&d, 16, 4, &k) && k.kt == KVA_DTYPE_E4M3 && k.qt == KVA_DTYPE_BF16 &&
+                  kva__kkey_smem(&k) <= 227 * 1024,
+              "hg: fp8 KV under bf16 q at head dim 128 (smem %zu)", kva__kkey_smem(&k));
+        d.kv_dtype = KVA_DTYPE_F16;
+        CHECK(!kva__cuda_hg_key(&d, 16, 4, NULL), "hg: 16-bit KV of q's dtype only");
+        kva_attention_desc_init(&d, 16, 8, 64, KVA_DTYPE_BF16);
+        d.kv_dtype = KVA_DTYPE_E5M2;
+        CHECK(!kva__cuda_hg_key(&d, 16, 4, NULL), "hg: fp8 KV at head dim 128 only");
         kva_attention_desc_init(&d, 72, 8, 128, KVA_DTYPE_F16);
         CHECK(!kva__cuda_hg_key(&d, 16, 4, NULL), "hg: GQA groups up to 8");
         kva_attention_desc_init(&d, 12, 6, 256, KVA_DTYPE_F16);

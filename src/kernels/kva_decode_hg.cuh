@@ -2,15 +2,16 @@
  * kva_decode_hg.cuh - the head-group decode kernel (sm_90: TMA and mbarriers; mma.sync m16n8k16): a persistent CTA
  * executes its worker's list of work items, each (request, group of HG consecutive KV heads, KV range) with the
  * group's HG x g query rows (the planner's unit with kv_head_group = HG: src/plan/planner.c). Batch decode with
- * q = KV of one 16-bit dtype, head dims 64 / 128, GQA groups g <= 8, page sizes that are multiples of 16.
+ * q = KV of one 16-bit dtype at head dims 64 / 128, or 16-bit q with fp8 KV (e4m3 / e5m2) at head dim 128; GQA groups
+ * g <= 8, page sizes that are multiples of 16.
  *
  * Why (docs/kernels/decode.md, session 12): on an NHD pool a load of one head reads 256-byte rows 2 KB apart, which
  * the H100 and H200 serve at 87.6-88.9 % of nominal whatever the copy engine; a TMA box over HG >= 2 heads of the same
  * 16 tokens reads at 90-92 %.
  *
  * One instance per inclusion, specialised by macros (the includer's or NVRTC -D options):
- *   KVA_KERNEL_NAME, KVA_DQK (= KVA_DVO: 64 or 128), KVA_QT (= KVA_KT: f16 or bf16), KVA_OT, KVA_HG (2 or 4: heads per
- *   item), KVA_NO_BOUNDS_CHECK (benchmark only).
+ *   KVA_KERNEL_NAME, KVA_DQK (= KVA_DVO: 64 or 128), KVA_QT (f16 or bf16), KVA_KT (= KVA_QT, or e4m3 / e5m2 at head
+ *   dim 128), KVA_OT, KVA_HG (2 or 4: heads per item), KVA_NO_BOUNDS_CHECK (benchmark only).
  *
  * CTA: 2 HG consumer warps and one producer warp. The KV range of an item is cut into 16-token subtiles on the
  * absolute token grid (the item's first and last subtiles may be partial: masked); a page size that is a multiple of
@@ -23,6 +24,12 @@
  *   online softmax on S^T in registers (base 2)
  *   O^T[D x 8] += V^T[D x 16 tok] . P^T[16 x 8]         A = V^T (ldmatrix.trans), B = P^T (4 shuffles, 2 byte permutes)
  * and releases the stage on its empty mbarrier (HG arrivals). The two warps of a head combine through shared memory.
+ * fp8 KV (head dim 128: one 128-byte box row per token and head) runs the same f16 MMAs as kva_decode_tc.cuh's fp8
+ * path: K is read 16 bytes per lane (ld.shared, the 16 dims of one chunk) and converted in registers, the head dims
+ * permuted the same way in q (lane q4 owns dims 32 q4 .. + 31, k-step ks takes dims 4 ks .. + 3 of that slice, q
+ * scaled into the f16 range by a power of two folded into the logit scale); V is read by ldmatrix.trans on byte pairs
+ * (two dims of one token per 16-bit element) and split into f16 by byte permutes, so accumulator row r8 of m-tile mt
+ * holds dims 16 mt + 2 r8 and + 1.
  *
  * Faults: a page index outside the pool skips the copy, records (request, page) in the status word, and the item's
  * rows get o = 0, lse = -inf (partials: KVK_FAULT_LSE_BITS, which the merge turns into o = 0, lse = -inf).
@@ -37,8 +44,19 @@
 #if KVA_DQK != KVA_DVO || (KVA_DQK != 64 && KVA_DQK != 128)
 #error "the head-group decode kernel takes head dims 64 or 128 (qk = vo)"
 #endif
-#if KVA_QT != KVA_KT || (KVA_KT != KVK_F16 && KVA_KT != KVK_BF16)
-#error "the head-group decode kernel needs q and KV of the same 16-bit dtype"
+#if KVA_QT != KVK_F16 && KVA_QT != KVK_BF16
+#error "the head-group decode kernel needs 16-bit q"
+#endif
+#undef HG_FP8
+#if KVA_KT == KVK_E4M3 || KVA_KT == KVK_E5M2
+#define HG_FP8 1
+#if KVA_DQK != 128
+#error "the head-group decode kernel takes fp8 KV at head dim 128"
+#endif
+#elif KVA_KT == KVA_QT
+#define HG_FP8 0
+#else
+#error "the head-group decode kernel needs KV of q's dtype or fp8"
 #endif
 #if KVA_HG != 2 && KVA_HG != 4
 #error "KVA_HG must be 2 or 4"
@@ -49,6 +67,8 @@
 
 
 #undef HG_G
+#undef HG_ES
+#undef HG_RB
 #undef HG_NC
 #undef HG_THREADS
 #undef HG_D
@@ -61,23 +81,44 @@
 #undef HG_CW
 #undef HG_MMA
 #undef HG_PACK
+#undef HG_CV8
+#undef HG_DLO
+#undef HG_DHI
+#undef KVA_E4M3_FIX_KT
 #define HG_G KVA_HG
 #define HG_NC (2 * HG_G)               /* consumer warps (2 per head) */
 #define HG_THREADS KVK_HG_THREADS(HG_G) /* + the producer warp */
 #define HG_D KVA_DQK
-#define HG_NCB (HG_D / 64)             /* 64-column blocks (one TMA box each) */
+#define HG_ES (HG_FP8 ? 1 : 2)          /* bytes per K/V element */
+#define HG_RB (HG_D * HG_ES)            /* bytes of one head's token row */
+#define HG_NCB (HG_RB / 128)            /* 128-byte column blocks (one TMA box each) */
 #define HG_BOX (HG_G * 16 * 128)       /* bytes of one box: [HG heads][16 tokens][128 B] */
-#define HG_SB KVK_HG_STAGE_BYTES(HG_D, HG_G) /* stage: K blocks, then V blocks (2 * HG_NCB * HG_BOX) */
-#define HG_S KVK_HG_STAGES(HG_D)
+#define HG_SB KVK_HG_STAGE_BYTES(HG_RB, HG_G) /* stage: K blocks, then V blocks (2 * HG_NCB * HG_BOX) */
+#define HG_S KVK_HG_STAGES(HG_RB)
 #define HG_KS (HG_D / 16)
 #define HG_MT (HG_D / 16)
 #define HG_CW KVK_HG_COMB_FLOATS(HG_D) /* combine record per lane: m0 m1 l0 l1, acc, fault */
 #if KVA_KT == KVK_BF16
 #define HG_MMA kva_mma_bf16
 #define HG_PACK kva_f32x2_to_bf16x2
-#else
+#else /* f16, and fp8 KV converted to f16 */
 #define HG_MMA kva_mma_f16
 #define HG_PACK kva_f32x2_to_f16x2
+#endif
+#if KVA_KT == KVK_E4M3
+#define HG_CV8 kva_e4m3x2_to_f16x2
+#define KVA_E4M3_FIX_KT KVA_E4M3_FIX
+#else
+#define HG_CV8 kva_e5m2x2_to_f16x2
+#define KVA_E4M3_FIX_KT 1.0f
+#endif
+/* accumulator rows r8 and r8 + 8 of m-tile mt: head dims HG_DLO(mt) and HG_DLO(mt) + HG_DHI */
+#if HG_FP8
+#define HG_DLO(mt) (16 * (mt) + 2 * r8)
+#define HG_DHI 1
+#else
+#define HG_DLO(mt) (16 * (mt) + r8)
+#define HG_DHI 8
 #endif
 
 extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
@@ -91,7 +132,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const unsigned full0 = sbase + (unsigned)(HG_S * HG_SB), empty0 = full0 + 8u * HG_S;
     int* const s_fault = (int*)(smem + HG_S * HG_SB + 16 * HG_S);  /* [S]: the stage's subtile hit a bad page */
     int* const s_flag = s_fault + HG_S;                             /* [4]: fused merge */
-    float* const s_comb = (float*)(smem + KVK_HG_OFF_COMB(HG_D, HG_G)); /* [HG][32][HG_CW] */
+    float* const s_comb = (float*)(smem + KVK_HG_OFF_COMB(HG_RB, HG_G)); /* [HG][32][HG_CW] */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
@@ -169,9 +210,10 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                             kvp_mbar_arrive_expect_tx(fb, (unsigned)HG_SB);
 #pragma unroll
                             for (int cb = 0; cb < HG_NCB; ++cb) {
-                                kvp_tma_load4(dst + (unsigned)(cb * HG_BOX), tm.k, cb * 64, sll, head0, pgl, fb);
-                                kvp_tma_load4(dst + (unsigned)((HG_NCB + cb) * HG_BOX), tm.v, cb * 64, sll, head0, pgl,
-                                              fb);
+                                kvp_tma_load4(dst + (unsigned)(cb * HG_BOX), tm.k, cb * (128 / HG_ES), sll, head0,
+                                              pgl, fb);
+                                kvp_tma_load4(dst + (unsigned)((HG_NCB + cb) * HG_BOX), tm.v, cb * (128 / HG_ES), sll,
+                                              head0, pgl, fb);
                             }
                         }
                     }
@@ -189,9 +231,17 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     /* K ldmatrix (A = K[16 tok x 16 cols]): token (lane & 7) + 8 ((lane >> 3) & 1), 16-byte chunk 2 ks + (lane >> 4);
        V ldmatrix.trans (A = V^T): token (lane & 7) + 8 (lane >> 4), chunk 2 mt + ((lane >> 3) & 1). Row r of a box is
        h * 16 + token; its 16-byte chunk c sits at chunk c ^ (r & 7) (128-byte swizzle) */
+#if !HG_FP8
     const int kt = (lane & 7) + 8 * ((lane >> 3) & 1), kc = lane >> 4;
     const int vt = (lane & 7) + 8 * (lane >> 4), vc = (lane >> 3) & 1;
     const unsigned krow = (unsigned)((h * 16 + kt) * 128), vrow = (unsigned)((h * 16 + vt) * 128);
+#else
+    /* fp8: K rows h * 16 + r8 (and + 8); V ldmatrix.trans rows: token (lane & 7) + 8 ((lane >> 3) & 1), chunk bit
+       lane >> 4 */
+    const unsigned k8row = (unsigned)((h * 16 + r8) * 128);
+    const int v8t = (lane & 7) + 8 * ((lane >> 3) & 1), v8c = lane >> 4;
+    const unsigned v8row = (unsigned)((h * 16 + v8t) * 128);
+#endif
     float* const comb = s_comb + (h * 32 + lane) * HG_CW;
     const bool fused = (p.flags & KVK_FLAG_FUSED_MERGE) != 0u;
     int c = 0;
@@ -202,17 +252,51 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         const int t0 = kv0 & ~15;
         const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
         const int kvh = w.kv_head * HG_G + h;
-        /* Q^T fragments (B = Q^T[16 cols x 8 rows]): row r8 (query head kvh * g + r8), columns 16 ks + 2 q4 (+1), +8 */
+        /* Q^T fragments (B = Q^T[16 cols x 8 rows]): row r8 (query head kvh * g + r8), columns 16 ks + 2 q4 (+1), +8;
+           fp8 KV: dims 32 q4 + 4 ks (+1), + 2 (+3) in f16, scaled down by 2^qsh (the logit scale takes it back) */
         unsigned qb[HG_KS][2];
+        float qscale = p.q_scale;
         {
             const bool has = r8 < g;
             const unsigned short* qr = (const unsigned short*)p.q + (long long)rq.qo_start * p.q_stride_row +
                                        (long long)(kvh * g + (has ? r8 : 0)) * p.q_stride_head;
+#if !HG_FP8
 #pragma unroll
             for (int ks = 0; ks < HG_KS; ++ks) {
                 qb[ks][0] = has ? __ldg((const unsigned*)(qr + 16 * ks + 2 * q4)) : 0u;
                 qb[ks][1] = has ? __ldg((const unsigned*)(qr + 16 * ks + 8 + 2 * q4)) : 0u;
             }
+#else
+            float qf[HG_D / 4];
+#pragma unroll
+            for (int h8 = 0; h8 < HG_D / 32; ++h8) {
+                const uint4 w4 = has ? __ldg((const uint4*)(qr + q4 * (HG_D / 4) + 8 * h8)) : make_uint4(0u, 0u, 0u, 0u);
+                const unsigned wv[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+#if KVA_QT == KVK_BF16
+                    kva_bf16x2_to_f32(wv[e], &qf[8 * h8 + 2 * e], &qf[8 * h8 + 2 * e + 1]);
+#else
+                    kva_f16x2_to_f32(wv[e], &qf[8 * h8 + 2 * e], &qf[8 * h8 + 2 * e + 1]);
+#endif
+                }
+            }
+            /* one power of two for the warp's rows keeps the largest |q| below 2^14 in f16 */
+            float mx = 0.f;
+#pragma unroll
+            for (int i = 0; i < HG_D / 4; ++i) mx = fmaxf(mx, fabsf(qf[i]));
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
+            const int sh = ex > 13 ? ex - 13 : 0;
+            const float down = __uint_as_float((unsigned)(127 - sh) << 23);
+            qscale *= __uint_as_float((unsigned)(127 + (sh > 127 ? 127 : sh)) << 23) * KVA_E4M3_FIX_KT;
+#pragma unroll
+            for (int ks = 0; ks < HG_KS; ++ks) {
+                qb[ks][0] = kva_f32x2_to_f16x2(qf[4 * ks] * down, qf[4 * ks + 1] * down);
+                qb[ks][1] = kva_f32x2_to_f16x2(qf[4 * ks + 2] * down, qf[4 * ks + 3] * down);
+            }
+#endif
         }
         float m0 = neg_inf, m1 = neg_inf, l0 = 0.f, l1 = 0.f;
         float acc[HG_MT][4];
@@ -231,6 +315,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
             const unsigned kbase = sbase + (unsigned)(st * HG_SB), vbase = kbase + (unsigned)(HG_NCB * HG_BOX);
             float sa[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}; /* two independent MMA chains */
+#if !HG_FP8
 #pragma unroll
             for (int ks = 0; ks < HG_KS; ++ks) {
                 const int ch = 2 * ks + kc;
@@ -238,15 +323,36 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 kva_ldsm_x4(kbase + (unsigned)((ch >> 3) * HG_BOX) + krow + 16u * (unsigned)((ch & 7) ^ (kt & 7)), a);
                 HG_MMA(sa[ks & 1], a, qb[ks][0], qb[ks][1]);
             }
+#else
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                /* chunk 2 q4 + hh (dims 32 q4 + 16 hh ..) of tokens r8 and r8 + 8: k-steps 4 hh .. 4 hh + 3 */
+                const unsigned co = 16u * (unsigned)((2 * q4 + hh) ^ (r8 & 7));
+                const uint4 wlo = kva_ld_shared16(kbase + k8row + co);
+                const uint4 whi = kva_ld_shared16(kbase + k8row + 8u * 128u + co);
+                const unsigned lo[4] = {wlo.x, wlo.y, wlo.z, wlo.w};
+                const unsigned hi[4] = {whi.x, whi.y, whi.z, whi.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int ks = 4 * hh + e;
+                    unsigned a[4];
+                    a[0] = HG_CV8((unsigned short)(lo[e] & 0xffffu));
+                    a[2] = HG_CV8((unsigned short)(lo[e] >> 16));
+                    a[1] = HG_CV8((unsigned short)(hi[e] & 0xffffu));
+                    a[3] = HG_CV8((unsigned short)(hi[e] >> 16));
+                    HG_MMA(sa[ks & 1], a, qb[ks][0], qb[ks][1]);
+                }
+            }
+#endif
             /* s[0]: token r8, row 2 q4; s[1]: token r8, row 2 q4 + 1; s[2], s[3]: token r8 + 8 */
             const int tok = t0 + 16 * j + r8;
             const bool edge = t0 + 16 * j < kv0 || t0 + 16 * j + 16 > kv1;
             const bool v0 = tok >= kv0 && tok < kv1, v1 = tok + 8 >= kv0 && tok + 8 < kv1;
             float s[4];
-            s[0] = v0 ? (sa[0][0] + sa[1][0]) * p.q_scale : neg_inf;
-            s[1] = v0 ? (sa[0][1] + sa[1][1]) * p.q_scale : neg_inf;
-            s[2] = v1 ? (sa[0][2] + sa[1][2]) * p.q_scale : neg_inf;
-            s[3] = v1 ? (sa[0][3] + sa[1][3]) * p.q_scale : neg_inf;
+            s[0] = v0 ? (sa[0][0] + sa[1][0]) * qscale : neg_inf;
+            s[1] = v0 ? (sa[0][1] + sa[1][1]) * qscale : neg_inf;
+            s[2] = v1 ? (sa[0][2] + sa[1][2]) * qscale : neg_inf;
+            s[3] = v1 ? (sa[0][3] + sa[1][3]) * qscale : neg_inf;
             float pv[4], al0, al1;
             kva_st_softmax_step(s, m0, m1, l0, l1, pv, al0, al1);
             if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
@@ -274,6 +380,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 mlo = (tb >= kv0 && tb < kv1 ? 0xffffu : 0u) | (tb + 1 >= kv0 && tb + 1 < kv1 ? 0xffff0000u : 0u);
                 mhi = (tb + 8 >= kv0 && tb + 8 < kv1 ? 0xffffu : 0u) | (tb + 9 >= kv0 && tb + 9 < kv1 ? 0xffff0000u : 0u);
             }
+#if !HG_FP8
 #pragma unroll
             for (int mt = 0; mt < HG_MT; ++mt) {
                 const int ch = 2 * mt + vc;
@@ -285,6 +392,28 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 a[3] &= mhi;
                 HG_MMA(acc[mt], a, pb0, pb1);
             }
+#else
+#pragma unroll
+            for (int m2 = 0; m2 < HG_MT / 2; ++m2) {
+                /* ldmatrix.trans on byte pairs: matrix b = lane >> 3 is tokens 8 (b & 1) .., chunk 2 m2 + (b >> 1);
+                   r[0] / r[1]: dims 32 m2 + 2 r8 (+1) of tokens 2 q4, 2 q4 + 1 / + 8, + 9; r[2], r[3]: dims + 16 */
+                unsigned r[4];
+                kva_ldsm_x4_t(vbase + v8row + 16u * (unsigned)((2 * m2 + v8c) ^ (v8t & 7)), r);
+                r[0] &= mlo;
+                r[1] &= mhi;
+                r[2] &= mlo;
+                r[3] &= mhi;
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    unsigned a[4];
+                    a[0] = HG_CV8((unsigned short)kva_prmt(r[2 * hh], 0u, 0x0020u));
+                    a[1] = HG_CV8((unsigned short)kva_prmt(r[2 * hh], 0u, 0x0031u));
+                    a[2] = HG_CV8((unsigned short)kva_prmt(r[2 * hh + 1], 0u, 0x0020u));
+                    a[3] = HG_CV8((unsigned short)kva_prmt(r[2 * hh + 1], 0u, 0x0031u));
+                    HG_MMA(acc[2 * m2 + hh], a, pb0, pb1);
+                }
+            }
+#endif
             __syncwarp();
             if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
         }
@@ -329,7 +458,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         if (part == 0) {
             /* ---- write rows 2 q4 and 2 q4 + 1 of this head (columns 16 mt + r8, + 8) ---- */
             const float lg0 = l0 > 0.f ? m0 + kva_log2(l0) : neg_inf, lg1 = l1 > 0.f ? m1 + kva_log2(l1) : neg_inf;
-            float i0 = l0 > 0.f ? p.v_scale * kva_rcp(l0) : 0.f, i1 = l1 > 0.f ? p.v_scale * kva_rcp(l1) : 0.f;
+            const float vs = p.v_scale * KVA_E4M3_FIX_KT;
+            float i0 = l0 > 0.f ? vs * kva_rcp(l0) : 0.f, i1 = l1 > 0.f ? vs * kva_rcp(l1) : 0.f;
             float e0 = lg0, e1 = lg1;
             if (faulted) {
                 i0 = i1 = 0.f;
@@ -341,9 +471,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 float* const pl = (float*)(p.ws + p.off_partial_lse) + (long long)w.partial * p.tile_q + h * g;
 #pragma unroll
                 for (int mt = 0; mt < HG_MT; ++mt) {
-                    const int d0 = 16 * mt + r8;
-                    if (ra < g) po[ra * HG_D + d0] = acc[mt][0] * i0, po[ra * HG_D + d0 + 8] = acc[mt][2] * i0;
-                    if (rb < g) po[rb * HG_D + d0] = acc[mt][1] * i1, po[rb * HG_D + d0 + 8] = acc[mt][3] * i1;
+                    const int d0 = HG_DLO(mt);
+                    if (ra < g) po[ra * HG_D + d0] = acc[mt][0] * i0, po[ra * HG_D + d0 + HG_DHI] = acc[mt][2] * i0;
+                    if (rb < g) po[rb * HG_D + d0] = acc[mt][1] * i1, po[rb * HG_D + d0 + HG_DHI] = acc[mt][3] * i1;
                 }
                 if (r8 == 0) {
                     if (ra < g) pl[ra] = e0;
@@ -354,9 +484,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 const long long ob = oa + p.o_stride_head;
 #pragma unroll
                 for (int mt = 0; mt < HG_MT; ++mt) {
-                    const int d0 = 16 * mt + r8;
-                    if (ra < g) kva_store_elem(p.o, oa + d0, KVA_OT, acc[mt][0] * i0), kva_store_elem(p.o, oa + d0 + 8, KVA_OT, acc[mt][2] * i0);
-                    if (rb < g) kva_store_elem(p.o, ob + d0, KVA_OT, acc[mt][1] * i1), kva_store_elem(p.o, ob + d0 + 8, KVA_OT, acc[mt][3] * i1);
+                    const int d0 = HG_DLO(mt);
+                    if (ra < g) kva_store_elem(p.o, oa + d0, KVA_OT, acc[mt][0] * i0), kva_store_elem(p.o, oa + d0 + HG_DHI, KVA_OT, acc[mt][2] * i0);
+                    if (rb < g) kva_store_elem(p.o, ob + d0, KVA_OT, acc[mt][1] * i1), kva_store_elem(p.o, ob + d0 + HG_DHI, KVA_OT, acc[mt][3] * i1);
                 }
                 if (r8 == 0 && p.lse) {
                     const long long la = (long long)rq.qo_start * p.lse_stride_row + (long long)(kvh * g) * p.lse_stride_head;

@@ -54,15 +54,16 @@ typedef uint64_t kvk_u64;
      4 * (nw) * KVK_TC_STAGES(d, es) + 16)
 
 /* geometry of the head-group decode kernel (kva_decode_hg.cuh, sm_90): a ring of stages of one 16-token subtile of
-   K and V for g heads (d / 64 TMA boxes of [g][16][128 B] each: d * g * 64 bytes), 192 KB at head dim 128 x 4 heads;
-   full and empty mbarriers and a fault word per stage, 16 bytes of merge flags; the combine buffer [g][32 lanes]
-   of 5 + d / 4 floats (odd: conflict-free); 1 KB of slack to align the stages to the 128-byte swizzle's period. */
-#define KVK_HG_STAGES(d) ((d) == 64 ? 12 : 6)
-#define KVK_HG_STAGE_BYTES(d, g) ((d) * (g) * 64)
+   K and V for g heads (rb / 128 TMA boxes of [g][16][128 B] each for K and for V: rb * g * 32 bytes, where rb is the
+   bytes of one head's token row: 256 at head dim 128 x 16-bit, 128 at 64 x 16-bit and at 128 x fp8), 192 KB at 256 B x
+   4 heads; full and empty mbarriers and a fault word per stage, 16 bytes of merge flags; the combine buffer [g][32
+   lanes] of 5 + d / 4 floats (odd: conflict-free); 1 KB of slack to align the stages to the 128-byte swizzle's period. */
+#define KVK_HG_STAGES(rb) ((rb) <= 128 ? 12 : 6)
+#define KVK_HG_STAGE_BYTES(rb, g) ((rb) * (g) * 32)
 #define KVK_HG_COMB_FLOATS(d) (5 + (d) / 4)
-#define KVK_HG_OFF_COMB(d, g) \
-    ((KVK_HG_STAGES(d) * KVK_HG_STAGE_BYTES(d, g) + 20 * KVK_HG_STAGES(d) + 16 + 15) & ~15)
-#define KVK_HG_SMEM(d, g) (1024 + KVK_HG_OFF_COMB(d, g) + (g) * 32 * KVK_HG_COMB_FLOATS(d) * 4)
+#define KVK_HG_OFF_COMB(rb, g) \
+    ((KVK_HG_STAGES(rb) * KVK_HG_STAGE_BYTES(rb, g) + 20 * KVK_HG_STAGES(rb) + 16 + 15) & ~15)
+#define KVK_HG_SMEM(d, rb, g) (1024 + KVK_HG_OFF_COMB(rb, g) + (g) * 32 * KVK_HG_COMB_FLOATS(d) * 4)
 #define KVK_HG_THREADS(g) (32 * (2 * (g) + 1))
 
 /* runtime flags of the attention kernels */
