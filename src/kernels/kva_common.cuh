@@ -453,6 +453,28 @@ KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
     asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
 }
+/* fp8 K/V as f16 MMA A fragments (m16n8k16), the tensor-core and head-group decode kernels' fp8 paths; e4m3 selects
+   the format (a compile-time constant at every call). */
+KVA_DEV unsigned kva_fp8x2_to_f16x2(unsigned short v, int e4m3) {
+    return e4m3 ? kva_e4m3x2_to_f16x2(v) : kva_e5m2x2_to_f16x2(v);
+}
+/* A = K[16 tokens x 16 k] of one k-step from 4 bytes of token r8 (lo) and 4 of token r8 + 8 (hi): bytes 0-1 are k
+   indices 2 q4, 2 q4 + 1 and bytes 2-3 are 2 q4 + 8, + 9 (the caller permutes q's dims the same way) */
+KVA_DEV void kva_fp8_k_afrag(unsigned lo, unsigned hi, int e4m3, unsigned* a) {
+    a[0] = kva_fp8x2_to_f16x2((unsigned short)(lo & 0xffffu), e4m3);
+    a[2] = kva_fp8x2_to_f16x2((unsigned short)(lo >> 16), e4m3);
+    a[1] = kva_fp8x2_to_f16x2((unsigned short)(hi & 0xffffu), e4m3);
+    a[3] = kva_fp8x2_to_f16x2((unsigned short)(hi >> 16), e4m3);
+}
+/* A = V^T[16 dims x 16 tokens] from two words of ldmatrix.trans on byte pairs, g0 holding dims 2 r8, 2 r8 + 1 of tokens
+   2 q4, 2 q4 + 1 (bytes: d0 t0, d1 t0, d0 t1, d1 t1) and g1 the same of tokens + 8: A row r8 is dim 2 r8, row r8 + 8 is
+   dim 2 r8 + 1 */
+KVA_DEV void kva_fp8_v_afrag(unsigned g0, unsigned g1, int e4m3, unsigned* a) {
+    a[0] = kva_fp8x2_to_f16x2((unsigned short)kva_prmt(g0, 0u, 0x0020u), e4m3);
+    a[1] = kva_fp8x2_to_f16x2((unsigned short)kva_prmt(g0, 0u, 0x0031u), e4m3);
+    a[2] = kva_fp8x2_to_f16x2((unsigned short)kva_prmt(g1, 0u, 0x0020u), e4m3);
+    a[3] = kva_fp8x2_to_f16x2((unsigned short)kva_prmt(g1, 0u, 0x0031u), e4m3);
+}
 KVA_DEV void kva_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
 /* Programmatic dependent launch (kva_run_args.enable_pdl; sm_90+). kva_pdl_start lets the next kernel of the stream, if
    it was launched with programmatic stream serialisation, start its CTAs now; kva_pdl_wait, in a kernel so launched,

@@ -81,7 +81,6 @@
 #undef HG_CW
 #undef HG_MMA
 #undef HG_PACK
-#undef HG_CV8
 #undef HG_DLO
 #undef HG_DHI
 #undef KVA_E4M3_FIX_KT
@@ -106,10 +105,8 @@
 #define HG_PACK kva_f32x2_to_f16x2
 #endif
 #if KVA_KT == KVK_E4M3
-#define HG_CV8 kva_e4m3x2_to_f16x2
 #define KVA_E4M3_FIX_KT KVA_E4M3_FIX
 #else
-#define HG_CV8 kva_e5m2x2_to_f16x2
 #define KVA_E4M3_FIX_KT 1.0f
 #endif
 /* accumulator rows r8 and r8 + 8 of m-tile mt: head dims HG_DLO(mt) and HG_DLO(mt) + HG_DHI */
@@ -336,10 +333,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 for (int e = 0; e < 4; ++e) {
                     const int ks = 4 * hh + e;
                     unsigned a[4];
-                    a[0] = HG_CV8((unsigned short)(lo[e] & 0xffffu));
-                    a[2] = HG_CV8((unsigned short)(lo[e] >> 16));
-                    a[1] = HG_CV8((unsigned short)(hi[e] & 0xffffu));
-                    a[3] = HG_CV8((unsigned short)(hi[e] >> 16));
+                    kva_fp8_k_afrag(lo[e], hi[e], KVA_KT == KVK_E4M3, a);
                     HG_MMA(sa[ks & 1], a, qb[ks][0], qb[ks][1]);
                 }
             }
@@ -406,10 +400,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     unsigned a[4];
-                    a[0] = HG_CV8((unsigned short)kva_prmt(r[2 * hh], 0u, 0x0020u));
-                    a[1] = HG_CV8((unsigned short)kva_prmt(r[2 * hh], 0u, 0x0031u));
-                    a[2] = HG_CV8((unsigned short)kva_prmt(r[2 * hh + 1], 0u, 0x0020u));
-                    a[3] = HG_CV8((unsigned short)kva_prmt(r[2 * hh + 1], 0u, 0x0031u));
+                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], KVA_KT == KVK_E4M3, a);
                     HG_MMA(acc[2 * m2 + hh], a, pb0, pb1);
                 }
             }

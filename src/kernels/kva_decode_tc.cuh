@@ -717,17 +717,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                 for (int e = 0; e < 4; ++e) {
                     const int ks = 4 * h + e;
                     unsigned a[4];
-#if KVA_KT == KVK_E4M3
-                    a[0] = kva_e4m3x2_to_f16x2((unsigned short)(lo[e] & 0xffffu));
-                    a[2] = kva_e4m3x2_to_f16x2((unsigned short)(lo[e] >> 16));
-                    a[1] = kva_e4m3x2_to_f16x2((unsigned short)(hi[e] & 0xffffu));
-                    a[3] = kva_e4m3x2_to_f16x2((unsigned short)(hi[e] >> 16));
-#else
-                    a[0] = kva_e5m2x2_to_f16x2((unsigned short)(lo[e] & 0xffffu));
-                    a[2] = kva_e5m2x2_to_f16x2((unsigned short)(lo[e] >> 16));
-                    a[1] = kva_e5m2x2_to_f16x2((unsigned short)(hi[e] & 0xffffu));
-                    a[3] = kva_e5m2x2_to_f16x2((unsigned short)(hi[e] >> 16));
-#endif
+                    kva_fp8_k_afrag(lo[e], hi[e], KVA_KT == KVK_E4M3, a);
                     TC_MMA(sa[ks & 3], a, qf[ks][0], qf[ks][1]);
                 }
             }
@@ -809,16 +799,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     unsigned a[4];
-#if KVA_KT == KVK_E4M3
-#define TC_CV8 kva_e4m3x2_to_f16x2
-#else
-#define TC_CV8 kva_e5m2x2_to_f16x2
-#endif
-                    a[0] = TC_CV8((unsigned short)kva_prmt(r[2 * hh], 0u, 0x0020u));
-                    a[1] = TC_CV8((unsigned short)kva_prmt(r[2 * hh], 0u, 0x0031u));
-                    a[2] = TC_CV8((unsigned short)kva_prmt(r[2 * hh + 1], 0u, 0x0020u));
-                    a[3] = TC_CV8((unsigned short)kva_prmt(r[2 * hh + 1], 0u, 0x0031u));
-#undef TC_CV8
+                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], KVA_KT == KVK_E4M3, a);
                     TC_MMA(oacc[2 * m2 + hh], a, pb0, pb1);
                 }
             }
