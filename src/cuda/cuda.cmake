@@ -83,17 +83,19 @@ foreach(cfg "128;1;1;1" "128;2;2;2" "128;1;3;1" "128;2;3;2" "64;2;2;2" "256;2;2;
            "#undef KVA_ROWS\n#undef KVA_ROPE\n\n")
   endforeach()
 endforeach()
-# 8-warp instances (kva__cuda_want_8_warps: one-CTA-per-SM decode plans, head dim 128, 16-bit KV); 208-224 KB of
-# shared memory, so only devices of compute capability 9.0 run them (sm_80 builds leave them out)
-foreach(cfg "1;f16" "2;bf16")
+# 8-warp instances (kva__cuda_want_8_warps: one-CTA-per-SM decode plans, head dim 128, KV of q's dtype or e4m3);
+# 208-224 KB of shared memory, so only devices of compute capability 9.0 run them (sm_80 builds leave them out)
+foreach(cfg "1;f16;1;f16" "2;bf16;2;bf16" "1;f16;3;e4m3" "2;bf16;3;e4m3")
   list(GET cfg 0 t)
   list(GET cfg 1 dn)
+  list(GET cfg 2 kt)
+  list(GET cfg 3 kn)
   foreach(rows 1 2 4 8)
-    set(name "kva_tc_d128_q${dn}_kv${dn}_o${dn}_r${rows}_w8")
+    set(name "kva_tc_d128_q${dn}_kv${kn}_o${dn}_r${rows}_w8")
     list(APPEND kva_aot_list ${name})
     string(APPEND kva_aot_cu "#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900\n"
            "#define KVA_KERNEL_NAME ${name}\n#define KVA_DQK 128\n#define KVA_DVO 128\n"
-           "#define KVA_QT ${t}\n#define KVA_KT ${t}\n#define KVA_OT ${t}\n#define KVA_ROWS ${rows}\n"
+           "#define KVA_QT ${t}\n#define KVA_KT ${kt}\n#define KVA_OT ${t}\n#define KVA_ROWS ${rows}\n"
            "#define KVA_ROPE 0\n#define KVA_TC_NW 8\n#include \"kva_decode_tc.cuh\"\n"
            "#undef KVA_KERNEL_NAME\n#undef KVA_DQK\n#undef KVA_DVO\n#undef KVA_QT\n#undef KVA_KT\n#undef KVA_OT\n"
            "#undef KVA_ROWS\n#undef KVA_ROPE\n#undef KVA_TC_NW\n#endif\n\n")

@@ -157,10 +157,13 @@ static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attenti
    the lengths (H100, sequential A/B against 264 workers of 4 warps, session 20: D7 1 x 1k -3.1 % cold, 16 x 1k
    -5.4 %, per layer of a 32-call graph with PDL -6.5 % / -5.7 %). KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns it off
    (A/B). */
-/* The tensor-core decode kernels that have an 8-warp form the backend takes by default (head dim 128, 16-bit KV:
-   kva__cuda_want_8_warps, and kva__cuda_plan_workers' choice of one worker per SM) */
+/* The tensor-core decode kernels that have an 8-warp form the backend takes by default (head dim 128: 16-bit KV, and
+   fp8 KV since session 25, where D6 fp8 1 x 32k on one 8-warp CTA per SM was 3.7 % (H100) and 4.3 % (H200) faster than
+   on 264 workers of 4 warps, sequential pairs; kva__cuda_want_8_warps, and kva__cuda_plan_workers' choice of one
+   worker per SM) */
 static bool kva__cuda_w8_key(const kva__kkey* k) {
-    return k->family == KVA__KF_DECODE_TC && k->dqk == 128 && (k->kt == KVA_DTYPE_F16 || k->kt == KVA_DTYPE_BF16);
+    return k->family == KVA__KF_DECODE_TC && k->dqk == 128 &&
+           (k->kt == KVA_DTYPE_F16 || k->kt == KVA_DTYPE_BF16 || k->kt == KVA_DTYPE_E4M3 || k->kt == KVA_DTYPE_E5M2);
 }
 
 static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,

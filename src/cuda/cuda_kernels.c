@@ -438,7 +438,7 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                             ++n;
                         }
     /* tensor-core kernels: q = KV (16-bit), or fp8 KV at head dim 128; no RoPE; 4 warps, and 8 warps at head dim 128
-       with 16-bit KV (kva__cuda_want_8_warps) */
+       (kva__cuda_want_8_warps) */
     for (int a = 0; a < 3; ++a)
         for (int b = 0; b < 2; ++b)
             for (int c = 0; c < 4; ++c) {
@@ -446,7 +446,7 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                 if (!fp8 && kts[c] != qts[b]) continue;
                 if (fp8 && dims[a] != 128) continue;
                 for (int w = 4; w <= 8; w += 4) {
-                    if (w == 8 && (fp8 || dims[a] != 128)) continue;
+                    if (w == 8 && dims[a] != 128) continue;
                     for (int e = 0; e < 3; ++e)
                         for (int r = 0; r < 4; ++r) {
                             if (n < max) {
