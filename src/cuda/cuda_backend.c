@@ -157,13 +157,21 @@ static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attenti
    the lengths (H100, sequential A/B against 264 workers of 4 warps, session 20: D7 1 x 1k -3.1 % cold, 16 x 1k
    -5.4 %, per layer of a 32-call graph with PDL -6.5 % / -5.7 %). KVATTN_BENCH_DECODE_ALL_WORKERS=1 turns it off
    (A/B). */
-/* The tensor-core decode kernels that have an 8-warp form the backend takes by default (head dim 128: 16-bit KV, and
-   fp8 KV since session 25, where D6 fp8 1 x 32k on one 8-warp CTA per SM was 3.7 % (H100) and 4.3 % (H200) faster than
-   on 264 workers of 4 warps, sequential pairs; kva__cuda_want_8_warps, and kva__cuda_plan_workers' choice of one
-   worker per SM) */
+/* The tensor-core decode kernels that have an 8-warp form the backend takes by default (head dim 128, 16-bit KV:
+   kva__cuda_want_8_warps, and kva__cuda_plan_workers' choice of one worker per SM) */
 static bool kva__cuda_w8_key(const kva__kkey* k) {
-    return k->family == KVA__KF_DECODE_TC && k->dqk == 128 &&
-           (k->kt == KVA_DTYPE_F16 || k->kt == KVA_DTYPE_BF16 || k->kt == KVA_DTYPE_E4M3 || k->kt == KVA_DTYPE_E5M2);
+    return k->family == KVA__KF_DECODE_TC && k->dqk == 128 && (k->kt == KVA_DTYPE_F16 || k->kt == KVA_DTYPE_BF16);
+}
+/* fp8 KV at head dim 128 has an 8-warp form too, taken only by eager plans of more than 1024 K/V rows per SM that have
+   at most one (request, KV head) unit per SM: D6 fp8 1 x 32k on one 8-warp CTA per SM instead of 264 workers of 4
+   warps, sequential pairs: H100 -3.7 / -4.5 %, H200 -4.3 % (docs/kernels/decode.md, session 25). Smaller and graph-mode
+   fp8 plans keep their session-24 form (one 4-warp CTA per SM, resp. every worker with 4 warps): in a decode step whose
+   layers also run a 16-bit call, the fp8 1 x 1k graph call on 8 warps was not measured apart from the 16-bit one. */
+static bool kva__cuda_w8_fp8_key(const kva__kkey* k) {
+    return k->family == KVA__KF_DECODE_TC && k->dqk == 128 && (k->kt == KVA_DTYPE_E4M3 || k->kt == KVA_DTYPE_E5M2);
+}
+static bool kva__cuda_w8_fp8_rows(const kva__cuda_state* st, int64_t rows) {
+    return rows > 1024ll * st->num_sms;
 }
 
 static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
@@ -181,7 +189,9 @@ static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attentio
     kva__kchoice c;
     const int32_t g = desc->num_kv_heads > 0 ? desc->num_qo_heads / desc->num_kv_heads : 1;
     bool w8 = st->tc_warps != 4 && g >= 1 && g <= KVA__MAX_TILE_Q &&
-              kva__cuda_select_dev(desc, op, g, 0, 0.0, st->max_smem_optin, &c) == KVA_OK && kva__cuda_w8_key(&c.key);
+              kva__cuda_select_dev(desc, op, g, 0, 0.0, st->max_smem_optin, &c) == KVA_OK &&
+              (kva__cuda_w8_key(&c.key) ||
+               (kva__cuda_w8_fp8_key(&c.key) && tokens >= 0 && kva__cuda_w8_fp8_rows(st, tokens)));
     if (w8) {
         c.key.warps = 8;
         w8 = kva__kkey_smem(&c.key) <= (size_t)st->max_smem_optin;
@@ -367,6 +377,11 @@ static int kva__cuda_want_8_warps(const kva__cuda_state* st, const kva__plan_dat
     /* only where kva__cuda_plan_workers took one worker per SM out of two (graph mode: from the bounds, so every plan
        of a graph runs the captured kernel whatever its lengths): a context of one CTA per SM
        (KVATTN_CUDA_CTAS_PER_SM=1) keeps 4 warps, in graph and eager plans alike, so the two agree bitwise */
+    if (st->ctas_per_sm >= 2 && kva__cuda_w8_fp8_key(k)) /* K/V rows x KV heads, kva__cuda_plan_workers' count where
+                                                               the group fits one tile (else it counted more: then a
+                                                               plan on one worker per SM may keep 4 warps) */
+        return !plan->graph_mode &&
+               kva__cuda_w8_fp8_rows(st, plan->total_kv_tokens * (int64_t)plan->desc.num_kv_heads);
     return st->ctas_per_sm >= 2 && kva__cuda_w8_key(k);
 }
 

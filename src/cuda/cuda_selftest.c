@@ -728,6 +728,15 @@ static void test_decode_matrix(kva_context* ctx) {
     c = base_case("g16 bf16 (two tiles)");
     c.hq = 32, c.hkv = 2;
     cs[n++] = c;
+    /* fp8 KV on the 8-warp kernel: an eager plan of more than 1024 K/V rows per SM and one unit per SM (quick: the
+       lengths are capped, so it runs the 4-warp form) */
+    c = base_case("gqa32/8 bf16 e4m3 1 x 24k (8 warps)");
+    c.kt = KVA_DTYPE_E4M3, c.B = 1, c.long_kv = 24000;
+    cs[n++] = c;
+    c = base_case("g4 f16 e5m2 o=f32 2 x 20k (8 warps)");
+    c.hq = 16, c.hkv = 4, c.qt = KVA_DTYPE_F16, c.kt = KVA_DTYPE_E5M2, c.ot = KVA_DTYPE_F32, c.B = 2, c.min_kv = 19000,
+    c.max_kv = 20000;
+    cs[n++] = c;
     c = base_case("g12 f16 p16 (tiles of 6)");
     c.hq = 24, c.hkv = 2, c.qt = c.kt = c.ot = KVA_DTYPE_F16;
     cs[n++] = c;

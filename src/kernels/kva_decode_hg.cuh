@@ -267,7 +267,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             float qf[HG_D / 4];
 #pragma unroll
             for (int h8 = 0; h8 < HG_D / 32; ++h8) {
-                const uint4 w4 = has ? __ldg((const uint4*)(qr + q4 * (HG_D / 4) + 8 * h8)) : make_uint4(0u, 0u, 0u, 0u);
+                const uint4 w4 =
+                    has ? __ldg((const uint4*)(qr + q4 * (HG_D / 4) + 8 * h8)) : make_uint4(0u, 0u, 0u, 0u);
                 const unsigned wv[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
