@@ -406,6 +406,24 @@ kva_status kva__cuda_variant_check_compile(const kva_variant* v, const char* arc
     return st;
 }
 
+/* one key of the enumeration (written only while it fits) */
+static void kva__put_key(kva__kkey* keys, int max, int* n, int family, int d, int qt, int kt, int ot, int rows,
+                         int rope, int warps) {
+    if (*n < max) {
+        kva__kkey* k = &keys[*n];
+        memset(k, 0, sizeof *k);
+        k->family = family;
+        k->dqk = k->dvo = d;
+        k->qt = qt;
+        k->kt = kt;
+        k->ot = ot;
+        k->rows = rows;
+        k->rope = rope;
+        k->warps = warps;
+    }
+    ++*n;
+}
+
 int kva__kkey_enumerate(kva__kkey* keys, int max) {
     static const int dims[] = {64, 128, 256};
     static const int qts[] = {KVA_DTYPE_F16, KVA_DTYPE_BF16};
@@ -413,79 +431,40 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
     static const int ots[] = {KVA_DTYPE_F16, KVA_DTYPE_BF16, KVA_DTYPE_F32};
     static const int rows[] = {1, 2, 4, 8};
     int n = 0;
-    if (n < max) {
-        memset(&keys[n], 0, sizeof keys[n]);
-        keys[n].family = KVA__KF_UTIL;
-    }
-    ++n;
+    kva__put_key(keys, max, &n, KVA__KF_UTIL, 0, 0, 0, 0, 0, 0, 0);
     for (int a = 0; a < 3; ++a)
         for (int b = 0; b < 2; ++b)
             for (int c = 0; c < 4; ++c)
                 for (int e = 0; e < 3; ++e)
                     for (int r = 0; r < 4; ++r)
-                        for (int rope = 0; rope < 2; ++rope) {
-                            if (n < max) {
-                                kva__kkey* k = &keys[n];
-                                memset(k, 0, sizeof *k);
-                                k->family = KVA__KF_DECODE;
-                                k->dqk = k->dvo = dims[a];
-                                k->qt = qts[b];
-                                k->kt = kts[c];
-                                k->ot = ots[e];
-                                k->rows = rows[r];
-                                k->rope = rope;
-                            }
-                            ++n;
+                        for (int rope = 0; rope < 2; ++rope)
+                            kva__put_key(keys, max, &n, KVA__KF_DECODE, dims[a], qts[b], kts[c], ots[e], rows[r], rope,
+                                         0);
+    /* the tensor-core and head-group kernels take q = KV (16-bit), or fp8 KV at head dim 128; no RoPE */
+    static const int fams[] = {KVA__KF_DECODE_TC, KVA__KF_DECODE_HG};
+    for (int f = 0; f < 2; ++f)
+        for (int a = 0; a < 3; ++a)
+            for (int b = 0; b < 2; ++b)
+                for (int c = 0; c < 4; ++c) {
+                    const int fp8 = kts[c] == KVA_DTYPE_E4M3 || kts[c] == KVA_DTYPE_E5M2;
+                    if ((!fp8 && kts[c] != qts[b]) || (fp8 && dims[a] != 128)) continue;
+                    const int family = fams[f];
+                    if (family == KVA__KF_DECODE_TC) {
+                        /* 4 warps, and 8 warps at head dim 128 (kva__cuda_want_8_warps) */
+                        for (int w = 4; w <= 8; w += 4) {
+                            if (w == 8 && dims[a] != 128) continue;
+                            for (int e = 0; e < 3; ++e)
+                                for (int r = 0; r < 4; ++r)
+                                    kva__put_key(keys, max, &n, family, dims[a], qts[b], kts[c], ots[e], rows[r], 0,
+                                                 w == 8 ? 8 : 0);
                         }
-    /* tensor-core kernels: q = KV (16-bit), or fp8 KV at head dim 128; no RoPE; 4 warps, and 8 warps at head dim 128
-       (kva__cuda_want_8_warps) */
-    for (int a = 0; a < 3; ++a)
-        for (int b = 0; b < 2; ++b)
-            for (int c = 0; c < 4; ++c) {
-                const int fp8 = kts[c] == KVA_DTYPE_E4M3 || kts[c] == KVA_DTYPE_E5M2;
-                if (!fp8 && kts[c] != qts[b]) continue;
-                if (fp8 && dims[a] != 128) continue;
-                for (int w = 4; w <= 8; w += 4) {
-                    if (w == 8 && dims[a] != 128) continue;
-                    for (int e = 0; e < 3; ++e)
-                        for (int r = 0; r < 4; ++r) {
-                            if (n < max) {
-                                kva__kkey* k = &keys[n];
-                                memset(k, 0, sizeof *k);
-                                k->family = KVA__KF_DECODE_TC;
-                                k->dqk = k->dvo = dims[a];
-                                k->qt = qts[b];
-                                k->kt = kts[c];
-                                k->ot = ots[e];
-                                k->rows = rows[r];
-                                k->warps = w == 8 ? 8 : 0;
-                            }
-                            ++n;
-                        }
-                }
-            }
-    /* head-group decode kernels (kva__cuda_hg_key): head dims 64 and 128 with 16-bit q = KV, fp8 KV at head dim 128;
-       every output dtype, 2 or 4 heads per item */
-    for (int a = 0; a < 2; ++a)
-        for (int b = 0; b < 2; ++b)
-            for (int c = 0; c < 4; ++c) {
-                const int fp8 = kts[c] == KVA_DTYPE_E4M3 || kts[c] == KVA_DTYPE_E5M2;
-                if ((!fp8 && kts[c] != qts[b]) || (fp8 && dims[a] != 128)) continue;
-                for (int e = 0; e < 3; ++e)
-                    for (int hg = 2; hg <= 4; hg += 2) {
-                        if (n < max) {
-                            kva__kkey* k = &keys[n];
-                            memset(k, 0, sizeof *k);
-                            k->family = KVA__KF_DECODE_HG;
-                            k->dqk = k->dvo = dims[a];
-                            k->qt = qts[b];
-                            k->kt = kts[c];
-                            k->ot = ots[e];
-                            k->rows = hg;
-                        }
-                        ++n;
+                    } else if (dims[a] != 256) {
+                        /* head groups (kva__cuda_hg_key): head dims 64 and 128, 2 or 4 heads per item */
+                        for (int e = 0; e < 3; ++e)
+                            for (int hg = 2; hg <= 4; hg += 2)
+                                kva__put_key(keys, max, &n, family, dims[a], qts[b], kts[c], ots[e], hg, 0, 0);
                     }
-            }
+                }
     return n;
 }
 
