@@ -700,6 +700,16 @@ def cascade_reference(c, q, kp, vp, tables, qo_last, rows, hq, d):
     return ro_all, rl_all
 
 
+def run_pools(rng, c, P):
+    """The two runs' paged pools, drawn when each run starts: run 0 on the case's form, run 1 on new pools where the
+    case asks for new KV, another form or more pages, else the same ones."""
+    pools = make_pools(rng, c, P, c["kv_form"])
+    yield pools
+    if c["new_kv_run2"] or c["kv_form_run2"] != c["kv_form"] or c["grow_pool_run2"]:
+        pools = make_pools(rng, c, P + c["grow_pool_run2"], c["kv_form_run2"])
+    yield pools
+
+
 def run_decode(rng, c, w=None):
     import kvattn
     hq, hkv, d, ps = c["num_qo_heads"], c["num_kv_heads"], c["head_dim_qk"], c["page_size"]
@@ -735,11 +745,7 @@ def run_decode(rng, c, w=None):
         np.testing.assert_array_equal(xb[:n], indices[:n])
         np.testing.assert_array_equal(lb, last)
     yield  # planned (a wrapper sharing the workspace may plan now)
-    arg, kp, vp = make_pools(rng, c, P, c["kv_form"])
-    for run in range(2):
-        if run == 1:
-            if c["new_kv_run2"] or c["kv_form_run2"] != c["kv_form"] or c["grow_pool_run2"]:
-                arg, kp, vp = make_pools(rng, c, P + c["grow_pool_run2"], c["kv_form_run2"])
+    for run, (arg, kp, vp) in enumerate(run_pools(rng, c, P)):
         q = make_q(rng, c, (rows, hq, d))
         o, lse = call_run(w, c["out_modes"][run], (IO.t(q), arg), echo_kw(c), (rows, hq, d), c["o_dtype"], rows, hq,
                           c["out_guard"])
@@ -776,11 +782,7 @@ def run_prefill_paged(rng, c, w=None):
     setup_workspace(c, w, (qo_indptr, indptr, indices, last, hq, hkv, dqk, ps), plan_kw)
     w.plan(IO.idx(qo_indptr), IO.idx(indptr), IO.idx(indices), IO.idx(last), hq, hkv, dqk, ps, **plan_kw)
     yield  # planned (a wrapper sharing the workspace may plan now)
-    arg, kp, vp = make_pools(rng, c, P, c["kv_form"])
-    for run in range(2):
-        if run == 1:
-            if c["new_kv_run2"] or c["kv_form_run2"] != c["kv_form"] or c["grow_pool_run2"]:
-                arg, kp, vp = make_pools(rng, c, P + c["grow_pool_run2"], c["kv_form_run2"])
+    for run, (arg, kp, vp) in enumerate(run_pools(rng, c, P)):
         q = make_q(rng, c, (rows, hq, dqk))
         o, lse = call_run(w, c["out_modes"][run], (IO.t(q), arg), echo_kw(c), (rows, hq, dvo), c["o_dtype"], rows, hq,
                           c["out_guard"])
@@ -851,11 +853,7 @@ def run_cascade(rng, c, w=None):
            causal=c["causal"], q_data_type=api_dtype(c, "q_dtype"), kv_data_type=api_dtype(c, "kv_dtype"),
            **feature_kw(c))
     yield  # planned (a wrapper sharing the workspace may plan now)
-    arg, kp, vp = make_pools(rng, c, P, c["kv_form"])
-    for run in range(2):
-        if run == 1:
-            if c["new_kv_run2"] or c["kv_form_run2"] != c["kv_form"] or c["grow_pool_run2"]:
-                arg, kp, vp = make_pools(rng, c, P + c["grow_pool_run2"], c["kv_form_run2"])
+    for run, (arg, kp, vp) in enumerate(run_pools(rng, c, P)):
         q = make_q(rng, c, (rows, hq, d))
         o = w.run(IO.t(q), arg)
         assert tuple(o.shape) == (rows, hq, d) and o.dtype == IO.dtype(c["q_dtype"])

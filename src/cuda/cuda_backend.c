@@ -502,9 +502,10 @@ static kva_status kva__check_rows_tensor(const char* name, const kva_tensor* t, 
  *   16, 32, 64, 128 and multiples of 128: one box per page and column block of a page-aligned tile (8 pages x 2
  *   blocks at page size 16). The map depends on the pool only, so graph mode keeps it. */
 /* Head-group decode (hg = heads per unit, > 1): paged only, box {128 bytes, 16, hg, 1} (16 tokens of hg heads: 64
- * columns of 16-bit K/V, or a whole fp8 row at head dim 128; page sizes that are multiples of 16), L2 promotion by st->hg_promo (256 bytes on devices below 4 TB/s, else none: TMA boxes of
- * half a 256-byte row read 7-8 % slower on an H200 with the 256-byte promotion, docs/kernels/decode.md, session 12;
- * on an H100 they read 2-3 % faster with it, session 13). */
+ * columns of 16-bit K/V, or a whole fp8 row at head dim 128; page sizes that are multiples of 16), L2 promotion by
+ * st->hg_promo (256 bytes on devices below 4 TB/s, else none: TMA boxes of half a 256-byte row read 7-8 % slower on an
+ * H200 with the 256-byte promotion, docs/kernels/decode.md, session 12; on an H100 they read 2-3 % faster with it,
+ * session 13). */
 static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* pd, const kva_run_args* a,
                               const kvk_attn_params* p, kvk_tma* tm, int hg) {
     const kva__cu_api* cu = st->cu;

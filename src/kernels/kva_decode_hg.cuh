@@ -83,12 +83,12 @@
 #undef HG_PACK
 #undef HG_DLO
 #undef HG_DHI
-#undef KVA_E4M3_FIX_KT
+#undef HG_KFIX
 #define HG_G KVA_HG
 #define HG_NC (2 * HG_G)               /* consumer warps (2 per head) */
 #define HG_THREADS KVK_HG_THREADS(HG_G) /* + the producer warp */
 #define HG_D KVA_DQK
-#define HG_ES (HG_FP8 ? 1 : 2)          /* bytes per K/V element */
+#define HG_ES KVK_DEC_ES(KVA_KT)        /* bytes per K/V element */
 #define HG_RB (HG_D * HG_ES)            /* bytes of one head's token row */
 #define HG_NCB (HG_RB / 128)            /* 128-byte column blocks (one TMA box each) */
 #define HG_BOX (HG_G * 16 * 128)       /* bytes of one box: [HG heads][16 tokens][128 B] */
@@ -105,9 +105,9 @@
 #define HG_PACK kva_f32x2_to_f16x2
 #endif
 #if KVA_KT == KVK_E4M3
-#define KVA_E4M3_FIX_KT KVA_E4M3_FIX
+#define HG_KFIX KVA_E4M3_FIX
 #else
-#define KVA_E4M3_FIX_KT 1.0f
+#define HG_KFIX 1.0f
 #endif
 /* accumulator rows r8 and r8 + 8 of m-tile mt: head dims HG_DLO(mt) and HG_DLO(mt) + HG_DHI */
 #if HG_FP8
@@ -288,7 +288,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             const int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
             const int sh = ex > 13 ? ex - 13 : 0;
             const float down = __uint_as_float((unsigned)(127 - sh) << 23);
-            qscale *= __uint_as_float((unsigned)(127 + (sh > 127 ? 127 : sh)) << 23) * KVA_E4M3_FIX_KT;
+            qscale *= __uint_as_float((unsigned)(127 + (sh > 127 ? 127 : sh)) << 23) * HG_KFIX;
 #pragma unroll
             for (int ks = 0; ks < HG_KS; ++ks) {
                 qb[ks][0] = kva_f32x2_to_f16x2(qf[4 * ks] * down, qf[4 * ks + 1] * down);
@@ -450,7 +450,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         if (part == 0) {
             /* ---- write rows 2 q4 and 2 q4 + 1 of this head (columns 16 mt + r8, + 8) ---- */
             const float lg0 = l0 > 0.f ? m0 + kva_log2(l0) : neg_inf, lg1 = l1 > 0.f ? m1 + kva_log2(l1) : neg_inf;
-            const float vs = p.v_scale * KVA_E4M3_FIX_KT;
+            const float vs = p.v_scale * HG_KFIX;
             float i0 = l0 > 0.f ? vs * kva_rcp(l0) : 0.f, i1 = l1 > 0.f ? vs * kva_rcp(l1) : 0.f;
             float e0 = lg0, e1 = lg1;
             if (faulted) {
