@@ -737,6 +737,9 @@ static void test_decode_matrix(kva_context* ctx) {
     c.hq = 16, c.hkv = 4, c.qt = KVA_DTYPE_F16, c.kt = KVA_DTYPE_E5M2, c.ot = KVA_DTYPE_F32, c.B = 2, c.min_kv = 19000,
     c.max_kv = 20000;
     cs[n++] = c;
+    c = base_case("g2 bf16 d256 e4m3 1 x 20k (8 warps)");
+    c.hq = 16, c.hkv = 8, c.D = 256, c.kt = KVA_DTYPE_E4M3, c.B = 1, c.long_kv = 20000;
+    cs[n++] = c;
     c = base_case("g12 f16 p16 (tiles of 6)");
     c.hq = 24, c.hkv = 2, c.qt = c.kt = c.ot = KVA_DTYPE_F16;
     cs[n++] = c;

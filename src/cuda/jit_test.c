@@ -2,7 +2,8 @@
  * jit_test.c - host-side tests of the CUDA backend that need no GPU (CTest "cuda_nvrtc_variants"):
  *   - NVRTC compiles kernel variants for sm_80 and sm_90a, spill-free (ptxas report in the NVRTC log):
  *     a covering set by default (every value of every key axis, every row count x RoPE x head dim, every dtype
- *     triple), the full cross product with KVATTN_JIT_TEST_FULL=1;
+ *     triple), the full cross product with KVATTN_JIT_TEST_FULL=1, either narrowed by KVATTN_JIT_TEST_MATCH="a|b"
+ *     (kernel names containing a substring);
  *   - the selection function (supported / unsupported, tile sizes, shared memory);
  *   - the on-disk cache (cold miss, hit, corrupt entry, unsafe directory refused, 0700 directory);
  *   - the kernels' fast division by the page size.
@@ -185,10 +186,21 @@ static void test_nvrtc_variants(void) {
     CHECK(hg_keys > 0 && missing == 0, "%d of %d head-group keys outside kva__kkey_enumerate", missing, hg_keys);
 
     static const char* archs[] = {"sm_80", "sm_90a"};
+    /* KVATTN_JIT_TEST_MATCH="a|b": only kernels whose name contains one of the substrings (with FULL: all of them) */
+    const char* match = getenv("KVATTN_JIT_TEST_MATCH");
     jobs = (job*)calloc((size_t)n * 2, sizeof *jobs);
     njobs = 0;
     for (int i = 0; i < n; ++i) {
         if (!full && !in_covering_set(&keys[i])) continue;
+        if (match && *match) {
+            char name[128], pat[256];
+            kva__kkey_name(&keys[i], name, sizeof name);
+            snprintf(pat, sizeof pat, "%s", match);
+            int hit = 0;
+            char* save = NULL;
+            for (char* t = strtok_r(pat, "|", &save); t && !hit; t = strtok_r(NULL, "|", &save)) hit = strstr(name, t) != NULL;
+            if (!hit) continue;
+        }
         for (int a = 0; a < 2; ++a) {
             if (keys[i].warps == 8 && a == 0) continue; /* 8-warp kernels need sm_90's shared memory */
             if (keys[i].family == KVA__KF_DECODE_HG && a == 0) continue; /* TMA: sm_90 only */

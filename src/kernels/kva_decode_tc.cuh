@@ -3,7 +3,7 @@
  * KVA_TC_NW=8: plans with one CTA per SM)
  * executes its worker's list of work items (src/core/internal.h): up to 8 packed query rows of one (request, KV
  * head) against a KV range. Used for batch decode and small-tile prefill whenever q and KV share a 16-bit dtype,
- * or KV is fp8 (head dim 128), without fused RoPE; kva_decode.cuh (CUDA cores) covers the rest.
+ * or KV is fp8 (head dims 128 and 256), without fused RoPE; kva_decode.cuh (CUDA cores) covers the rest.
  *
  * One instance per inclusion, specialised by macros (defined by the includer or by NVRTC -D options):
  *   KVA_KERNEL_NAME, KVA_DQK (= KVA_DVO: 64, 128, 256), KVA_QT, KVA_KT, KVA_OT, KVA_ROWS (1, 2, 4, 8: size of the
@@ -110,6 +110,8 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #undef TC_PACK
 #undef TC_QPAIR
 #undef TC_CP16
+#undef TC_KCH
+#undef TC_PRO_UNROLL
 
 #ifdef KVA_TC_NW /* warps per CTA: 4 (default) or 8 (plans with one CTA per SM; "_w8" kernels) */
 #define TC_NW KVA_TC_NW
@@ -137,6 +139,16 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #define TC_MERGE_BATCH 16
 #else
 #define TC_MERGE_BATCH 8
+#endif
+/* fp8 KV at head dim 256 is the register-tightest instance (64 accumulators, 32 q fragment words, the conversions):
+   its QK product runs two independent MMA chains instead of four and its prologue issues unrolled, which keeps every
+   sm_80 / sm_90a instance of it spill-free (ptxas; the all-keys NVRTC test checks) */
+#if TC_FP8 && KVA_DQK == 256
+#define TC_KCH 2
+#define TC_PRO_UNROLL 1
+#else
+#define TC_KCH 4
+#define TC_PRO_UNROLL 0
 #endif
 #define TC_PIPE (TC_NW * TC_ST * TC_SB)
 #define TC_COMB (TC_NW * TC_D * TC_R * 4)
@@ -540,7 +552,8 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
            the SM's instruction caches (other kernels ran in between, as in a model's decode step) mostly waits for
            its code: interleaved A/B, H200, 11-18 % faster at D1 1 x 1k, 1 x 4k, D7 1 x 1k, fp8 1 x 32k, where the
            unrolled issue was 0-2 % faster only with the code cached (docs/kernels/decode.md) */
-#if (KVA_TC_EXP & 1) || TC_NW == 8 /* 8 warps: unrolled (faster where the code is cached; those plans are large) */
+#if (KVA_TC_EXP & 1) || TC_NW == 8 || TC_PRO_UNROLL /* 8 warps: unrolled (faster where the code is cached; those
+                                                      plans are large); fp8 at head dim 256: registers (above) */
 #pragma unroll
         for (int s = 0; s < TC_ST; ++s) {
             TC_ISSUE(pro[s], s);
@@ -696,7 +709,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
             const int tile0 = kv0 + s * 16;
 
             /* ---- S^T = K . Q^T ---- */
-            float sa[4][4]; /* four independent MMA chains */
+            float sa[4][4]; /* four independent MMA chains (TC_KCH of them with fp8 KV) */
 #pragma unroll
             for (int e = 0; e < 4; ++e) sa[0][e] = sa[1][e] = sa[2][e] = sa[3][e] = 0.0f;
 #if !TC_FP8
@@ -718,7 +731,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                     const int ks = 4 * h + e;
                     unsigned a[4];
                     kva_fp8_k_afrag(lo[e], hi[e], KVA_KT == KVK_E4M3, a);
-                    TC_MMA(sa[ks & 3], a, qf[ks][0], qf[ks][1]);
+                    TC_MMA(sa[ks & (TC_KCH - 1)], a, qf[ks][0], qf[ks][1]);
                 }
             }
 #endif
