@@ -584,19 +584,26 @@ int main(int argc, char** argv) {
     printf("kvattn workers: %d\n", kva_context_num_workers(ctx));
     kva_context* ctx_nochk = NULL;
     if (bc_ab && !ab_layout) { /* kernels without the page-index check, for the A/B cost of the check (benchmark only) */
-        char ab_name[128];
-        snprintf(ab_name, sizeof ab_name, "%s", ab_env);
-        char* eq = strchr(ab_name, '=');
-        const char* ab_val = "1";
-        if (eq) {
-            *eq = '\0';
-            ab_val = eq + 1;
+        /* --ab-env "VAR[=VALUE][,VAR2[=VALUE2]...]": every variable set while the B context is created */
+        char ab_list[512];
+        snprintf(ab_list, sizeof ab_list, "%s", ab_env);
+        char* names[8];
+        int nn = 0;
+        char* save = NULL;
+        for (char* t = strtok_r(ab_list, ",", &save); t && nn < 8; t = strtok_r(NULL, ",", &save)) {
+            char* eq = strchr(t, '=');
+            const char* ab_val = "1";
+            if (eq) {
+                *eq = '\0';
+                ab_val = eq + 1;
+            }
+            setenv(t, ab_val, 1);
+            names[nn++] = t;
         }
-        setenv(ab_name, ab_val, 1);
         kva_context_options o2 = opt;
         o2.log_level = KVA_LOG_ERROR;
         if (kva_context_create(&o2, &ctx_nochk) != KVA_OK) ctx_nochk = NULL;
-        unsetenv(ab_name);
+        for (int i = 0; i < nn; ++i) unsetenv(names[i]);
     }
 
     /* L2 flush buffer */

@@ -25,4 +25,11 @@ echo "== bench: tensor-core kernel vs KVATTN_BENCH_FP8_D256_CC=1 (interleaved)"
 echo "== bench: 8 warps vs KVATTN_BENCH_TC_WARPS=4 (interleaved)"
 "$BUILD/kva_bench_decode" --extra --only 'X8 d256 fp8' --ab-only '1 x 32768' --ab-env KVATTN_BENCH_TC_WARPS=4 \
     --csv "$OUT/bench_w8.csv" 2>&1 | grep -v "^$" | tail -8
+if [ "${HG16:-1}" = 1 ]; then
+    echo "== probe: D1 16 x 4k on head groups of 2 heads, one CTA per SM / of 4 heads, against the default (interleaved)"
+    "$BUILD/kva_bench_decode" --only '16 x 4096' --ab-only '16 x 4096' \
+        --ab-env 'KVATTN_CUDA_DECODE_HG=1,KVATTN_BENCH_HG_HEADS=2,KVATTN_BENCH_HG_PER_SM=1' 2>&1 | grep -v "^$" | tail -4
+    "$BUILD/kva_bench_decode" --only '16 x 4096' --ab-only '16 x 4096' --ab-env 'KVATTN_CUDA_DECODE_HG=1' 2>&1 \
+        | grep -v "^$" | tail -4
+fi
 exit $rc

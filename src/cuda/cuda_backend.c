@@ -265,7 +265,7 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
     if (st->decode_hg < 0 &&
         (units * 4 < (int64_t)st->num_sms || max_kv * (int64_t)params->batch_size > 2 * total_kv))
         return 1;
-    const int32_t per_sm = G == 4 ? 1 : st->ctas_per_sm;
+    const int32_t per_sm = G == 4 ? 1 : st->hg_per_sm ? st->hg_per_sm : st->ctas_per_sm;
     *workers = st->num_sms * per_sm;
     return G;
 }
@@ -1217,6 +1217,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->decode_hg = hgv && (hgv[0] == '0' || hgv[0] == '1') && hgv[1] == '\0' ? hgv[0] - '0' : -1;
         const char* hgh = getenv("KVATTN_BENCH_HG_HEADS"); /* A/B: 2 or 4 heads per head-group item */
         st->hg_heads = hgh && (!strcmp(hgh, "2") || !strcmp(hgh, "4")) ? hgh[0] - '0' : 0;
+        const char* hps = getenv("KVATTN_BENCH_HG_PER_SM"); /* A/B: head-group workers per SM at G = 2 (1 or 2) */
+        st->hg_per_sm = hps && (!strcmp(hps, "1") || !strcmp(hps, "2")) ? hps[0] - '0' : 0;
         const char* hgp = getenv("KVATTN_BENCH_HG_L2_PROMO"); /* A/B: 0 none, 1 128 B, 2 256 B */
         /* default: the 256-byte promotion below 4 TB/s of DRAM bandwidth, none above. Interleaved A/B, head-group
            D1 calls of 268 MB to 2.1 GB: H100 SXM (3.35 TB/s) 2.3-2.8 % faster with it; H200 (4.8 TB/s) 4.8 % slower
