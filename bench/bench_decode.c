@@ -179,19 +179,25 @@ static void build_workloads(int quick, int extra) {
         w->pdl = pdl;
         w->mixed = 1;
     }
-    if (extra) { /* --extra: head dim 256 (GQA 16/8, the shape of several 256-dim models) with 16-bit and fp8 KV */
+    if (extra) { /* --extra: head dims 256 (GQA 16/8, "X8") and 64 (GQA 64/8, "X6"), the shapes of several 256- and
+                    64-dim models, with 16-bit and fp8 KV */
         static const int x8[][2] = {{1, 1024}, {1, 4096}, {4, 1024}, {16, 1024}, {1, 32768}, {16, 4096}, {64, 4096}};
-        for (int f = 0; f < 2; ++f)
-            for (size_t i = 0; i < sizeof x8 / sizeof x8[0]; ++i) {
-                w = add("X8", f ? "X8 d256 fp8 e4m3 GQA 16/8" : "X8 d256 GQA 16/8", 16, 8, 256,
-                        f ? KVA_DTYPE_E4M3 : KVA_DTYPE_BF16, 16, x8[i][0]);
-                uniform(w, x8[i][1]);
+        static const char* const xn[2][2][2] = {{{"X6 d64 GQA 64/8", "X6 d64 fp8 e4m3 GQA 64/8"},
+                                                  {"X6 graph d64 GQA 64/8", "X6 graph d64 fp8 e4m3 GQA 64/8"}},
+                                                 {{"X8 d256 GQA 16/8", "X8 d256 fp8 e4m3 GQA 16/8"},
+                                                  {"X8 graph d256 GQA 16/8", "X8 graph d256 fp8 e4m3 GQA 16/8"}}};
+        for (int x = 0; x < 2; ++x) {
+            const int d = x ? 256 : 64, hq = x ? 16 : 64;
+            for (int f = 0; f < 2; ++f)
+                for (size_t i = 0; i < sizeof x8 / sizeof x8[0]; ++i) {
+                    w = add(x ? "X8" : "X6", xn[x][0][f], hq, 8, d, f ? KVA_DTYPE_E4M3 : KVA_DTYPE_BF16, 16, x8[i][0]);
+                    uniform(w, x8[i][1]);
+                }
+            for (int f = 0; f < 2; ++f) { /* and one graph-replayed small call of each */
+                w = add(x ? "X8" : "X6", xn[x][1][f], hq, 8, d, f ? KVA_DTYPE_E4M3 : KVA_DTYPE_BF16, 16, 1);
+                uniform(w, 1024);
+                w->graph = 1;
             }
-        for (int f = 0; f < 2; ++f) { /* and one graph-replayed small call of each */
-            w = add("X8", f ? "X8 graph d256 fp8 e4m3 GQA 16/8" : "X8 graph d256 GQA 16/8", 16, 8, 256,
-                    f ? KVA_DTYPE_E4M3 : KVA_DTYPE_BF16, 16, 1);
-            uniform(w, 1024);
-            w->graph = 1;
         }
     }
     if (extra) { /* --extra: small GQA 32/8 shapes around the planner's shortest chunk, eager ("X1") and graph ("X7") */

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# gpu_fp8_d256.sh - fp8 KV at head dim 256 on the tensor-core decode kernel: the selftest (d256 e4m3 cases on 4 and
-# 8 warps), memcheck and racecheck on the quick selftest, test_ops decode and fuzz on the CUDA backend, then the
-# interleaved A/B of the --extra X8 rows (GQA 16/8, head dim 256) against KVATTN_BENCH_FP8_D256_CC=1 (the CUDA-core
-# kernel, the earlier choice) and of the 8-warp form against KVATTN_BENCH_TC_WARPS=4.
+# gpu_fp8_d256.sh - fp8 KV at head dims 256 and 64 on the tensor-core decode kernel: the selftest (d256 / d64 fp8
+# cases on 4 and 8 warps), memcheck and racecheck on the quick selftest, test_ops decode and fuzz on the CUDA backend,
+# then the interleaved A/B of the --extra X8 / X6 rows (GQA 16/8 at head dim 256, 64/8 at 64) against
+# KVATTN_BENCH_FP8_CC=1 (the CUDA-core kernel, the earlier choice) and of the 8-warp form against
+# KVATTN_BENCH_TC_WARPS=4 (SAN_TOOLS="" skips the sanitizers, HG16=0 the 16 x 4k probe, ONLY="X6" narrows the rows).
 set -u
 source "$(dirname "$0")/gpu_env.sh" fp8d256
 rc=0
@@ -19,11 +20,11 @@ for suite in decode fuzz; do
         > "$OUT/ops_$suite.log" 2>&1 && echo "PASS test_ops $suite $(tail -1 "$OUT/ops_$suite.log")" \
         || { rc=1; echo "FAIL test_ops $suite"; grep -i "fail" "$OUT/ops_$suite.log" | head -20; tail -3 "$OUT/ops_$suite.log"; }
 done
-echo "== bench: tensor-core kernel vs KVATTN_BENCH_FP8_D256_CC=1 (interleaved)"
-"$BUILD/kva_bench_decode" --extra --only 'X8' --ab-only 'fp8' --ab-env KVATTN_BENCH_FP8_D256_CC=1 \
-    --csv "$OUT/bench_cc.csv" 2>&1 | grep -v "^$" | tail -16
+echo "== bench: tensor-core kernel vs KVATTN_BENCH_FP8_CC=1 (interleaved)"
+"$BUILD/kva_bench_decode" --extra --only "${ONLY:-X8|X6}" --ab-only 'fp8' --ab-env KVATTN_BENCH_FP8_CC=1 \
+    --csv "$OUT/bench_cc.csv" 2>&1 | grep -v "^$" | tail -40
 echo "== bench: 8 warps vs KVATTN_BENCH_TC_WARPS=4 (interleaved)"
-"$BUILD/kva_bench_decode" --extra --only 'X8 d256 fp8' --ab-only '1 x 32768' --ab-env KVATTN_BENCH_TC_WARPS=4 \
+"$BUILD/kva_bench_decode" --extra --only "${ONLY_W8:-X8 d256 fp8|X6 d64 fp8}" --ab-only '1 x 32768' --ab-env KVATTN_BENCH_TC_WARPS=4 \
     --csv "$OUT/bench_w8.csv" 2>&1 | grep -v "^$" | tail -8
 if [ "${HG16:-1}" = 1 ]; then
     echo "== probe: D1 16 x 4k on head groups of 2 heads, one CTA per SM / of 4 heads, against the default (interleaved)"

@@ -1650,13 +1650,19 @@ static void suite_decode(void) {
         "op=decode B=3 kv=999 hq=40 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=3 layout=HND graph=1 lse=1",
         "op=decode B=2 kv=9000 hq=20 hkv=4 dqk=64 dvo=64 qt=f16 kvt=e4m3 ot=f16 ps=48 layout=HND ks=0.8 vs=1.1",
         /* fp8 KV at head dim 256 on the tensor-core decode kernel (groups 1-8; 4 warps, and 8 warps for the long
-           single request: more than 1024 K/V rows per SM, one unit per SM) */
+           single request: more than 1024 K/V rows per SM, one unit per SM; head dim 64 below) */
         "op=decode B=3 kv=1500 hq=16 hkv=8 dqk=256 dvo=256 qt=bf16 kvt=e4m3 ot=bf16 ps=16 ks=0.5 vs=2",
         "op=decode B=5 kv=700 hq=20 hkv=4 dqk=256 dvo=256 qt=f16 kvt=e5m2 ot=f32 ps=3 layout=HND ks=1.25 vs=0.5",
         "op=decode B=1 kv=20000 hq=16 hkv=8 dqk=256 dvo=256 qt=bf16 kvt=e4m3 ot=bf16 ps=16 ks=0.8 vs=1.2",
         "op=decode B=4 kv=999 hq=32 hkv=4 dqk=256 dvo=256 qt=bf16 kvt=e4m3 ot=bf16 ps=1 graph=1 lse=1",
         "op=decode B=3 kv=2000 hq=8 hkv=8 dqk=256 dvo=256 qt=f16 kvt=e4m3 ot=f16 ps=16 win=700 cap=30",
         "op=decode B=2 kv=1800 hq=16 hkv=4 dqk=256 dvo=256 qt=bf16 kvt=e5m2 ot=bf16 ps=32 pos=alibi lse=1",
+        /* fp8 KV at head dim 64 on the tensor-core kernel (64-byte rows in 128-byte shared slots) */
+        "op=decode B=4 kv=1200 hq=64 hkv=8 dqk=64 dvo=64 qt=bf16 kvt=e4m3 ot=bf16 ps=16 win=128 ks=0.7 vs=1.3",
+        "op=decode B=3 kv=800 hq=8 hkv=8 dqk=64 dvo=64 qt=f16 kvt=e5m2 ot=f32 ps=1 ks=1.1 vs=0.9",
+        "op=decode B=1 kv=30000 hq=16 hkv=8 dqk=64 dvo=64 qt=bf16 kvt=e4m3 ot=bf16 ps=16",
+        "op=decode B=5 kv=600 hq=12 hkv=4 dqk=64 dvo=64 qt=bf16 kvt=e4m3 ot=bf16 ps=3 layout=HND graph=1 lse=1",
+        "op=decode B=2 kv=3000 hq=28 hkv=4 dqk=64 dvo=64 qt=f16 kvt=e4m3 ot=f16 ps=16 cap=20 pos=alibi",
     };
     go_strings(shapes, sizeof shapes / sizeof shapes[0]);
 }

@@ -168,13 +168,12 @@ static bool kva__cuda_w8_key(const kva__kkey* k) {
    fp8 plans keep their session-24 form (one 4-warp CTA per SM, resp. every worker with 4 warps): in a decode step whose
    layers also run a 16-bit call, the fp8 1 x 1k graph call on 8 warps was not measured apart from the 16-bit one. */
 static bool kva__cuda_w8_fp8_key(const kva__kkey* k) {
-    return k->family == KVA__KF_DECODE_TC && (k->dqk == 128 || k->dqk == 256) &&
-           (k->kt == KVA_DTYPE_E4M3 || k->kt == KVA_DTYPE_E5M2);
+    return k->family == KVA__KF_DECODE_TC && (k->kt == KVA_DTYPE_E4M3 || k->kt == KVA_DTYPE_E5M2);
 }
-/* A/B (KVATTN_BENCH_FP8_D256_CC=1): fp8 KV at head dim 256 on the CUDA-core kernel, as before the tensor-core kernel
-   took it; the planner then sizes the plan as it did for that kernel */
-static bool kva__cuda_fp8_d256_cc(const kva__cuda_state* st, kva__kchoice* c, const kva_attention_desc* d) {
-    if (!st->fp8_d256_cc || c->key.family != KVA__KF_DECODE_TC || c->key.dqk != 256 ||
+/* A/B (KVATTN_BENCH_FP8_CC=1): fp8 KV at head dims 64 and 256 on the CUDA-core kernel, as before the tensor-core
+   kernel took them (session 26); the planner then sizes the plan as it did for that kernel */
+static bool kva__cuda_fp8_cc(const kva__cuda_state* st, kva__kchoice* c, const kva_attention_desc* d) {
+    if (!st->fp8_cc || c->key.family != KVA__KF_DECODE_TC || c->key.dqk == 128 ||
         (c->key.kt != KVA_DTYPE_E4M3 && c->key.kt != KVA_DTYPE_E5M2))
         return false;
     c->key.family = KVA__KF_DECODE;
@@ -203,7 +202,7 @@ static int32_t kva__cuda_plan_workers(const kva_context* ctx, const kva_attentio
     const int32_t g = desc->num_kv_heads > 0 ? desc->num_qo_heads / desc->num_kv_heads : 1;
     bool w8 = st->tc_warps != 4 && g >= 1 && g <= KVA__MAX_TILE_Q &&
               kva__cuda_select_dev(desc, op, g, 0, 0.0, st->max_smem_optin, &c) == KVA_OK &&
-              !kva__cuda_fp8_d256_cc(st, &c, desc) &&
+              !kva__cuda_fp8_cc(st, &c, desc) &&
               (kva__cuda_w8_key(&c.key) ||
                (kva__cuda_w8_fp8_key(&c.key) && tokens >= 0 && kva__cuda_w8_fp8_rows(st, tokens)));
     if (w8) {
@@ -415,7 +414,7 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
         c.tile_q = plan->tile_q;
     } else if (status == KVA_OK) {
         status = kva__cuda_select_dev(&plan->desc, (kva_op)plan->op, plan->tile_q, 0, 0.0, st->max_smem_optin, &c);
-        if (status == KVA_OK) kva__cuda_fp8_d256_cc(st, &c, &plan->desc);
+        if (status == KVA_OK) kva__cuda_fp8_cc(st, &c, &plan->desc);
     }
     if (status == KVA_OK && c.key.family == KVA__KF_DECODE_TC && c.smem > (size_t)st->max_smem_optin) {
         /* e.g. head dim 256 on a device with less than 227 KB of shared memory per block */
@@ -1211,8 +1210,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         if (st->pf_exp)
             kva__log(ctx, KVA_LOG_WARN, "kvattn: KVATTN_BENCH_PF_EXP=%d: prefill kernels built with timing experiments; "
                                         "results are NOT valid", st->pf_exp);
-        const char* f8c = getenv("KVATTN_BENCH_FP8_D256_CC"); /* A/B: fp8 KV at head dim 256 on the CUDA-core kernel */
-        st->fp8_d256_cc = f8c && f8c[0] == '1' && f8c[1] == '\0';
+        const char* f8c = getenv("KVATTN_BENCH_FP8_CC"); /* A/B: fp8 KV at head dims 64, 256 on the CUDA-core kernel */
+        st->fp8_cc = f8c && f8c[0] == '1' && f8c[1] == '\0';
         const char* hgv = getenv("KVATTN_CUDA_DECODE_HG"); /* 0: never, 1: wherever supported (tests, A/B) */
         st->decode_hg = hgv && (hgv[0] == '0' || hgv[0] == '1') && hgv[1] == '\0' ? hgv[0] - '0' : -1;
         const char* hgh = getenv("KVATTN_BENCH_HG_HEADS"); /* A/B: 2 or 4 heads per head-group item */

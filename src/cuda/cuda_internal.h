@@ -187,7 +187,7 @@ typedef struct kva__cuda_state {
                                (kva__cuda_kv_head_group), 0 never, 1 wherever supported */
     int hg_heads;           /* KVATTN_BENCH_HG_HEADS=2|4: heads per head-group item (A/B; 0 = the default choice) */
     int hg_per_sm;          /* KVATTN_BENCH_HG_PER_SM=1|2: head-group workers per SM (A/B; 0 = the default choice) */
-    int fp8_d256_cc;        /* KVATTN_BENCH_FP8_D256_CC=1: fp8 KV at head dim 256 on the CUDA-core kernel (A/B) */
+    int fp8_cc;             /* KVATTN_BENCH_FP8_CC=1: fp8 KV at head dims 64 and 256 on the CUDA-core kernel (A/B) */
     int hg_promo;           /* L2 promotion of the head-group tensor maps: 0 none, 1 128 B, 2 256 B (default by
                                dram_gbps; KVATTN_BENCH_HG_L2_PROMO=0|1|2 for A/B) */
     int64_t hg_min_bytes;   /* KVATTN_BENCH_HG_MIN_MB: K/V bytes from which the default choice takes head groups */

@@ -124,11 +124,10 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
     c.key.rows = kva__pow2_ceil(tile_q);
     c.key.rope = d->pos_encoding == KVA_POS_ROPE_LLAMA;
     c.tile_q = tile_q;
-    /* The tensor-core kernel (kva_decode_tc.cuh) unless it lacks the variant: fused RoPE, q and 16-bit KV of
-       different dtypes, or fp8 KV at head dim 64 (rows of 64 bytes: the kernel's shared-memory swizzle needs 128);
-       those run on the CUDA-core kernel (kva_decode.cuh). */
+    /* The tensor-core kernel (kva_decode_tc.cuh) unless it lacks the variant: fused RoPE, or q and 16-bit KV of
+       different dtypes; those run on the CUDA-core kernel (kva_decode.cuh). fp8 KV (e4m3, e5m2) at every head dim. */
     const bool fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
-    const bool tc = !var && !c.key.rope && ((!fp8 && d->q_dtype == d->kv_dtype) || (fp8 && d->head_dim_qk >= 128));
+    const bool tc = !var && !c.key.rope && (fp8 || d->q_dtype == d->kv_dtype);
     if (tc) {
         c.key.family = KVA__KF_DECODE_TC;
         c.key.rope = 0;
@@ -440,8 +439,8 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                         for (int rope = 0; rope < 2; ++rope)
                             kva__put_key(keys, max, &n, KVA__KF_DECODE, dims[a], qts[b], kts[c], ots[e], rows[r], rope,
                                          0);
-    /* the tensor-core and head-group kernels take q = KV (16-bit), or fp8 KV (tensor-core: head dims 128 and 256;
-       head groups: 128); no RoPE */
+    /* the tensor-core and head-group kernels take q = KV (16-bit), or fp8 KV (tensor-core: every head dim; head
+       groups: 128); no RoPE */
     static const int fams[] = {KVA__KF_DECODE_TC, KVA__KF_DECODE_HG};
     for (int f = 0; f < 2; ++f)
         for (int a = 0; a < 3; ++a)
@@ -449,14 +448,12 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                 for (int c = 0; c < 4; ++c) {
                     const int fp8 = kts[c] == KVA_DTYPE_E4M3 || kts[c] == KVA_DTYPE_E5M2;
                     const int family = fams[f];
-                    if ((!fp8 && kts[c] != qts[b]) ||
-                        (fp8 && dims[a] != 128 && !(family == KVA__KF_DECODE_TC && dims[a] == 256)))
+                    if ((!fp8 && kts[c] != qts[b]) || (fp8 && dims[a] != 128 && family != KVA__KF_DECODE_TC))
                         continue;
                     if (family == KVA__KF_DECODE_TC) {
-                        /* 4 warps, and 8 warps for rows of 256 bytes (kva__cuda_want_8_warps: 16-bit KV at head
-                           dim 128, fp8 KV at head dim 256) or fp8 KV at head dim 128 */
+                        /* 4 warps, and 8 warps (kva__cuda_want_8_warps) at head dim 128 and with fp8 KV */
                         for (int w = 4; w <= 8; w += 4) {
-                            if (w == 8 && !(dims[a] == 128 || (fp8 && dims[a] == 256))) continue;
+                            if (w == 8 && !(dims[a] == 128 || fp8)) continue;
                             for (int e = 0; e < 3; ++e)
                                 for (int r = 0; r < 4; ++r) {
                                     if (w == 8 && dims[a] == 256 && rows[r] == 8) continue; /* 256 KB: 4 warps */

@@ -722,6 +722,9 @@ static void test_decode_matrix(kva_context* ctx) {
     c.hq = 4, c.hkv = 2, c.qt = c.kt = c.ot = KVA_DTYPE_F16, c.page_size = 3, c.layout = KVA_LAYOUT_HND,
     c.empty_every = 3;
     cs[n++] = c;
+    c = base_case("g8 bf16 d64 p16 e4m3 window"); /* fp8 at head dim 64: 64-byte rows in 128-byte shared slots */
+    c.hq = 16, c.hkv = 2, c.D = 64, c.kt = KVA_DTYPE_E4M3, c.window = 200;
+    cs[n++] = c;
     c = base_case("g8 bf16 long split");
     c.hq = 16, c.hkv = 2, c.B = 3, c.long_kv = quick ? 3000 : 20000;
     cs[n++] = c;
@@ -736,6 +739,9 @@ static void test_decode_matrix(kva_context* ctx) {
     c = base_case("g4 f16 e5m2 o=f32 2 x 20k (8 warps)");
     c.hq = 16, c.hkv = 4, c.qt = KVA_DTYPE_F16, c.kt = KVA_DTYPE_E5M2, c.ot = KVA_DTYPE_F32, c.B = 2, c.min_kv = 19000,
     c.max_kv = 20000;
+    cs[n++] = c;
+    c = base_case("g2 f16 d64 e5m2 1 x 24k (8 warps)");
+    c.hq = 16, c.hkv = 8, c.D = 64, c.qt = c.ot = KVA_DTYPE_F16, c.kt = KVA_DTYPE_E5M2, c.B = 1, c.long_kv = 24000;
     cs[n++] = c;
     c = base_case("g2 bf16 d256 e4m3 1 x 20k (8 warps)");
     c.hq = 16, c.hkv = 8, c.D = 256, c.kt = KVA_DTYPE_E4M3, c.B = 1, c.long_kv = 20000;
@@ -779,7 +785,7 @@ static void test_decode_matrix(kva_context* ctx) {
     c = base_case("prefill ragged noncausal g1");
     c.op = KVA_OP_BATCH_PREFILL_RAGGED, c.hq = 4, c.hkv = 4, c.max_qo = 3, c.max_kv = 200;
     cs[n++] = c;
-    int limit = quick ? 6 : n;
+    int limit = quick ? 7 : n;
     for (int i = 0; i < limit; ++i) run_case(ctx, &cs[i]);
 }
 

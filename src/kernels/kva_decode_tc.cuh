@@ -111,6 +111,8 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #undef TC_QPAIR
 #undef TC_CP16
 #undef TC_KCH
+#undef TC_SRB
+#undef TC_CSC
 #undef TC_PRO_UNROLL
 
 #ifdef KVA_TC_NW /* warps per CTA: 4 (default) or 8 (plans with one CTA per SM; "_w8" kernels) */
@@ -126,8 +128,10 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #define TC_FP8 (TC_ES == 1)
 #define TC_D KVA_DQK
 #define TC_ROWB (TC_D * TC_ES)      /* bytes per token row */
-#define TC_CPR (TC_ROWB / 16)        /* 16-byte chunks per row (>= 8) */
-#define TC_KB (16 * TC_ROWB)         /* K (or V) bytes of a subtile */
+#define TC_CPR (TC_ROWB / 16)        /* 16-byte chunks per row (>= 4) */
+#define TC_SRB KVK_TC_SROWB(TC_D, TC_ES) /* shared-memory bytes per token row (>= 128) */
+#define TC_CSC (TC_SRB / TC_ROWB)    /* row chunk c sits in shared chunk slot TC_CSC * c (before the swizzle) */
+#define TC_KB (16 * TC_SRB)          /* K (or V) bytes of a subtile */
 #define TC_SB (2 * TC_KB)            /* stage bytes */
 #define TC_ST KVK_TC_STAGES(TC_D, TC_ES)
 #define TC_KS (TC_D / 16)            /* k-steps of QK, m-tiles of PV */
@@ -176,8 +180,8 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #if KVA_DQK != 64 && KVA_DQK != 128 && KVA_DQK != 256
 #error "head dim must be 64, 128 or 256"
 #endif
-#if TC_CPR < 8
-#error "the tensor-core decode kernel needs rows of at least 128 bytes (fp8 KV: head dim >= 128)"
+#if TC_CPR < 8 && !(TC_FP8 && TC_CPR == 4)
+#error "the tensor-core decode kernel needs rows of at least 128 bytes, or fp8 rows of 64"
 #endif
 #if !TC_FP8 && KVA_QT != KVA_KT
 #error "the tensor-core decode kernel needs q and KV of the same 16-bit dtype"
@@ -367,16 +371,22 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         const int t = g8 + 8 * hh;
         const int f = kva_tc_swz(t);
 #pragma unroll
-        for (int h = 0; h < TC_CPR / 4; ++h) k8off[hh][h] = (unsigned)(t * TC_ROWB + 16 * ((q4 * (TC_CPR / 4) + h) ^ f));
+        for (int h = 0; h < TC_CPR / 4; ++h)
+            k8off[hh][h] = (unsigned)(t * TC_SRB + 16 * ((TC_CSC * (q4 * (TC_CPR / 4) + h)) ^ f));
     }
     /* fp8 V ldmatrix.trans on byte pairs: block (lane >> 3): token group (blk & 1), chunk 2 m2 + (blk >> 1) */
     unsigned voff[4];
     {
         const int t = kva_tc_pi2((lane & 7) + 8 * ((lane >> 3) & 1));
         const int f = kva_tc_swz(t);
+#if TC_CSC == 1
         const int h = (lane >> 4) ^ (f & 1);
 #pragma unroll
         for (int k = 0; k < 4; ++k) voff[k] = (unsigned)(t * TC_ROWB + 16 * h + 32 * (k ^ (f >> 1)));
+#else /* 64-byte rows in 128-byte slots: chunk 2 k + (lane >> 4) at slot 2 (2 k + (lane >> 4)) ^ f; k = 0, 1 */
+#pragma unroll
+        for (int k = 0; k < 4; ++k) voff[k] = (unsigned)(t * TC_SRB + 16 * ((TC_CSC * ((2 * k + (lane >> 4)) & 3)) ^ f));
+#endif
     }
 #endif
 
@@ -508,7 +518,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                 _Pragma("unroll") for (int i_ = 0; i_ < TC_CPR / 2; ++i_) {                                   \
                     const int r_ = i_ * (32 / TC_CPR) + lane / TC_CPR;                                        \
                     const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                      \
-                    const unsigned d_ = st_ + (unsigned)(r_ * TC_ROWB + 16 * (pchunk ^ kva_tc_swz(r_)));       \
+                    const unsigned d_ = st_ + (unsigned)(r_ * TC_SRB + 16 * ((TC_CSC * pchunk) ^ kva_tc_swz(r_))); \
                     TC_CP16(d_, nb_ ? kr_ + (long long)(i_ * (32 / TC_CPR)) * kstb : kc_, nb_);         \
                     TC_CP16(d_ + TC_KB, nb_ ? vr_ + (long long)(i_ * (32 / TC_CPR)) * vstb : vc_, nb_); \
                 }                                                                                             \
@@ -522,7 +532,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                     const long long kor_ = __shfl_sync(0xffffffffu, ko_, r_);                                 \
                     const long long vor_ = kv_same ? kor_ : __shfl_sync(0xffffffffu, vo_, r_);               \
                     const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                      \
-                    const unsigned d_ = st_ + (unsigned)(r_ * TC_ROWB + 16 * (pchunk ^ kva_tc_swz(r_)));       \
+                    const unsigned d_ = st_ + (unsigned)(r_ * TC_SRB + 16 * ((TC_CSC * pchunk) ^ kva_tc_swz(r_))); \
                     TC_CP16(d_, kc_ + kor_, nb_);                                                      \
                     TC_CP16(d_ + TC_KB, vc_ + vor_, nb_);                                              \
                 }                                                                                             \
