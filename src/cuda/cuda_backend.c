@@ -162,11 +162,13 @@ static int32_t kva__cuda_choose_tile_q(const kva_context* ctx, const kva_attenti
 static bool kva__cuda_w8_key(const kva__kkey* k) {
     return k->family == KVA__KF_DECODE_TC && k->dqk == 128 && (k->kt == KVA_DTYPE_F16 || k->kt == KVA_DTYPE_BF16);
 }
-/* fp8 KV at head dim 128 has an 8-warp form too, taken only by eager plans of more than 1024 K/V rows per SM that have
-   at most one (request, KV head) unit per SM: D6 fp8 1 x 32k on one 8-warp CTA per SM instead of 264 workers of 4
-   warps, sequential pairs: H100 -3.7 / -4.5 %, H200 -4.3 % (docs/kernels/decode.md, session 25). Smaller and graph-mode
-   fp8 plans keep their session-24 form (one 4-warp CTA per SM, resp. every worker with 4 warps): in a decode step whose
-   layers also run a 16-bit call, the fp8 1 x 1k graph call on 8 warps was not measured apart from the 16-bit one. */
+/* fp8 KV has an 8-warp form too (every head dim; at 256 not with 8 rows, whose shared memory does not fit), taken only
+   by eager plans of more than 1024 K/V rows per SM that have at most one (request, KV head) unit per SM: D6 fp8 1 x 32k
+   on one 8-warp CTA per SM instead of 264 workers of 4 warps, sequential pairs: H100 -3.7 / -4.5 %, H200 -4.3 %
+   (docs/kernels/decode.md, session 25); 1 x 32k at head dim 256 (GQA 16/8) -3.6 %, at 64 (GQA 64/8) -10.0 % (H100,
+   interleaved, session 26). Smaller and graph-mode fp8 plans keep their session-24 form (one 4-warp CTA per SM, resp.
+   every worker with 4 warps): in a decode step whose layers also run a 16-bit call, the fp8 1 x 1k graph call on 8
+   warps was not measured apart from the 16-bit one. */
 static bool kva__cuda_w8_fp8_key(const kva__kkey* k) {
     return k->family == KVA__KF_DECODE_TC && (k->kt == KVA_DTYPE_E4M3 || k->kt == KVA_DTYPE_E5M2);
 }

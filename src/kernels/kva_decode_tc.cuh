@@ -3,7 +3,7 @@
  * KVA_TC_NW=8: plans with one CTA per SM)
  * executes its worker's list of work items (src/core/internal.h): up to 8 packed query rows of one (request, KV
  * head) against a KV range. Used for batch decode and small-tile prefill whenever q and KV share a 16-bit dtype,
- * or KV is fp8 (head dims 128 and 256), without fused RoPE; kva_decode.cuh (CUDA cores) covers the rest.
+ * or KV is fp8 (any head dim), without fused RoPE; kva_decode.cuh (CUDA cores) covers the rest.
  *
  * One instance per inclusion, specialised by macros (defined by the includer or by NVRTC -D options):
  *   KVA_KERNEL_NAME, KVA_DQK (= KVA_DVO: 64, 128, 256), KVA_QT, KVA_KT, KVA_OT, KVA_ROWS (1, 2, 4, 8: size of the
@@ -30,7 +30,9 @@
  *
  * Shared memory layout of a subtile row (one token, D * es bytes): 16-byte chunk c is stored at chunk
  * c ^ f(t), f(t) = (t & 7) ^ ((t & 8) >> 1): conflict-free for the cp.async writes, the K ldmatrix (tokens 0-7 and
- * 8-15) and the V ldmatrix.trans (token sets {0,8,1,9,2,10,3,11} and {4,12,5,13,6,14,7,15}).
+ * 8-15) and the V ldmatrix.trans (token sets {0,8,1,9,2,10,3,11} and {4,12,5,13,6,14,7,15}). fp8 rows of 64 bytes
+ * (head dim 64) take 128-byte slots with chunk c at 2c ^ f(t): the 8 tokens of an ldmatrix still hit 8 slots, and the
+ * two rows of a quarter-warp's K reads or copies (f differing in bit 0) the even and the odd slots.
  *
  * Split KV: an item with partial >= 0 writes its partial slot; with KVK_FLAG_FUSED_MERGE the CTA that writes the
  * last partial of a merge task (a counter in the high half of the task's num_partials, restored by that CTA)
