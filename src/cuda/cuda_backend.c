@@ -170,13 +170,13 @@ static bool kva__cuda_w8_key(const kva__kkey* k) {
    every worker with 4 warps): in a decode step whose layers also run a 16-bit call, the fp8 1 x 1k graph call on 8
    warps was not measured apart from the 16-bit one. */
 static bool kva__cuda_w8_fp8_key(const kva__kkey* k) {
-    return k->family == KVA__KF_DECODE_TC && (k->kt == KVA_DTYPE_E4M3 || k->kt == KVA_DTYPE_E5M2);
+    return k->family == KVA__KF_DECODE_TC && kva__is_fp8(k->kt);
 }
 /* A/B (KVATTN_BENCH_FP8_CC=1): fp8 KV at head dims 64 and 256 on the CUDA-core kernel, as before the tensor-core
    kernel took them (session 26); the planner then sizes the plan as it did for that kernel */
 static bool kva__cuda_fp8_cc(const kva__cuda_state* st, kva__kchoice* c, const kva_attention_desc* d) {
     if (!st->fp8_cc || c->key.family != KVA__KF_DECODE_TC || c->key.dqk == 128 ||
-        (c->key.kt != KVA_DTYPE_E4M3 && c->key.kt != KVA_DTYPE_E5M2))
+        !kva__is_fp8(c->key.kt))
         return false;
     c->key.family = KVA__KF_DECODE;
     c->key.rope = d->pos_encoding == KVA_POS_ROPE_LLAMA;
@@ -532,7 +532,7 @@ static int kva__cuda_tma_maps(const kva__cuda_state* st, const kva__plan_data* p
     if (!hg && (st->no_tma || (ragged && pd->graph_mode) || (!ragged && st->no_paged_tma))) return 0;
     if (hg && ragged) return 0;
     /* fp8 K/V: head-group decode at head dim 128 only (one 128-byte box row per token and head) */
-    const bool fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
+    const bool fp8 = kva__is_fp8(d->kv_dtype);
     if (d->kv_dtype != KVA_DTYPE_BF16 && d->kv_dtype != KVA_DTYPE_F16 && !(fp8 && hg)) return 0;
     const CUtensorMapDataType dt = fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                    : d->kv_dtype == KVA_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16

@@ -21,6 +21,9 @@ typedef enum kva__kfamily {
     KVA__KF_DECODE_HG = 5  /* kva_decode_hg.cuh: decode over groups of `rows` (2 or 4) KV heads, TMA (sm_90) */
 } kva__kfamily;
 
+/* fp8 KV dtypes (e4m3, e5m2) */
+static inline int kva__is_fp8(int t) { return t == KVA_DTYPE_E4M3 || t == KVA_DTYPE_E5M2; }
+
 typedef struct kva__kkey {
     int32_t family;
     int32_t dqk, dvo;

@@ -51,7 +51,7 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
     KVA_RETURN_IF(!kva__is16(d->o_dtype) && d->o_dtype != KVA_DTYPE_F32, KVA_ERR_UNSUPPORTED,
                   "CUDA backend (%s): o_dtype %s is not supported (f16, bf16 or f32)", kva__op_str(op),
                   kva_dtype_name(d->o_dtype));
-    KVA_RETURN_IF(!kva__is16(d->kv_dtype) && d->kv_dtype != KVA_DTYPE_E4M3 && d->kv_dtype != KVA_DTYPE_E5M2,
+    KVA_RETURN_IF(!kva__is16(d->kv_dtype) && !kva__is_fp8(d->kv_dtype),
                   KVA_ERR_UNSUPPORTED, "CUDA backend (%s): kv_dtype %s is not supported (f16, bf16, e4m3 or e5m2)",
                   kva__op_str(op), kva_dtype_name(d->kv_dtype));
     KVA_RETURN_IF(d->head_dim_qk != d->head_dim_vo, KVA_ERR_UNSUPPORTED,
@@ -77,7 +77,7 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
     /* Not (yet) for fused RoPE or q/KV of different 16-bit dtypes: those round q to 16 bits before the MMA
        (RoPE'd q in shared memory, q converted to the KV dtype) and missed the lse tolerance in the GPU suite;
        they run on the CUDA-core kernel below. */
-    const bool pf_fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
+    const bool pf_fp8 = kva__is_fp8(d->kv_dtype);
     const bool pf_ok = d->pos_encoding != KVA_POS_ROPE_LLAMA && (pf_fp8 || d->q_dtype == d->kv_dtype);
     /* Prefill ops whose requests pack at most 8 rows per KV head (multi-token decode, block-sparse decode with
        one-row blocks) run on the decode families: an MMA tile of 16+ rows would be mostly padding. The planner
@@ -126,7 +126,7 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
     c.tile_q = tile_q;
     /* The tensor-core kernel (kva_decode_tc.cuh) unless it lacks the variant: fused RoPE, or q and 16-bit KV of
        different dtypes; those run on the CUDA-core kernel (kva_decode.cuh). fp8 KV (e4m3, e5m2) at every head dim. */
-    const bool fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
+    const bool fp8 = kva__is_fp8(d->kv_dtype);
     const bool tc = !var && !c.key.rope && (fp8 || d->q_dtype == d->kv_dtype);
     if (tc) {
         c.key.family = KVA__KF_DECODE_TC;
@@ -148,7 +148,7 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
 int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t heads, kva__kkey* out) {
     if (heads != 2 && heads != 4) return 0;
     /* 16-bit q = KV at head dims 64 and 128, or fp8 KV (e4m3, e5m2) under 16-bit q at head dim 128 */
-    const bool fp8 = d->kv_dtype == KVA_DTYPE_E4M3 || d->kv_dtype == KVA_DTYPE_E5M2;
+    const bool fp8 = kva__is_fp8(d->kv_dtype);
     if (!kva__is16(d->q_dtype) || (d->kv_dtype != d->q_dtype && !fp8) || d->head_dim_qk != d->head_dim_vo ||
         (d->head_dim_qk != 64 && d->head_dim_qk != 128) || (fp8 && d->head_dim_qk != 128))
         return 0;
@@ -446,7 +446,7 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
         for (int a = 0; a < 3; ++a)
             for (int b = 0; b < 2; ++b)
                 for (int c = 0; c < 4; ++c) {
-                    const int fp8 = kts[c] == KVA_DTYPE_E4M3 || kts[c] == KVA_DTYPE_E5M2;
+                    const int fp8 = kva__is_fp8(kts[c]);
                     const int family = fams[f];
                     if ((!fp8 && kts[c] != qts[b]) || (fp8 && dims[a] != 128 && family != KVA__KF_DECODE_TC))
                         continue;

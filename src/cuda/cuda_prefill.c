@@ -38,7 +38,7 @@ int kva__cuda_prefill_supported(const kva_attention_desc* d, kva_op op, int32_t 
         kva__pf_why(why, why_size, "q_dtype %d is not supported (f16 or bf16)", (int)d->q_dtype, 0);
         return 0;
     }
-    if (!kva__pf_is16(d->kv_dtype) && d->kv_dtype != KVA_DTYPE_E4M3 && d->kv_dtype != KVA_DTYPE_E5M2) {
+    if (!kva__pf_is16(d->kv_dtype) && !kva__is_fp8(d->kv_dtype)) {
         kva__pf_why(why, why_size, "kv_dtype %d is not supported (f16, bf16, e4m3 or e5m2)", (int)d->kv_dtype, 0);
         return 0;
     }

@@ -109,7 +109,7 @@ static int in_covering_set(const kva__kkey* k) {
     if (k->family == KVA__KF_DECODE_TC) {
         /* bf16 at every (dim, rows); every dtype triple at (128, 8) and (256, 8); fp8 KV at (64, 8) */
         if (k->qt == KVA_DTYPE_BF16 && k->kt == KVA_DTYPE_BF16 && k->ot == KVA_DTYPE_BF16) return 1;
-        const int fp8 = k->kt == KVA_DTYPE_E4M3 || k->kt == KVA_DTYPE_E5M2;
+        const int fp8 = kva__is_fp8(k->kt);
         return (k->dqk == 128 || k->dqk == 256 || (k->dqk == 64 && fp8)) && k->rows == 8;
     }
     if (k->family != KVA__KF_DECODE) return 1;
