@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpu_fp8_d256.sh - fp8 KV at head dims 256 and 64 on the tensor-core decode kernel: the selftest (d256 / d64 fp8
+# gpu_fp8_dims.sh - fp8 KV at head dims 256 and 64 on the tensor-core decode kernel: the selftest (d256 / d64 fp8
 # cases on 4 and 8 warps), memcheck and racecheck on the quick selftest, test_ops decode and fuzz on the CUDA backend,
 # then the interleaved A/B of the --extra X8 / X6 rows (GQA 16/8 at head dim 256, 64/8 at 64) against
 # KVATTN_BENCH_FP8_CC=1 (the CUDA-core kernel, the earlier choice) and of the 8-warp form against
