@@ -199,7 +199,8 @@ static void test_nvrtc_variants(void) {
             snprintf(pat, sizeof pat, "%s", match);
             int hit = 0;
             char* save = NULL;
-            for (char* t = strtok_r(pat, "|", &save); t && !hit; t = strtok_r(NULL, "|", &save)) hit = strstr(name, t) != NULL;
+            for (char* t = strtok_r(pat, "|", &save); t && !hit; t = strtok_r(NULL, "|", &save))
+                hit = strstr(name, t) != NULL;
             if (!hit) continue;
         }
         for (int a = 0; a < 2; ++a) {
