@@ -48,6 +48,8 @@ typedef struct kva__kkey {
 
 /* Keys compare by every field before var_src. */
 int kva__kkey_eq(const kva__kkey* a, const kva__kkey* b);
+/* A key of `family` with these axes, every other field 0 (the enumerations' keys). */
+void kva__kkey_set(kva__kkey* k, int family, int d, int qt, int kt, int ot, int rows, int rope, int warps);
 
 /* The kernel choice for one descriptor, op and tile size. */
 typedef struct kva__kchoice {

@@ -405,21 +405,22 @@ kva_status kva__cuda_variant_check_compile(const kva_variant* v, const char* arc
     return st;
 }
 
+void kva__kkey_set(kva__kkey* k, int family, int d, int qt, int kt, int ot, int rows, int rope, int warps) {
+    memset(k, 0, sizeof *k);
+    k->family = family;
+    k->dqk = k->dvo = d;
+    k->qt = qt;
+    k->kt = kt;
+    k->ot = ot;
+    k->rows = rows;
+    k->rope = rope;
+    k->warps = warps;
+}
+
 /* one key of the enumeration (written only while it fits) */
 static void kva__put_key(kva__kkey* keys, int max, int* n, int family, int d, int qt, int kt, int ot, int rows,
                          int rope, int warps) {
-    if (*n < max) {
-        kva__kkey* k = &keys[*n];
-        memset(k, 0, sizeof *k);
-        k->family = family;
-        k->dqk = k->dvo = d;
-        k->qt = qt;
-        k->kt = kt;
-        k->ot = ot;
-        k->rows = rows;
-        k->rope = rope;
-        k->warps = warps;
-    }
+    if (*n < max) kva__kkey_set(&keys[*n], family, d, qt, kt, ot, rows, rope, warps);
     ++*n;
 }
 

@@ -167,14 +167,7 @@ void kva__cuda_prefill_upgrade(kva__kkey* k, size_t* smem, int cc, int max_smem_
 }
 
 static void kva__pf_key(kva__kkey* k, int d, int qt, int kt, int ot, int tq, int rope) {
-    memset(k, 0, sizeof *k);
-    k->family = KVA__KF_PREFILL;
-    k->dqk = k->dvo = d;
-    k->qt = qt;
-    k->kt = kt;
-    k->ot = ot;
-    k->rows = tq;
-    k->rope = rope;
+    kva__kkey_set(k, KVA__KF_PREFILL, d, qt, kt, ot, tq, rope, 0);
 }
 
 int kva__cuda_prefill_enumerate(kva__kkey* keys, int max) {
