@@ -194,11 +194,16 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
+#ifndef KVA_TC_EXP /* benchmark A/B experiments (KVATTN_BENCH_TC_EXP) */
+#define KVA_TC_EXP 0
+#endif
 #ifndef KVA_KV_L2_HINT /* K/V copies with the L2 evict-first policy (benchmark builds: KVATTN_BENCH_NO_L2_HINT=1 -> 0) */
 #define KVA_KV_L2_HINT 1
 #endif
-#if KVA_KV_L2_HINT
-#define TC_CP16(d, s, n) kva_cp_async16_pol((d), (s), (n), l2pol)
+#if KVA_KV_L2_HINT && (KVA_TC_EXP & 512) /* A/B: every copy under a policy hint, evict-normal where not once */
+#define TC_CP16(d, s, n) kva_cp_async16_pol((d), (s), (n), l2once ? l2pol : l2pol_n)
+#elif KVA_KV_L2_HINT
+#define TC_CP16(d, s, n) kva_cp_async16_ef((d), (s), (n), l2pol, l2once)
 #else
 #define TC_CP16(d, s, n) kva_cp_async16((d), (s), (n))
 #endif
@@ -210,9 +215,6 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #define TC_CC 1
 #else
 #define TC_CC 0
-#endif
-#ifndef KVA_TC_EXP /* benchmark A/B experiments (KVATTN_BENCH_TC_EXP) */
-#define KVA_TC_EXP 0
 #endif
 /* page indices in batches: where every subtile of an item lies in one page (page sizes that are multiples of 16, items
    on the 16-token grid) and the item has at least 4 subtiles per warp, lane l of a warp loads the page of the warp's
@@ -254,7 +256,11 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     const unsigned sbase = kva_smem_addr(kva_smem);
     const unsigned wpipe = sbase + (unsigned)(warp * (TC_ST * TC_SB));
 #if KVA_KV_L2_HINT
-    const unsigned long long l2pol = kva_l2_kv_policy((p.flags & KVK_FLAG_KV_ONCE) != 0u);
+    const bool l2once = (p.flags & KVK_FLAG_KV_ONCE) != 0u;
+    const unsigned long long l2pol = kva_l2_kv_policy(true);
+#if KVA_TC_EXP & 512
+    const unsigned long long l2pol_n = kva_l2_kv_policy(false);
+#endif
 #endif
     float* const s_comb = (float*)(kva_smem + TC_PIPE);            /* [NW][D][R] */
     float* const s_md = (float*)(kva_smem + TC_PIPE + TC_COMB);    /* [NW][8][2]: m, d */
