@@ -163,13 +163,14 @@ KVA_DEV void kva_cp_async16_pol(unsigned dst, const void* src, unsigned src_byte
                  "r"(src_bytes), "l"(pol)
                  : "memory");
 }
-/* the K/V stream's copy: under the evict-first policy `pol` where `once`, else a plain copy without a cache hint.
-   Copies under an evict-normal policy hint instead of plain ones were 4-20 % slower on H200 calls above 4 x the L2
-   size (1 x 128k 5.9 %, head dim 256 at 64 x 4k 8.9 %, fp8 head dim 64 at 64 x 4k 19.9 %; docs/kernels/decode.md,
-   session 27): the hint is kept only where it is the evict-first one. */
-KVA_DEV void kva_cp_async16_ef(unsigned dst, const void* src, unsigned src_bytes, unsigned long long pol, bool once) {
-    if (once) kva_cp_async16_pol(dst, src, src_bytes, pol);
-    else kva_cp_async16(dst, src, src_bytes);
+/* kva_cp_async16_pol where once != 0, else the plain copy without a cache hint: a predicated pair whose predicate is
+   set inside the asm, so no predicate register stays live across the caller's loop */
+KVA_DEV void kva_cp_async16_ef(unsigned dst, const void* src, unsigned src_bytes, unsigned long long pol, unsigned once) {
+    asm volatile("{ .reg .pred p; setp.ne.u32 p, %4, 0;\n"
+                 "  @p cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n"
+                 "  @!p cp.async.cg.shared.global [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(src_bytes), "l"(pol),
+                 "r"(once)
+                 : "memory");
 }
 KVA_DEV void kva_cp_async_commit(void) { asm volatile("{ cp.async.commit_group; }" ::: "memory"); }
 #define KVA_CP_ASYNC_WAIT(n) asm volatile("{ cp.async.wait_group %0; }" ::"n"(n) : "memory")
