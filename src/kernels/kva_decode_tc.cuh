@@ -203,10 +203,9 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #ifndef KVA_KV_L2_HINT /* K/V copies with the L2 evict-first policy (benchmark builds: KVATTN_BENCH_NO_L2_HINT=1 -> 0) */
 #define KVA_KV_L2_HINT 1
 #endif
-#if KVA_KV_L2_HINT && (KVA_TC_EXP & 512) /* A/B: every copy under a policy hint, evict-normal where not once */
-#define TC_CP16(d, s, n) kva_cp_async16_pol((d), (s), (n), (p.flags & KVK_FLAG_KV_ONCE) ? l2pol : l2pol_n)
-#elif KVA_KV_L2_HINT /* (the copies choose per subtile: TC_COPY_ALL) */
-#define TC_CP16(d, s, n) kva_cp_async16_pol((d), (s), (n), l2pol)
+#if KVA_KV_L2_HINT /* every copy under a policy hint, evict-normal where not once: fp8 at head dim 128, and the A/B
+                      (KVA_TC_EXP bit 9) of the other instances' plain copies (TC_COPY_ALL) */
+#define TC_CP16(d, s, n) kva_cp_async16_pol((d), (s), (n), l2pol_c)
 #else
 #define TC_CP16(d, s, n) kva_cp_async16((d), (s), (n))
 #endif
@@ -260,9 +259,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     const unsigned wpipe = sbase + (unsigned)(warp * (TC_ST * TC_SB));
 #if KVA_KV_L2_HINT
     const unsigned long long l2pol = kva_l2_kv_policy(true);
-#if KVA_TC_EXP & 512
-    const unsigned long long l2pol_n = kva_l2_kv_policy(false);
-#endif
+    const unsigned long long l2pol_c = kva_l2_kv_policy((p.flags & KVK_FLAG_KV_ONCE) != 0u); /* (TC_CP16) */
 #endif
     float* const s_comb = (float*)(kva_smem + TC_PIPE);            /* [NW][D][R] */
     float* const s_md = (float*)(kva_smem + TC_PIPE + TC_COMB);    /* [NW][8][2]: m, d */
@@ -533,17 +530,10 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 
     /* evict-first copies where KVK_FLAG_KV_ONCE, else plain ones without a cache hint: copies under an evict-normal
        policy hint were 4-20 % slower on H200 calls above 4 x the L2 size (1 x 128k 5.9 %, head dim 256 at 64 x 4k 8.9 %,
-       fp8 head dim 64 at 64 x 4k 19.9 %; docs/kernels/decode.md, session 27). The choice per copy: a predicated pair
-       (kva_cp_async16_ef), or at fp8 head dim 128 one warp-uniform branch per subtile, whichever keeps the instances
-       spill-free (the all-keys NVRTC test checks). */
-#if KVA_KV_L2_HINT && !(KVA_TC_EXP & 512) && TC_FP8 && KVA_DQK == 128
-#define TC_CP16_EF(d, s, n) kva_cp_async16_pol((d), (s), (n), l2pol)
-#define TC_COPY_ALL(R)                                                                                        \
-    do {                                                                                                      \
-        if (p.flags & KVK_FLAG_KV_ONCE) TC_COPIES(R, TC_CP16_EF);                                             \
-        else TC_COPIES(R, kva_cp_async16);                                                                    \
-    } while (0)
-#elif KVA_KV_L2_HINT && !(KVA_TC_EXP & 512)
+       fp8 head dim 64 at 64 x 4k 19.9 %; docs/kernels/decode.md, session 27). The choice per copy is a predicated pair
+       (kva_cp_async16_ef). fp8 at head dim 128 keeps the evict-normal hint (TC_CP16 above): the pair spills there, and
+       a branch per subtile instead made D6 fp8 1 x 32k 14 % slower (H200); its large calls run the head-group kernel. */
+#if KVA_KV_L2_HINT && !(KVA_TC_EXP & 512) && !(TC_FP8 && KVA_DQK == 128)
 #define TC_CP16_EF(d, s, n) kva_cp_async16_ef((d), (s), (n), l2pol, p.flags & KVK_FLAG_KV_ONCE)
 #define TC_COPY_ALL(R) TC_COPIES(R, TC_CP16_EF)
 #else
