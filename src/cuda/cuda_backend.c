@@ -720,8 +720,8 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
        interleaved A/B, +3 to +10 % at 17-134 MB (the stream no longer evicts, and writes back, what earlier kernels
        left in L2), neutral at 269 MB, -3 % at 537 MB and 1 GB (docs/kernels/decode.md). Graph mode captures the flag
        (the capture-time plan decides), so there only decode (one row per request) qualifies. Without the flag the
-       kernel copies K/V with no cache hint at all (session 27: an evict-normal hint cost 4-20 % on the H200's larger
-       calls). */
+       kernel copies K/V with no cache hint at all, except fp8 at head dim 128 (session 27: an evict-normal hint cost
+       4-20 % on the H200's larger calls; kva_decode_tc.cuh). */
     const int64_t kv_bytes = pd->total_kv_tokens * (int64_t)d->num_kv_heads * (d->head_dim_qk + d->head_dim_vo) *
                              (int64_t)kva_dtype_size(d->kv_dtype);
     if ((int64_t)pd->group_size * (op == KVA_OP_BATCH_DECODE ? 1 : pd->graph_mode ? INT32_MAX : pd->max_qo_len) <=

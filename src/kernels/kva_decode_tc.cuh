@@ -112,9 +112,7 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #undef TC_PACK
 #undef TC_QPAIR
 #undef TC_CP16
-#undef TC_CP16_EF
-#undef TC_COPY_ALL
-#undef TC_COPIES
+#undef TC_L2_ONCE
 #undef TC_KCH
 #undef TC_SRB
 #undef TC_CSC
@@ -203,9 +201,18 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #ifndef KVA_KV_L2_HINT /* K/V copies with the L2 evict-first policy (benchmark builds: KVATTN_BENCH_NO_L2_HINT=1 -> 0) */
 #define KVA_KV_L2_HINT 1
 #endif
-#if KVA_KV_L2_HINT /* every copy under a policy hint, evict-normal where not once: fp8 at head dim 128, and the A/B
-                      (KVA_TC_EXP bit 9) of the other instances' plain copies (TC_COPY_ALL) */
-#define TC_CP16(d, s, n) kva_cp_async16_pol((d), (s), (n), l2pol_c)
+/* K/V copies: evict-first where KVK_FLAG_KV_ONCE, else plain ones without a cache hint (a predicated pair,
+   kva_cp_async16_ef): copies under an evict-normal policy hint were 4-20 % slower on H200 calls above 4 x the L2 size
+   (1 x 128k 5.9 %, head dim 256 at 64 x 4k 8.9 %, fp8 head dim 64 at 64 x 4k 19.9 %; docs/kernels/decode.md, session
+   27). fp8 at head dim 128 keeps the evict-normal hint where the flag is off: the pair spills there, and a branch per
+   subtile instead made D6 fp8 1 x 32k 14 % slower (H200); its large calls run the head-group kernel. KVA_TC_EXP bit 9
+   (A/B): the evict-normal hint everywhere. */
+#if KVA_KV_L2_HINT && !(KVA_TC_EXP & 512) && !(TC_FP8 && KVA_DQK == 128)
+#define TC_L2_ONCE true /* l2pol: always the evict-first policy; the flag picks the copy */
+#define TC_CP16(d, s, n) kva_cp_async16_ef((d), (s), (n), l2pol, p.flags & KVK_FLAG_KV_ONCE)
+#elif KVA_KV_L2_HINT
+#define TC_L2_ONCE ((p.flags & KVK_FLAG_KV_ONCE) != 0u) /* l2pol: evict-first or evict-normal by the flag */
+#define TC_CP16(d, s, n) kva_cp_async16_pol((d), (s), (n), l2pol)
 #else
 #define TC_CP16(d, s, n) kva_cp_async16((d), (s), (n))
 #endif
@@ -258,8 +265,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     const unsigned sbase = kva_smem_addr(kva_smem);
     const unsigned wpipe = sbase + (unsigned)(warp * (TC_ST * TC_SB));
 #if KVA_KV_L2_HINT
-    const unsigned long long l2pol = kva_l2_kv_policy(true);
-    const unsigned long long l2pol_c = kva_l2_kv_policy((p.flags & KVK_FLAG_KV_ONCE) != 0u); /* (TC_CP16) */
+    const unsigned long long l2pol = kva_l2_kv_policy(TC_L2_ONCE);
 #endif
     float* const s_comb = (float*)(kva_smem + TC_PIPE);            /* [NW][D][R] */
     float* const s_md = (float*)(kva_smem + TC_PIPE + TC_COMB);    /* [NW][8][2]: m, d */
@@ -495,51 +501,6 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                              : 0;                                                                             \
     } while (0)
 
-    /* TC_ISSUE's copies of subtile record R into the stage at st_, each 16-byte copy through CP(dst, src, bytes) */
-#define TC_COPIES(R, CP)                                                                                      \
-    do {                                                                                                      \
-            if ((R).one_page) { /* one page: row r at (page, slot0 + r); no per-row offsets to gather */      \
-                const int pg0_ = __shfl_sync(0xffffffffu, (R).pg, 0);                                         \
-                const int sl0_ = __shfl_sync(0xffffffffu, (R).sl, 0);                                        \
-                const long long r0_ = lane / TC_CPR;                                                          \
-                const char* kr_ = kc_ + ((long long)pg0_ * p.k_stride_page + (long long)sl0_ * p.k_stride_token) * TC_ES + r0_ * kstb; \
-                const char* vr_ = vc_ + ((long long)pg0_ * p.v_stride_page + (long long)sl0_ * p.v_stride_token) * TC_ES + r0_ * vstb; \
-                _Pragma("unroll") for (int i_ = 0; i_ < TC_CPR / 2; ++i_) {                                   \
-                    const int r_ = i_ * (32 / TC_CPR) + lane / TC_CPR;                                        \
-                    const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                      \
-                    const unsigned d_ = st_ + (unsigned)(r_ * TC_SRB + 16 * ((TC_CSC * pchunk) ^ kva_tc_swz(r_))); \
-                    CP(d_, nb_ ? kr_ + (long long)(i_ * (32 / TC_CPR)) * kstb : kc_, nb_);         \
-                    CP(d_ + TC_KB, nb_ ? vr_ + (long long)(i_ * (32 / TC_CPR)) * vstb : vc_, nb_); \
-                }                                                                                             \
-            } else {                                                                                          \
-                const long long ko_ =                                                                         \
-                    ok_ ? ((long long)(R).pg * p.k_stride_page + (long long)(R).sl * p.k_stride_token) * TC_ES : 0ll; \
-                const long long vo_ =                                                                         \
-                    ok_ ? ((long long)(R).pg * p.v_stride_page + (long long)(R).sl * p.v_stride_token) * TC_ES : 0ll; \
-                _Pragma("unroll") for (int i_ = 0; i_ < TC_CPR / 2; ++i_) {                                   \
-                    const int r_ = i_ * (32 / TC_CPR) + lane / TC_CPR;                                        \
-                    const long long kor_ = __shfl_sync(0xffffffffu, ko_, r_);                                 \
-                    const long long vor_ = kv_same ? kor_ : __shfl_sync(0xffffffffu, vo_, r_);               \
-                    const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                      \
-                    const unsigned d_ = st_ + (unsigned)(r_ * TC_SRB + 16 * ((TC_CSC * pchunk) ^ kva_tc_swz(r_))); \
-                    CP(d_, kc_ + kor_, nb_);                                                      \
-                    CP(d_ + TC_KB, vc_ + vor_, nb_);                                              \
-                }                                                                                             \
-            }                                                                                                 \
-    } while (0)
-
-    /* evict-first copies where KVK_FLAG_KV_ONCE, else plain ones without a cache hint: copies under an evict-normal
-       policy hint were 4-20 % slower on H200 calls above 4 x the L2 size (1 x 128k 5.9 %, head dim 256 at 64 x 4k 8.9 %,
-       fp8 head dim 64 at 64 x 4k 19.9 %; docs/kernels/decode.md, session 27). The choice per copy is a predicated pair
-       (kva_cp_async16_ef). fp8 at head dim 128 keeps the evict-normal hint (TC_CP16 above): the pair spills there, and
-       a branch per subtile instead made D6 fp8 1 x 32k 14 % slower (H200); its large calls run the head-group kernel. */
-#if KVA_KV_L2_HINT && !(KVA_TC_EXP & 512) && !(TC_FP8 && KVA_DQK == 128)
-#define TC_CP16_EF(d, s, n) kva_cp_async16_ef((d), (s), (n), l2pol, p.flags & KVK_FLAG_KV_ONCE)
-#define TC_COPY_ALL(R) TC_COPIES(R, TC_CP16_EF)
-#else
-#define TC_COPY_ALL(R) TC_COPIES(R, TC_CP16)
-#endif
-
     /* issue a fetched subtile into stage ST_ (cp.async, zero-fill past the range or on a bad page): the owner lane
        of a token computes its byte offsets, every lane copies whole lines of RPI rows per instruction */
 #define TC_ISSUE(R, ST_)                                                                                      \
@@ -561,7 +522,34 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
             const unsigned st_ = wpipe + (unsigned)((ST_) * TC_SB);                                           \
             const char* kc_ = (R).kb + pchunk * 16;                                                           \
             const char* vc_ = (R).vb + pchunk * 16;                                                           \
-            TC_COPY_ALL(R);                                                                                   \
+            if ((R).one_page) { /* one page: row r at (page, slot0 + r); no per-row offsets to gather */      \
+                const int pg0_ = __shfl_sync(0xffffffffu, (R).pg, 0);                                         \
+                const int sl0_ = __shfl_sync(0xffffffffu, (R).sl, 0);                                        \
+                const long long r0_ = lane / TC_CPR;                                                          \
+                const char* kr_ = kc_ + ((long long)pg0_ * p.k_stride_page + (long long)sl0_ * p.k_stride_token) * TC_ES + r0_ * kstb; \
+                const char* vr_ = vc_ + ((long long)pg0_ * p.v_stride_page + (long long)sl0_ * p.v_stride_token) * TC_ES + r0_ * vstb; \
+                _Pragma("unroll") for (int i_ = 0; i_ < TC_CPR / 2; ++i_) {                                   \
+                    const int r_ = i_ * (32 / TC_CPR) + lane / TC_CPR;                                        \
+                    const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                      \
+                    const unsigned d_ = st_ + (unsigned)(r_ * TC_SRB + 16 * ((TC_CSC * pchunk) ^ kva_tc_swz(r_))); \
+                    TC_CP16(d_, nb_ ? kr_ + (long long)(i_ * (32 / TC_CPR)) * kstb : kc_, nb_);         \
+                    TC_CP16(d_ + TC_KB, nb_ ? vr_ + (long long)(i_ * (32 / TC_CPR)) * vstb : vc_, nb_); \
+                }                                                                                             \
+            } else {                                                                                          \
+                const long long ko_ =                                                                         \
+                    ok_ ? ((long long)(R).pg * p.k_stride_page + (long long)(R).sl * p.k_stride_token) * TC_ES : 0ll; \
+                const long long vo_ =                                                                         \
+                    ok_ ? ((long long)(R).pg * p.v_stride_page + (long long)(R).sl * p.v_stride_token) * TC_ES : 0ll; \
+                _Pragma("unroll") for (int i_ = 0; i_ < TC_CPR / 2; ++i_) {                                   \
+                    const int r_ = i_ * (32 / TC_CPR) + lane / TC_CPR;                                        \
+                    const long long kor_ = __shfl_sync(0xffffffffu, ko_, r_);                                 \
+                    const long long vor_ = kv_same ? kor_ : __shfl_sync(0xffffffffu, vo_, r_);               \
+                    const unsigned nb_ = ((okm_ >> r_) & 1u) ? 16u : 0u;                                      \
+                    const unsigned d_ = st_ + (unsigned)(r_ * TC_SRB + 16 * ((TC_CSC * pchunk) ^ kva_tc_swz(r_))); \
+                    TC_CP16(d_, kc_ + kor_, nb_);                                                      \
+                    TC_CP16(d_ + TC_KB, vc_ + vor_, nb_);                                              \
+                }                                                                                             \
+            }                                                                                                 \
             const int any_ = __any_sync(0xffffffffu, bad_);                                                   \
             if (lane == 0) s_sbad[warp * TC_ST + (ST_)] = any_;                                               \
         }                                                                                                     \

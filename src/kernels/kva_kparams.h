@@ -83,7 +83,7 @@ typedef uint64_t kvk_u64;
 #define KVK_FLAG_FUSED_MERGE 256u /* tensor-core kernel: the last CTA of a merge task merges it (no merge kernel) */
 #define KVK_FLAG_KV_ONCE 1024u  /* tensor-core decode kernel: L2 evict-first K/V copies (each row read by one item; the host
                                    sets it only for calls reading at most 4 x L2 of K/V); without it, copies carry
-                                   no cache hint */
+                                   no cache hint (fp8 at head dim 128: the evict-normal one) */
 #define KVK_FLAG_TMA 512u       /* Hopper prefill: kvk_tma holds K/V tensor maps (TMA copies of full tiles) */
 #define KVK_FLAG_CLUSTER 2048u  /* tensor-core decode kernel (sm_90): launched in thread-block clusters; a split item with
                                    pad_ = -n is chunk (cluster rank) of a unit of n chunks on ranks 0 .. n - 1, which
