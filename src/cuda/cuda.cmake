@@ -108,21 +108,28 @@ foreach(cfg "1;f16;1;f16;128" "2;bf16;2;bf16;128" "1;f16;3;e4m3;128" "2;bf16;3;e
 endforeach()
 # head-group decode instances (kva__cuda_kv_head_group: large batch-decode plans on devices of compute capability 9.0;
 # TMA, so sm_80 builds leave them out): head dim 128, q = o in f16 or bf16 with KV of the same dtype or e4m3, 2 and 4
-# heads per item
-foreach(cfg "1;f16;1;f16" "2;bf16;2;bf16" "1;f16;3;e4m3" "2;bf16;3;e4m3")
+# heads per item; the 16-bit ones also with the cp.async producer for pages of other than 16k tokens ("_ga")
+foreach(cfg "1;f16;1;f16" "2;bf16;2;bf16" "1;f16;3;e4m3" "2;bf16;3;e4m3" "1;f16;1;f16;ga" "2;bf16;2;bf16;ga")
   list(GET cfg 0 t)
   list(GET cfg 1 dn)
   list(GET cfg 2 kt)
   list(GET cfg 3 kn)
+  list(LENGTH cfg ncfg)
+  set(ga "")
+  set(gadef "")
+  if(ncfg GREATER 4)
+    set(ga "_ga")
+    set(gadef "#define KVA_HG_GATHER 1\n")
+  endif()
   foreach(hg 2 4)
-    set(name "kva_hg_d128_q${dn}_kv${kn}_o${dn}_g${hg}")
+    set(name "kva_hg_d128_q${dn}_kv${kn}_o${dn}_g${hg}${ga}")
     list(APPEND kva_aot_list ${name})
     string(APPEND kva_aot_cu "#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900\n"
            "#define KVA_KERNEL_NAME ${name}\n#define KVA_DQK 128\n#define KVA_DVO 128\n"
-           "#define KVA_QT ${t}\n#define KVA_KT ${kt}\n#define KVA_OT ${t}\n#define KVA_HG ${hg}\n"
+           "#define KVA_QT ${t}\n#define KVA_KT ${kt}\n#define KVA_OT ${t}\n#define KVA_HG ${hg}\n${gadef}"
            "#include \"kva_decode_hg.cuh\"\n"
            "#undef KVA_KERNEL_NAME\n#undef KVA_DQK\n#undef KVA_DVO\n#undef KVA_QT\n#undef KVA_KT\n#undef KVA_OT\n"
-           "#undef KVA_HG\n#endif\n\n")
+           "#undef KVA_HG\n#undef KVA_HG_GATHER\n#endif\n\n")
   endforeach()
 endforeach()
 string(APPEND kva_aot_cu "${KVA_PREFILL_AOT_CU}")

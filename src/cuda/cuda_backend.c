@@ -231,7 +231,8 @@ static bool kva__cuda_cluster_ok(const kva_context* ctx, const kva_attention_des
 }
 
 /* Head-group decode (kva_decode_hg.cuh): units of G KV heads whose K/V the kernel reads as TMA boxes over the G heads
-   of 16 tokens. On an NHD pool that reads at 90-92 % of nominal where one head per load (kva_decode_tc.cuh) reads at
+   of 16 tokens (pages of 16k tokens), or gathers token by token into the same layout with two cp.async producer warps
+   (other page sizes: "_ga", session 29: D5 page 1 4.7-4.9 % faster than the tensor-core kernel on an H200). On an NHD pool that reads at 90-92 % of nominal where one head per load (kva_decode_tc.cuh) reads at
    88-89 % (bench/results/read_probe_2026-11-21_session12.md). G = 4 (one CTA per SM, 192 KB of stages) where the
    KV heads divide by 4, else 2 (two CTAs per SM). Taken for batch decode outside graph mode (the kernel family must
    not change between a graph's plans) and outside batch-invariant mode (fixed_split_size: a request's rounding
@@ -734,7 +735,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     memset(&tm, 0, sizeof tm);
     if (pfw && !var && kva__cuda_tma_maps(st, pd, a, &p, &tm, 0)) p.flags |= KVK_FLAG_TMA;
     const bool hg = ke->key.family == KVA__KF_DECODE_HG;
-    if (hg && pd->num_items > 0 && pd->num_page_entries > 0) {
+    if (hg && ke->key.mainloop != 1 && pd->num_items > 0 && pd->num_page_entries > 0) {
         /* the plan's work items are head-group units: only this kernel runs them (a plan without page entries has
            only empty items, which never copy) */
         KVA_RETURN_IF(!kva__cuda_tma_maps(st, pd, a, &p, &tm, (int)pd->kv_head_group), KVA_ERR_UNSUPPORTED,
@@ -791,7 +792,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     const unsigned grid = (unsigned)pd->num_workers; /* one persistent CTA per planner worker */
     const unsigned threads = ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key)
                              : ke->key.family == KVA__KF_DECODE_TC && ke->key.warps == 8 ? 256u
-                             : hg ? (unsigned)KVK_HG_THREADS(ke->key.rows)
+                             : hg ? (unsigned)KVK_HG_THREADS(ke->key.rows, ke->key.mainloop == 1)
                                   : (unsigned)KVK_THREADS;
     /* programmatic dependent launch where asked for and the kernel waits for its predecessors (else a plain launch) */
     const int pdl = a->enable_pdl != 0 && ke->pdl;

@@ -37,7 +37,8 @@ typedef struct kva__kkey {
                            experiment (KVATTN_BENCH_PF_EXP, timing only: results may be wrong); bits 8+: tensor-core
                            decode A/B experiment (KVATTN_BENCH_TC_EXP) */
     int32_t mainloop;   /* tensor-core attention family: 0 mma.sync (kva_pf_*), 1 Hopper warpgroup MMA (kva_pfw_*,
-                           sm_90a, 256 threads; kva__cuda_prefill_upgrade picks it) */
+                           sm_90a, 256 threads; kva__cuda_prefill_upgrade picks it); head-group decode family: 1 =
+                           the cp.async producer for page sizes that are not multiples of 16 ("_ga" names) */
     int32_t alibi_fold; /* Hopper mainloop: 1 = ALiBi's per-key bias folded into the S accumulators (KVA_ALIBI_FOLD;
                            "_afold" names; taken for ALiBi without soft cap) */
     int32_t warps;      /* tensor-core decode family: 0 = 4 warps, 8 = 8 warps ("_w8": plans with one CTA per SM) */

@@ -159,7 +159,7 @@ int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t hea
     if (d->variant || d->pos_encoding != KVA_POS_NONE || d->logits_soft_cap > 0.0f ||
         d->score_mode != KVA_SCORE_SOFTMAX || d->mask_mode == KVA_MASK_CUSTOM)
         return 0;
-    if (page_size < 16 || page_size % 16 != 0) return 0;
+    if (page_size < 1) return 0;
     if (out) {
         memset(out, 0, sizeof *out);
         out->family = KVA__KF_DECODE_HG;
@@ -168,6 +168,7 @@ int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t hea
         out->kt = d->kv_dtype;
         out->ot = d->o_dtype;
         out->rows = heads;
+        out->mainloop = page_size % 16 != 0; /* the cp.async producer ("_ga"): TMA boxes need 16-token pages */
     }
     return 1;
 }
@@ -237,8 +238,8 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
                  (k->nochk & 2) ? "_trace" : "", (k->nochk & 4) ? "_nohint" : "", (k->nochk & 8) ? "_gmerge" : "", x);
     }
     else if (k->family == KVA__KF_DECODE_HG)
-        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
-                 kva__dt(k->ot), (int)k->rows, (k->nochk & 1) ? "_nochk" : "");
+        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, k->mainloop == 1 ? "_ga" : "", (k->nochk & 1) ? "_nochk" : "");
     else if (k->var_hash)
         snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (unsigned long long)k->var_hash, (k->nochk & 1) ? "_nochk" : "",
@@ -272,6 +273,7 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     if ((k->nochk & 4) && max > n) snprintf(defs[n++], 128, "-DKVA_KV_L2_HINT=0"); /* benchmark A/B only */
     if (k->family == KVA__KF_DECODE_TC && k->warps == 8 && max > n) snprintf(defs[n++], 128, "-DKVA_TC_NW=8");
     if (k->family == KVA__KF_DECODE_HG && max > n) snprintf(defs[n++], 128, "-DKVA_HG=%d", (int)k->rows);
+    if (k->family == KVA__KF_DECODE_HG && k->mainloop == 1 && max > n) snprintf(defs[n++], 128, "-DKVA_HG_GATHER=1");
     if (k->family == KVA__KF_DECODE_TC && (k->nochk & 8) && max > n)
         snprintf(defs[n++], 128, "-DKVA_TC_GENERIC_MERGE=1"); /* benchmark A/B only */
     if (k->family == KVA__KF_DECODE_TC && (k->nochk >> 8) && max > n)
@@ -463,10 +465,14 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                                 }
                         }
                     } else if (dims[a] != 256) {
-                        /* head groups (kva__cuda_hg_key): head dims 64 and 128, 2 or 4 heads per item */
+                        /* head groups (kva__cuda_hg_key): head dims 64 and 128, 2 or 4 heads per item; TMA and
+                           cp.async ("_ga") producers */
                         for (int e = 0; e < 3; ++e)
                             for (int hg = 2; hg <= 4; hg += 2)
-                                kva__put_key(keys, max, &n, family, dims[a], qts[b], kts[c], ots[e], hg, 0, 0);
+                                for (int ga = 0; ga < 2; ++ga) {
+                                    kva__put_key(keys, max, &n, family, dims[a], qts[b], kts[c], ots[e], hg, 0, 0);
+                                    if (n <= max) keys[n - 1].mainloop = ga;
+                                }
                     }
                 }
     return n;

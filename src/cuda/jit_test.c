@@ -172,7 +172,7 @@ static void test_nvrtc_variants(void) {
                 for (int dd = 0; dd < 3; ++dd)
                     for (int g = 1; g <= 9; ++g)
                         for (int hg = 1; hg <= 8; ++hg)
-                            for (int ps = 8; ps <= 48; ps += 8) {
+                            for (int ps = 1; ps <= 48; ps += ps < 8 ? 7 : 8) {
                                 kva_attention_desc d;
                                 kva_attention_desc_init(&d, 8 * g, 8, dims[dd], qts[a]);
                                 d.kv_dtype = kts[b];
@@ -240,9 +240,10 @@ static void test_select(void) {
               "hg: GQA 32/8 bf16 page 16, 4 heads per item (smem %zu)", kva__kkey_smem(&k));
         CHECK(kva__cuda_hg_key(&d, 16, 2, &k) && k.rows == 2 && 2 * (kva__kkey_smem(&k) + 1024) <= 228 * 1024,
               "hg: 2 heads per item, two CTAs per SM (smem %zu)", kva__kkey_smem(&k));
-        CHECK(kva__cuda_hg_key(&d, 48, 4, NULL) && !kva__cuda_hg_key(&d, 8, 4, NULL) &&
-                  !kva__cuda_hg_key(&d, 1, 4, NULL) && !kva__cuda_hg_key(&d, 24, 4, NULL),
-              "hg: page sizes that are multiples of 16 only");
+        CHECK(kva__cuda_hg_key(&d, 48, 4, &k) && k.mainloop == 0 && kva__cuda_hg_key(&d, 8, 4, &k) &&
+                  k.mainloop == 1 && kva__cuda_hg_key(&d, 1, 4, &k) && k.mainloop == 1 &&
+                  kva__cuda_hg_key(&d, 24, 2, &k) && k.mainloop == 1 && !kva__cuda_hg_key(&d, 0, 4, NULL),
+              "hg: TMA producer for page sizes that are multiples of 16, the cp.async one (\"_ga\") for the others");
         CHECK(!kva__cuda_hg_key(&d, 16, 3, NULL) && !kva__cuda_hg_key(&d, 16, 8, NULL), "hg: 2 or 4 heads per item");
         d.logits_soft_cap = 30.0f;
         CHECK(!kva__cuda_hg_key(&d, 16, 4, NULL), "hg: no soft cap");

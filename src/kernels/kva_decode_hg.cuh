@@ -3,7 +3,7 @@
  * executes its worker's list of work items, each (request, group of HG consecutive KV heads, KV range) with the
  * group's HG x g query rows (the planner's unit with kv_head_group = HG: src/plan/planner.c). Batch decode with
  * q = KV of one 16-bit dtype at head dims 64 / 128, or 16-bit q with fp8 KV (e4m3 / e5m2) at head dim 128; GQA groups
- * g <= 8, page sizes that are multiples of 16.
+ * g <= 8; page sizes that are multiples of 16 (TMA) or any other (KVA_HG_GATHER).
  *
  * Why (docs/kernels/decode.md, session 12): on an NHD pool a load of one head reads 256-byte rows 2 KB apart, which
  * the H100 and H200 serve at 87.6-88.9 % of nominal whatever the copy engine; a TMA box over HG >= 2 heads of the same
@@ -11,14 +11,17 @@
  *
  * One instance per inclusion, specialised by macros (the includer's or NVRTC -D options):
  *   KVA_KERNEL_NAME, KVA_DQK (= KVA_DVO: 64 or 128), KVA_QT (f16 or bf16), KVA_KT (= KVA_QT, or e4m3 / e5m2 at head
- *   dim 128), KVA_OT, KVA_HG (2 or 4: heads per item), KVA_NO_BOUNDS_CHECK (benchmark only).
+ *   dim 128), KVA_OT, KVA_HG (2 or 4: heads per item), KVA_HG_GATHER (1: pages of any size, below),
+ *   KVA_NO_BOUNDS_CHECK (benchmark only).
  *
- * CTA: 2 HG consumer warps and one producer warp. The KV range of an item is cut into 16-token subtiles on the
- * absolute token grid (the item's first and last subtiles may be partial: masked); a page size that is a multiple of
- * 16 puts every subtile in one page. The producer warp walks the subtiles of its worker's items (lanes load 32 page
- * indices at a time, lane 0 issues) and fills a ring of HG_S stages: per subtile and 64-column block, one TMA box
- * {64 columns, 16 tokens, HG heads} of K and one of V (tensor maps over {head dim, page rows, KV heads, pages} from
- * the host, 128-byte swizzle), completing on the stage's full mbarrier. Consumer warp w owns head w % HG of the group
+ * CTA: 2 HG consumer warps and one producer warp (two for KVA_HG_GATHER). The KV range of an item is cut into
+ * 16-token subtiles on the absolute token grid (the item's first and last subtiles may be partial: masked); a page
+ * size that is a multiple of 16 puts every subtile in one page. The producer warp walks the subtiles of its worker's
+ * items (lanes load 32 page indices at a time, lane 0 issues) and fills a ring of HG_S stages: per subtile and
+ * 64-column block, one TMA box {64 columns, 16 tokens, HG heads} of K and one of V (tensor maps over {head dim, page
+ * rows, KV heads, pages} from the host, 128-byte swizzle), completing on the stage's full mbarrier. Other page sizes
+ * (KVA_HG_GATHER: page 1, 3, ...) take two producer warps that gather each token's page and copy the same layout with
+ * cp.async (docs/kernels/decode.md, session 29). Consumer warp w owns head w % HG of the group
  * and the subtiles j with j % 2 == w / HG:
  *   S^T[16 tok x 8 rows] = K[16 x D] . Q^T[D x 8]       A = K (ldmatrix), B = the head's g <= 8 query rows (registers)
  *   online softmax on S^T in registers (base 2)
@@ -64,6 +67,12 @@
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
+#undef HG_GATHER /* KVA_HG_GATHER = 1: the cp.async producer for page sizes that are not multiples of 16 ("_ga") */
+#if defined(KVA_HG_GATHER) && KVA_HG_GATHER
+#define HG_GATHER 1
+#else
+#define HG_GATHER 0
+#endif
 
 
 #undef HG_G
@@ -71,6 +80,7 @@
 #undef HG_RB
 #undef HG_NC
 #undef HG_THREADS
+#undef HG_NP
 #undef HG_D
 #undef HG_NCB
 #undef HG_BOX
@@ -86,7 +96,8 @@
 #undef HG_KFIX
 #define HG_G KVA_HG
 #define HG_NC (2 * HG_G)               /* consumer warps (2 per head) */
-#define HG_THREADS KVK_HG_THREADS(HG_G) /* + the producer warp */
+#define HG_NP KVK_HG_PRODUCERS(HG_GATHER) /* producer warps */
+#define HG_THREADS KVK_HG_THREADS(HG_G, HG_GATHER)
 #define HG_D KVA_DQK
 #define HG_ES KVK_DEC_ES(KVA_KT)        /* bytes per K/V element */
 #define HG_RB (HG_D * HG_ES)            /* bytes of one head's token row */
@@ -139,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     kva_pdl_start();
     if (tid == 0) {
         for (int s = 0; s < HG_S; ++s) {
-            kvp_mbar_init(full0 + 8u * s, 1);
+            kvp_mbar_init(full0 + 8u * s, HG_GATHER ? 33 : 1); /* gather: 32 cp.async arrivals and lane 0's */
             kvp_mbar_init(empty0 + 8u * s, HG_G);
         }
         asm volatile("{ fence.mbarrier_init.release.cluster; }" ::: "memory");
@@ -169,6 +180,109 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     kva_pdl_wait(); /* programmatic dependent launch (kva_common.cuh): only the read-only header was read so far */
     __syncthreads();
 
+#if HG_GATHER
+    if (warp >= HG_NC) {
+        /* ================= producers: pages of any size (cp.async) =================
+           A subtile's 16 tokens may lie in as many pages. HG_NP producer warps fill the ring in turn: warp
+           HG_NC + pw copies the subtiles c (counted over the worker's items, as the consumers count them) with
+           c % HG_NP == pw, so with an even ring each warp owns its own stages. Lane l (and l + 16) owns token l of a
+           subtile: its page index and byte offsets (K and V), loaded two of the warp's subtiles ahead (a register
+           queue: the page-table loads of single-token pages never stall the copies). The warp copies a subtile in the
+           TMA boxes' layout (box [HG heads][16 tokens][128 B] per 128-byte column block, 128-byte swizzle: 16-byte
+           chunk c of box row r at chunk c ^ (r & 7)): each instruction covers 32 consecutive chunks of the subtile's
+           [token][head][chunk] order, so the HG heads of one token, contiguous in an NHD pool, are read together, and
+           each token's offsets are gathered once. Tokens outside the item or on a bad page are zero-filled; a bad page
+           marks the stage (s_fault) and records the first (request, page) as the TMA producer does. Each lane's copies
+           complete on the stage's full barrier (cp.async.mbarrier.arrive.noinc: 32 arrivals, and lane 0's plain
+           arrival after its s_fault write). */
+        static_assert(HG_S % HG_NP == 0, "each producer warp owns every HG_NP-th stage");
+        constexpr int CPH = HG_RB / 16;   /* 16-byte chunks per head row: 4, 8 or 16 */
+        constexpr int CT = HG_G * CPH;   /* per token over the group's heads: 8 .. 64 */
+        constexpr int TPI = CT >= 32 ? 1 : 32 / CT; /* tokens per copy instruction */
+        constexpr int IPT = CT >= 32 ? CT / 32 : 1; /* copy instructions per token (K; as many for V) */
+        const int pw = warp - HG_NC;
+        const long long khs = p.k_stride_head * HG_ES, vhs = p.v_stride_head * HG_ES;
+        int c = 0; /* subtiles of the worker's earlier items */
+        for (int it = it0; it < it1; ++it) {
+            const kvk_work_item w = it == it0 ? h_item : items[it];
+            const int kv0 = w.kv_start, kv1 = w.kv_end;
+            const int t0 = kv0 & ~15;
+            const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
+            if (nsub == 0) continue;
+            const int pbase = it == it0 ? h_rq.kv_start : reqs[w.req].kv_start;
+            const char* const kg = (const char*)p.k + (long long)(w.kv_head * HG_G) * khs;
+            const char* const vg = (const char*)p.v + (long long)(w.kv_head * HG_G) * vhs;
+            /* this warp's first subtile of the item, and this lane's token of subtile S_: in the item, its page */
+            const int s_first = (pw - c % HG_NP + HG_NP) % HG_NP;
+#define HG_GA_LOAD(S_, IN_, PG_, SL_)                                                                         \
+    do {                                                                                                      \
+        const int tk_ = t0 + 16 * (S_) + (lane & 15);                                                         \
+        IN_ = (S_) < nsub && tk_ >= kv0 && tk_ < kv1;                                                         \
+        PG_ = 0;                                                                                              \
+        SL_ = 0;                                                                                              \
+        if (IN_) {                                                                                            \
+            const int e_ = (int)kva_fastdiv((unsigned)tk_, p.ps_mul, p.ps_shift);                             \
+            PG_ = kva_ldg_i32(p.indices + pbase + e_);                                                        \
+            SL_ = tk_ - e_ * p.page_size;                                                                     \
+        }                                                                                                     \
+    } while (0)
+            int a_in, a_pg, a_sl, b_in, b_pg, b_sl; /* the warp's next two subtiles */
+            HG_GA_LOAD(s_first, a_in, a_pg, a_sl);
+            HG_GA_LOAD(s_first + HG_NP, b_in, b_pg, b_sl);
+            for (int s = s_first; s < nsub; s += HG_NP) {
+                const int cs = c + s; /* the subtile's place in the worker's ring */
+                const int in = a_in, pg = a_pg, sl = a_sl;
+                a_in = b_in;
+                a_pg = b_pg;
+                a_sl = b_sl;
+                HG_GA_LOAD(s + 2 * HG_NP, b_in, b_pg, b_sl);
+                const bool bad = !KVA_NO_BOUNDS_CHECK && in &&
+                                 (unsigned long long)(unsigned)pg >= (unsigned long long)p.num_pages;
+                const bool ok = in && !bad;
+                const long long ko =
+                    ok ? ((long long)pg * p.k_stride_page + (long long)sl * p.k_stride_token) * HG_ES : 0ll;
+                const long long vo =
+                    ok ? ((long long)pg * p.v_stride_page + (long long)sl * p.v_stride_token) * HG_ES : 0ll;
+                const unsigned okm = __ballot_sync(0xffffffffu, ok);
+                const unsigned badm = __ballot_sync(0xffffffffu, bad) & 0xffffu;
+                const int st = cs % HG_S;
+                if (cs >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((cs / HG_S) & 1) ^ 1));
+                const int bpg = __shfl_sync(0xffffffffu, pg, badm ? __ffs(badm) - 1 : 0);
+                if (lane == 0) {
+                    atomicExch(s_fault + st, badm ? 1 : 0);
+                    if (badm) {
+                        const unsigned long long k = ~(((unsigned long long)(unsigned)w.req << 32) |
+                                                       (unsigned long long)(unsigned)bpg);
+                        atomicMax((unsigned long long*)&((kvk_status*)p.ws)->first_key, k);
+                    }
+                }
+                const unsigned dst = sbase + (unsigned)(st * HG_SB);
+#pragma unroll
+                for (int tg = 0; tg < 16 / TPI; ++tg) { /* TPI tokens per instruction, IPT instructions per token */
+                    const int t = tg * TPI + (TPI > 1 ? lane / CT : 0);
+                    const long long kr = __shfl_sync(0xffffffffu, ko, t);
+                    const long long vr = __shfl_sync(0xffffffffu, vo, t);
+                    const unsigned nb = ((okm >> t) & 1u) ? 16u : 0u;
+#pragma unroll
+                    for (int j = 0; j < IPT; ++j) {
+                        const int cc = TPI > 1 ? lane % CT : 32 * j + lane;
+                        const int hh = cc / CPH, c16 = cc % CPH;
+                        const unsigned d = dst + (unsigned)((c16 >> 3) * HG_BOX + (hh * 16 + t) * 128 +
+                                                            (((c16 & 7) ^ (t & 7)) << 4));
+                        kva_cp_async16(d, nb ? kg + kr + hh * khs + c16 * 16 : kg, nb);
+                        kva_cp_async16(d + (unsigned)(HG_NCB * HG_BOX), nb ? vg + vr + hh * vhs + c16 * 16 : vg, nb);
+                    }
+                }
+                kvp_cp_async_mbar_arrive(full0 + 8u * st);
+                if (lane == 0) kvp_mbar_arrive(full0 + 8u * st); /* releases s_fault and first_key with the stage */
+            }
+#undef HG_GA_LOAD
+            c += nsub;
+        }
+        asm volatile("{ cp.async.wait_all; }" ::: "memory"); /* no copy outlives its issuing thread */
+        return;
+    }
+#else
     if (warp == HG_NC) {
         /* ================= producer ================= */
         int c = 0;
@@ -220,6 +334,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         }
         return;
     }
+#endif
 
     /* ================= consumers ================= */
     const int h = warp % HG_G, part = warp / HG_G;

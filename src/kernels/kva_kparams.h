@@ -69,7 +69,10 @@ typedef uint64_t kvk_u64;
 #define KVK_HG_OFF_COMB(rb, g) \
     ((KVK_HG_STAGES(rb) * KVK_HG_STAGE_BYTES(rb, g) + 20 * KVK_HG_STAGES(rb) + 16 + 15) & ~15)
 #define KVK_HG_SMEM(d, rb, g) (1024 + KVK_HG_OFF_COMB(rb, g) + (g) * 32 * KVK_HG_COMB_FLOATS(d) * 4)
-#define KVK_HG_THREADS(g) (32 * (2 * (g) + 1))
+/* head-group decode CTA: 2 consumer warps per head and the producer warps (1 TMA producer; 2 cp.async producers for
+   pages of other than 16k tokens, the "_ga" kernels) */
+#define KVK_HG_PRODUCERS(ga) ((ga) ? 2 : 1)
+#define KVK_HG_THREADS(g, ga) (32 * (2 * (g) + KVK_HG_PRODUCERS(ga)))
 
 /* runtime flags of the attention kernels */
 #define KVK_FLAG_ALIBI 1u       /* ALiBi bias (slopes from alibi_slopes, or the standard ones) */
