@@ -170,6 +170,17 @@ elif command -v compute-sanitizer >/dev/null; then
     if [ -x "$BUILD/tests/test_ops" ]; then
         run_step "memcheck test_ops (20 cases)" 120 20 compute-sanitizer --tool memcheck \
             --error-exitcode 99 --print-limit 20 "$BUILD/tests/test_ops" --backend cuda --count 20
+        # the head-group kernel's cp.async producers (pages of 1 and 3 tokens) and its TMA one (page 16)
+        for c in "op=decode B=3 kv=300 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=1" \
+                 "op=decode B=4 kv=200 hq=16 hkv=4 dqk=64 dvo=64 qt=f16 kvt=f16 ot=f32 ps=3 layout=HND empty=25" \
+                 "op=decode B=2 kv=500 hq=40 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=e4m3 ot=bf16 ps=16"; do
+            for tool in memcheck racecheck; do
+                extra=(); [ $tool = racecheck ] && extra=(--racecheck-report hazard)
+                run_step "$tool test_ops [head groups] ${c#op=decode }" 90 3 env KVATTN_CUDA_DECODE_HG=1 \
+                    compute-sanitizer --tool $tool "${extra[@]}" --error-exitcode 99 --print-limit 20 \
+                    "$BUILD/tests/test_ops" --backend cuda --case "$c"
+            done
+        done
     fi
 else
     note "SKIP  compute-sanitizer (not on PATH)"
