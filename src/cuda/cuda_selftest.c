@@ -896,7 +896,8 @@ static void test_threads(const kva_context_options* opt) {
 }
 
 /* The head-group decode kernel (kva_decode_hg.cuh), in a context created with KVATTN_CUDA_DECODE_HG=1 (every batch
-   decode plan in its scope takes it): group sizes 1-8, 2 and 4 heads per item, page sizes 16, 32, 48, NHD and HND,
+   decode plan in its scope takes it): group sizes 1-8, 2 and 4 heads per item, page sizes 16, 32, 48 (TMA) and 1, 3,
+   5, 8, 17 (cp.async producers), NHD and HND,
    f16 / bf16 with every output dtype, head dims 64 and 128, empty and one-token requests, unaligned chunk starts
    (sliding window), split KV with the fused merge (and with the merge kernel: nofused). Cases outside its scope
    must still plan and match (fixed split: batch-invariant mode keeps one head per item). */
@@ -918,7 +919,15 @@ static void test_decode_hg(kva_context* ctx, int nofused) {
     c.hq = 10, c.hkv = 2, c.qt = KVA_DTYPE_F16, c.kt = KVA_DTYPE_E5M2, c.ot = KVA_DTYPE_F32, c.page_size = 32,
     c.layout = KVA_LAYOUT_HND, c.B = 3, c.long_kv = quick ? 3000 : 12000, c.expect_hg = 1;
     cs[n++] = c;
+    /* pages of other than 16k tokens: the cp.async producers ("_ga") */
+    c = base_case("hg gqa32/8 bf16 p1 long split");
+    c.page_size = 1, c.B = 5, c.max_kv = quick ? 300 : 900, c.long_kv = quick ? 1200 : 9000, c.expect_hg = 1;
+    cs[n++] = c;
     if (!nofused) {
+        c = base_case("hg g4 bf16 q e4m3 p3 hnd window empties");
+        c.kt = KVA_DTYPE_E4M3, c.page_size = 3, c.layout = KVA_LAYOUT_HND, c.window = 77, c.empty_every = 4,
+        c.max_kv = quick ? 400 : 1000, c.expect_hg = 1;
+        cs[n++] = c;
         c = base_case("hg g2 bf16 q e4m3 p48 window empties");
         c.hq = 4, c.hkv = 2, c.kt = KVA_DTYPE_E4M3, c.page_size = 48, c.window = 100, c.empty_every = 3,
         c.max_kv = 1200, c.expect_hg = 1;
@@ -967,8 +976,16 @@ static void test_decode_hg(kva_context* ctx, int nofused) {
         c = base_case("hg scope: fixed split 256");
         c.fixed_split = 256, c.max_kv = 1500;
         cs[n++] = c;
-        c = base_case("hg scope: page 8");
-        c.page_size = 8;
+        c = base_case("hg page 8");
+        c.page_size = 8, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg g5 f16 d64 p5 o=f32 len 1..40");
+        c.hq = 10, c.hkv = 2, c.D = 64, c.qt = c.kt = KVA_DTYPE_F16, c.ot = KVA_DTYPE_F32, c.page_size = 5,
+        c.min_kv = 1, c.max_kv = 40, c.expect_hg = 1;
+        cs[n++] = c;
+        c = base_case("hg g8 bf16 p17 hnd long split");
+        c.hq = 16, c.hkv = 2, c.page_size = 17, c.layout = KVA_LAYOUT_HND, c.B = 3, c.long_kv = quick ? 3000 : 15000,
+        c.expect_hg = 1;
         cs[n++] = c;
         c = base_case("hg scope: softcap");
         c.cap = 30.0f;
