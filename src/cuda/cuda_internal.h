@@ -74,8 +74,9 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
 
 /* The head-group decode kernel (kva_decode_hg.cuh) for a batch-decode plan of `heads` (2 or 4) KV heads per unit:
  * 1 and the key when the descriptor and page size are in its scope (sm_90 device, 16-bit q = KV, head dim 64 or 128,
- * GQA group <= 8, softmax without soft cap, ALiBi, RoPE or a user variant, page size a multiple of 16), else 0. The
- * caller checks the device (compute capability 9.0, tensor maps, shared memory). */
+ * GQA group <= 8, softmax without soft cap, ALiBi, RoPE or a user variant, any page size: the TMA producer for
+ * multiples of 16, the cp.async producers (mainloop 1, "_ga") for the others), else 0. The caller checks the device
+ * (compute capability 9.0, tensor maps, shared memory). */
 int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t heads, kva__kkey* out);
 
 /* Dynamic shared memory of an attention kernel key (0 for the util module) */
