@@ -195,8 +195,9 @@ if(KVA_BUILD_TESTS)
   target_link_libraries(kva_cuda_jit_test PRIVATE kvattn_static)
   target_compile_options(kva_cuda_jit_test PRIVATE ${KVA_WARNINGS})
   # NVRTC compiles kernel variants for sm_80 and sm_90a and checks them spill-free (no GPU needed):
-  #   cuda_nvrtc_variants      selection, cache and fast-division checks + a covering set (~1 min on 2 cores)
-  #   cuda_nvrtc_all_variants  every variant: the full cross product of the key (~10 min on 2 cores; label "slow")
+  #   cuda_nvrtc_variants      selection, cache and fast-division checks + a covering set (~6 min on 2 cores)
+  #   cuda_nvrtc_all_variants  the same checks and every variant: the full cross product of the key (~26 min on 2
+  #                            cores; label "slow"). scripts/test.sh runs only this one when both are registered
   add_test(NAME cuda_nvrtc_variants COMMAND kva_cuda_jit_test)
   set_tests_properties(cuda_nvrtc_variants PROPERTIES TIMEOUT 900 LABELS "cuda;nogpu")
   add_test(NAME cuda_nvrtc_all_variants COMMAND kva_cuda_jit_test)
