@@ -9,7 +9,6 @@ export LD_LIBRARY_PATH="$PWD/$BUILD/tests:$LD_LIBRARY_PATH"
 B=$BUILD/kva_bench_decode
 nvidia-smi --query-gpu=name --format=csv,noheader
 ab() { "$B" "$@" --ab-env KVATTN_CUDA_DECODE_HG=0 2>&1 | grep "^A/B" | sort -u; }
-echo "== A/B (positive: head groups slower than the tensor-core kernel)"
 rc=0
 t() { local name=$1 limit=$2; shift 2; local t0=$(date +%s)
       timeout $limit "$@" > "$OUT/$name.log" 2>&1; local r=$?; [ $r -ne 0 ] && rc=1
@@ -20,6 +19,7 @@ cases=("op=decode B=3 kv=300 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf1
        "op=decode B=2 kv=500 hq=40 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=e4m3 ot=bf16 ps=5 ks=0.75 vs=1.5")
 for i in 0 1 2; do t quick_hg_case$i 60 env KVATTN_CUDA_DECODE_HG=1 "$BUILD/tests/test_ops" --backend cuda --case "${cases[$i]}"; done
 if [ "${HGGA_AB:-1}" != 0 ]; then
+    echo "== A/B (positive: head groups slower than the tensor-core kernel)"
     ab --only "D5" --ab-only "D5"
     ab --only "D5 page 1" --ab-only "D5 page 1"
     KVATTN_BENCH_PAGE_SIZE=3 ab --only "D1 GQA 32/8" --ab-only "64 x 4096|64 x 8192"

@@ -232,8 +232,9 @@ static bool kva__cuda_cluster_ok(const kva_context* ctx, const kva_attention_des
 
 /* Head-group decode (kva_decode_hg.cuh): units of G KV heads whose K/V the kernel reads as TMA boxes over the G heads
    of 16 tokens (pages of 16k tokens), or gathers token by token into the same layout with two cp.async producer warps
-   (other page sizes: "_ga", session 29: D5 page 1 4.7-4.9 % faster than the tensor-core kernel on an H200). On an NHD pool that reads at 90-92 % of nominal where one head per load (kva_decode_tc.cuh) reads at
-   88-89 % (bench/results/read_probe_2026-11-21_session12.md). G = 4 (one CTA per SM, 192 KB of stages) where the
+   (other page sizes: "_ga", session 29: D5 page 1 4.7-4.9 % faster than the tensor-core kernel on an H200). On an
+   NHD pool that reads at 90-92 % of nominal where one head per load (kva_decode_tc.cuh) reads at 88-89 %
+   (bench/results/read_probe_2026-11-21_session12.md). G = 4 (one CTA per SM, 192 KB of stages) where the
    KV heads divide by 4, else 2 (two CTAs per SM). Taken for batch decode outside graph mode (the kernel family must
    not change between a graph's plans) and outside batch-invariant mode (fixed_split_size: a request's rounding
    must not depend on the rest of the batch), on devices of compute capability 9.0, for calls that read at least
