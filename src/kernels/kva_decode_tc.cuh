@@ -858,6 +858,17 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
             if (cn_stage == 0) cn_rq = reqs[cn_item.req];
             TC_LOAD_Q(cn_item, cn_rq);
         }
+#if KVA_TC_EXP & 1024
+        /* TC_EXP bit 10 (timing only, wrong results): no epilogue (no CTA barrier, combine, write or merge at an
+           item's end), the bound on what an epilogue without CTA barriers could save; the values stay live */
+        {
+            float sink_ = m0 + m1 + d0 + d1;
+#pragma unroll
+            for (int mt = 0; mt < TC_MT; ++mt) sink_ += (oacc[mt][0] + oacc[mt][1]) + (oacc[mt][2] + oacc[mt][3]);
+            if (__float_as_uint(sink_) == 0x7f800001u || item_bad) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
+            if (it >= it_begin) continue; /* (always: a plain continue leaves the epilogue unreachable, a warning) */
+        }
+#endif
 
         /* ================= item epilogue ================= */
 #pragma unroll
