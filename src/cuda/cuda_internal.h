@@ -35,7 +35,7 @@ typedef struct kva__kkey {
                            copies without the L2 evict-first policy (KVATTN_BENCH_NO_L2_HINT), bit 3 the fused
                            merge without its small-task path (KVATTN_BENCH_TC_GENERIC_MERGE); bits 4+: prefill
                            experiment (KVATTN_BENCH_PF_EXP, timing only: results may be wrong); bits 8+: tensor-core
-                           and head-group decode A/B experiment (KVATTN_BENCH_TC_EXP) */
+                           decode A/B experiment (KVATTN_BENCH_TC_EXP) */
     int32_t mainloop;   /* tensor-core attention family: 0 mma.sync (kva_pf_*), 1 Hopper warpgroup MMA (kva_pfw_*,
                            sm_90a, 256 threads; kva__cuda_prefill_upgrade picks it); head-group decode family: 1 =
                            the cp.async producer for page sizes that are not multiples of 16 ("_ga" names) */
@@ -181,7 +181,7 @@ typedef struct kva__cuda_state {
     int decode_all_workers; /* KVATTN_BENCH_DECODE_ALL_WORKERS=1: small decode batches keep every worker (A/B) */
     int tc_warps;           /* KVATTN_BENCH_TC_WARPS=4|8: warps of the tensor-core decode kernel in plans with one CTA
                                per SM (A/B; 0 = the default choice) */
-    int tc_exp;             /* KVATTN_BENCH_TC_EXP=n: A/B experiments n compiled into the decode kernels (tensor-core, head-group) */
+    int tc_exp;             /* KVATTN_BENCH_TC_EXP=n: A/B experiments n compiled into the tensor-core decode kernel */
     int tc_generic_merge;   /* KVATTN_BENCH_TC_GENERIC_MERGE=1: the tensor-core decode kernel's fused merge always
                                through kva_merge_task_rows (A/B of the small-task path) */
     int no_paged_tma;       /* KVATTN_BENCH_NO_PAGED_TMA=1: paged K/V by cp.async, ragged keeps TMA (benchmark A/B) */

@@ -44,9 +44,6 @@
 #ifndef KVA_KERNEL_NAME
 #error "KVA_KERNEL_NAME must be defined"
 #endif
-#ifndef KVA_HG_EXP /* benchmark A/B experiments (KVATTN_BENCH_TC_EXP) */
-#define KVA_HG_EXP 0
-#endif
 #if KVA_DQK != KVA_DVO || (KVA_DQK != 64 && KVA_DQK != 128)
 #error "the head-group decode kernel takes head dims 64 or 128 (qk = vo)"
 #endif
@@ -367,29 +364,6 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         const int t0 = kv0 & ~15;
         const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
         const int kvh = w.kv_head * HG_G + h;
-        /* the next item's q rows into L2 while this item runs (warp 0): its record now, its request after warp 0's
-           first subtile, the prefetch after its second. q is read once per item, from HBM after the other kernels of a
-           step; loading it at the item's start would otherwise wait a whole HBM round trip under the call's own queue
-           at every item boundary, with the ring full and nothing new in flight (KVA_HG_EXP bit 11, A/B: none) */
-        int nx_st = 2, nx_req = 0, nx_head = 0, nx_qo = 0;
-#if !(KVA_HG_EXP & 2048)
-        if (warp == 0 && it + 1 < it1) {
-            nx_req = items[it + 1].req;
-            nx_head = items[it + 1].kv_head;
-            nx_st = 0;
-        }
-#endif
-#define HG_QPF_STEP()                                                                                         \
-    do {                                                                                                      \
-        if (nx_st == 0) {                                                                                     \
-            nx_qo = reqs[nx_req].qo_start;                                                                    \
-        } else if (lane < HG_G * g) {                                                                         \
-            const unsigned short* qn_ = (const unsigned short*)p.q + (long long)nx_qo * p.q_stride_row +      \
-                                        (long long)(nx_head * HG_G * g + lane) * p.q_stride_head;             \
-            _Pragma("unroll") for (int l_ = 0; l_ < HG_D * 2; l_ += 128) kva_prefetch_l2(qn_ + l_ / 2);      \
-        }                                                                                                     \
-        ++nx_st;                                                                                              \
-    } while (0)
         /* Q^T fragments (B = Q^T[16 cols x 8 rows]): row r8 (query head kvh * g + r8), columns 16 ks + 2 q4 (+1), +8;
            fp8 KV: dims 32 q4 + 4 ks (+1), + 2 (+3) in f16, scaled down by 2^qsh (the logit scale takes it back) */
         unsigned qb[HG_KS][2];
@@ -443,7 +417,6 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         for (int mt = 0; mt < HG_MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
         int faulted = 0;
         for (int j = 0; j < nsub; ++j, ++c) {
-            if (nx_st < 2 && j >= 2 + 2 * nx_st) HG_QPF_STEP(); /* (warp 0 only: nx_st is 2 elsewhere) */
             if ((j & 1) != part) continue;
             const int st = c % HG_S;
             kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
@@ -551,8 +524,6 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             __syncwarp();
             if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
         }
-        while (nx_st < 2) HG_QPF_STEP(); /* items of at most 4 subtiles */
-#undef HG_QPF_STEP
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) {
             l0 += __shfl_xor_sync(0xffffffffu, l0, o);

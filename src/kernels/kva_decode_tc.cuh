@@ -637,21 +637,6 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     }
 #endif
     if (it_begin < it_end) TC_LOAD_Q(cn_item, cn_rq);
-    /* the next item's q rows into L2 (warp 0, after its second subtile of the current item): q is read once per item,
-       from HBM after the other kernels of a step, and TC_LOAD_Q at the item's end would otherwise wait a whole HBM
-       round trip under the call's own queue (several us) at every item boundary. Lane: row lane / 4, quarter
-       lane % 4 of the row (rows of up to 512 bytes: every 128-byte line) */
-#define TC_PREFETCH_Q(ITEM, RQ)                                                                               \
-    do {                                                                                                      \
-        const int r_ = lane >> 2;                                                                             \
-        if (r_ < (ITEM).rows) {                                                                               \
-            const int pr_ = (ITEM).row_start + r_;                                                            \
-            const int i_ = pr_ / p.group_size;                                                                \
-            const int qh_ = (ITEM).kv_head * p.group_size + (pr_ - i_ * p.group_size);                        \
-            kva_prefetch_l2((const unsigned short*)p.q + (long long)((RQ).qo_start + i_) * p.q_stride_row +   \
-                            (long long)qh_ * p.q_stride_head + q4 * (TC_D / 4));                               \
-        }                                                                                                     \
-    } while (0)
 
     for (int it = it_begin; it < it_end; ++it) {
 #if KVA_TC_TRACE
@@ -860,18 +845,10 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
             TC_ISSUE(nrec, stg);
             kva_cp_async_commit();
             TC_FETCH(nrec);
-            /* the next item's request record, once this item's first subtile is done; its q rows into L2 after the
-               second (TC_EXP bit 11, A/B: no q prefetch) */
-            if (cn_stage < 2) {
-                if (cn_stage == 0) {
-                    if (it + 1 < it_end) cn_rq = reqs[cn_item.req];
-                }
-#if !(KVA_TC_EXP & 2048) && !(TC_FP8 && TC_D == 256) /* (fp8 at head dim 256: at 255 registers, it would spill) */
-                else if (warp == 0 && it + 1 < it_end) {
-                    TC_PREFETCH_Q(cn_item, cn_rq);
-                }
-#endif
-                ++cn_stage;
+            /* the next item's request record, once this item's first subtile is done */
+            if (cn_stage == 0) {
+                cn_stage = 1;
+                if (it + 1 < it_end) cn_rq = reqs[cn_item.req];
             }
         }
 
@@ -1233,5 +1210,4 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 #undef TC_PB_LOAD
 #undef TC_ISSUE
 #undef TC_LOAD_Q
-#undef TC_PREFETCH_Q
 #undef TC_LOAD_Q_ROW
