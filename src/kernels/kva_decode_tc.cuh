@@ -273,6 +273,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     int* const s_flag = s_sbad + TC_NW * TC_ST;                    /* [4] */
 
     const unsigned flags = p.flags;
+/* TC_EXP bit 12 (A/B): per-lane page-index loads one subtile ahead instead of batches (TC_FETCH) */
 #if !(KVA_TC_EXP & 256)
     kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh): the next kernel may start its CTAs */
 #endif
@@ -465,7 +466,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         if ((R).live) {                                                                                       \
             const int j_ = pr_kv0 + pr_s * 16 + ptok;                                                         \
             (R).one_page = ps16 && ((pr_kv0 + pr_s * 16) & 15) == 0;                                          \
-            if (!TC_PB || ragged || !(R).one_page || pr_nsub < 4 * TC_NW) {                                   \
+            if (!TC_PB || ragged || !(R).one_page || pr_nsub < 4 * TC_NW || (KVA_TC_EXP & 4096)) {            \
                 if (j_ < pr_kv1) {                                                                            \
                     (R).has = 1;                                                                              \
                     if (ragged) {                                                                             \
@@ -856,7 +857,11 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         /* ---- next item's request and q in flight during the epilogue ---- */
         if (it + 1 < it_end) {
             if (cn_stage == 0) cn_rq = reqs[cn_item.req];
+#if KVA_TC_EXP & 2048 /* TC_EXP bit 11 (timing only, wrong results): every item reads the first item's q (in L2) */
+            TC_LOAD_Q(h_item, h_rq);
+#else
             TC_LOAD_Q(cn_item, cn_rq);
+#endif
         }
 #if KVA_TC_EXP & 1024
         /* TC_EXP bit 10 (timing only, wrong results): no epilogue (no CTA barrier, combine, write or merge at an
