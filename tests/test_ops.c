@@ -2268,6 +2268,14 @@ static void suite_long(void) {
         "op=decode B=6 kv=20000 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 empty=30 lse=1",
     };
     go_strings(shapes, sizeof shapes / sizeof shapes[0]);
+    /* device backends: several work items per worker (the CUDA tensor-core kernel's per-warp item epilogue), with
+       split KV and fused merges among them (30-60 s each on the CPU backend, which has no such path) */
+    static const char* const many[] = {
+        "op=decode B=300 kv=700 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 empty=10 lse=1",
+        "op=decode B=100 kv=4000 hq=16 hkv=4 dqk=64 dvo=64 qt=f16 kvt=f16 ot=f16 ps=5 lse=1",
+        "op=decode B=64 kv=2000 hq=40 hkv=8 dqk=256 dvo=256 qt=bf16 kvt=bf16 ot=f32 ps=16 layout=HND",
+    };
+    if (h_backend_device()) go_strings(many, sizeof many / sizeof many[0]);
 }
 
 static void suite_fuzz(void) {

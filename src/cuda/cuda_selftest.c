@@ -1253,10 +1253,12 @@ static void test_pdl(kva_context* ctx, const char* tag, int graph_plan, int batc
 
 /* ---------------------------------------------------------------------------------------------- */
 
-static void test_fault(kva_context* ctx, int split, int negative, int kt) {
+/* many: 300 requests, several work items per worker (the tensor-core kernel's per-warp item epilogue; the bad
+   request's item is then neither a worker's only nor, mostly, its last) */
+static void test_fault(kva_context* ctx, int split, int negative, int kt, int many) {
     tcase c = base_case("fault");
     c.kt = kt;
-    c.B = 5;
+    c.B = many ? 300 : 5;
     c.max_kv = 600;
     prob P;
     init_prob(&P, &c);
@@ -1280,6 +1282,9 @@ static void test_fault(kva_context* ctx, int split, int negative, int kt) {
     kva_plan_info info;
     kva_plan_get_info(&plan, &info);
     if (split) CHECK(info.num_merge_tasks > 0, "fault: the long request is split (%d merges)", info.num_merge_tasks);
+    if (many)
+        CHECK(info.num_work_items >= 2 * info.num_workers, "fault: several items per worker (%d items, %d workers)",
+              info.num_work_items, info.num_workers);
     if (hg_ctx && hg_device)
         CHECK(info.kv_head_group > 1, "fault: the plan reads KV heads in groups (kv_head_group %d)", info.kv_head_group);
     kva_run_args a;
@@ -1684,9 +1689,11 @@ int main(int argc, char** argv) {
     }
     test_decode_matrix(ctx);
     if (!cpu_mode) {
-        test_fault(ctx, 0, 0, KVA_DTYPE_BF16);
-        test_fault(ctx, 1, 0, KVA_DTYPE_BF16);
-        test_fault(ctx, 1, 1, KVA_DTYPE_BF16);
+        test_fault(ctx, 0, 0, KVA_DTYPE_BF16, 0);
+        test_fault(ctx, 1, 0, KVA_DTYPE_BF16, 0);
+        test_fault(ctx, 1, 1, KVA_DTYPE_BF16, 0);
+        test_fault(ctx, 0, 0, KVA_DTYPE_BF16, 1);
+        test_fault(ctx, 1, 0, KVA_DTYPE_BF16, 1);
         test_graph(ctx);
         test_bsr_graph(ctx);
     }
@@ -1710,11 +1717,11 @@ int main(int argc, char** argv) {
             test_decode_hg(hctx, nofused);
             test_pdl(hctx, nofused ? "head groups, merge kernel" : "head groups", 0, 5, 7000);
             if (!nofused) {
-                test_fault(hctx, 0, 0, KVA_DTYPE_BF16);
-                test_fault(hctx, 1, 0, KVA_DTYPE_BF16);
-                test_fault(hctx, 1, 1, KVA_DTYPE_BF16);
-                test_fault(hctx, 0, 1, KVA_DTYPE_E4M3); /* fp8 KV in head groups */
-                test_fault(hctx, 1, 0, KVA_DTYPE_E4M3);
+                test_fault(hctx, 0, 0, KVA_DTYPE_BF16, 0);
+                test_fault(hctx, 1, 0, KVA_DTYPE_BF16, 0);
+                test_fault(hctx, 1, 1, KVA_DTYPE_BF16, 0);
+                test_fault(hctx, 0, 1, KVA_DTYPE_E4M3, 0); /* fp8 KV in head groups */
+                test_fault(hctx, 1, 0, KVA_DTYPE_E4M3, 0);
             }
             hg_ctx = 0;
             kva_context_destroy(hctx);
