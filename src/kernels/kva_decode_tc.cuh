@@ -71,9 +71,6 @@ KVA_DEV unsigned long long kva_globaltimer(void) {
     return t;
 }
 KVA_DEV int kva_tc_swz(int t) { return (t & 7) ^ ((t & 8) >> 1); }
-/* named barriers of the per-warp item epilogue (ids 1, 2; 0 is __syncthreads) */
-KVA_DEV void kva_tc_bar_arrive(unsigned id, unsigned n) { asm volatile("{ bar.arrive %0, %1; }" ::"r"(id), "r"(n) : "memory"); }
-KVA_DEV void kva_tc_bar_sync(unsigned id, unsigned n) { asm volatile("{ bar.sync %0, %1; }" ::"r"(id), "r"(n) : "memory"); }
 /* token of K-index k (0..15) of the PV product */
 KVA_DEV int kva_tc_pi2(int k) { return ((k >> 1) & 3) + 4 * (k >> 3) + 8 * (k & 1); }
 KVA_DEV uint4 kva_ldg16(const void* p) {
@@ -273,7 +270,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     float* const s_comb = (float*)(kva_smem + TC_PIPE);            /* [NW][D][R] */
     float* const s_md = (float*)(kva_smem + TC_PIPE + TC_COMB);    /* [NW][8][2]: m, d */
     int* const s_sbad = (int*)(s_md + TC_NW * 16);                 /* [NW][ST] */
-    int* const s_flag = s_sbad + TC_NW * TC_ST; /* [NW][4]: per warp, merge arrival (0-2), the item's fault (3) */
+    int* const s_flag = s_sbad + TC_NW * TC_ST;                    /* [4] */
 
     const unsigned flags = p.flags;
 /* TC_EXP bit 12 (A/B): per-lane page-index loads one subtile ahead instead of batches (TC_FETCH) */
@@ -878,23 +875,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         }
 #endif
 
-        /* ================= item epilogue =================
-           Every item but the worker's last (and but cluster-combine items) ends per warp: each warp publishes its
-           rows' (m, d, O) and fault in shared memory and goes on to the next item's subtiles (its stages stay in
-           flight); one warp, (item - first item) % NW, waits on named barrier 1 for the others' arrivals and combines,
-           writes and merges the item alone, then arrives on barrier 2, which the other warps pass before they publish
-           the next item (the combine area is single). The last item ends with CTA barriers and every thread
-           combining (the shortest epilogue where nothing follows it). fp8 KV, and TC_EXP bit 13 (A/B): CTA
-           barriers for every item. Docs: docs/kernels/decode.md, session 30. */
-#if !(KVA_TC_EXP & 8192) && !TC_FP8 /* (fp8 KV: at 255 registers, the second path would spill) */
-        const bool wpath = it + 1 < it_end && !(flags & KVK_FLAG_CLUSTER);
-        const bool prev_wpath = it > it_begin && !(flags & KVK_FLAG_CLUSTER);
-#else
-        const bool wpath = false, prev_wpath = false;
-#endif
-        const int cwarp = (it - it_begin) % TC_NW;
-        if (prev_wpath && warp != (it - 1 - it_begin) % TC_NW) /* the previous item's combine has read the area */
-            kva_tc_bar_sync(2u, TC_THREADS);
+        /* ================= item epilogue ================= */
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) {
             d0 += __shfl_xor_sync(0xffffffffu, d0, o);
@@ -924,25 +905,9 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 #endif
             }
         }
-        int faulted;
-        if (wpath) {
-            if (lane == 0) s_flag[warp * 4 + 3] = item_bad;
-            if (warp != cwarp) {
-                kva_tc_bar_arrive(1u, TC_THREADS);
-                continue; /* the combining warp finishes this item */
-            }
-            kva_tc_bar_sync(1u, TC_THREADS);
-            faulted = 0;
-#pragma unroll
-            for (int w = 0; w < TC_NW; ++w) faulted |= s_flag[w * 4 + 3];
-        } else {
-            faulted = __syncthreads_or(item_bad);
-        }
-        /* the combining threads: the CTA (last item), or one warp */
-        const int ct = wpath ? lane : tid;
-        const int cstride = wpath ? 32 : TC_THREADS;
+        const int faulted = __syncthreads_or(item_bad);
         TC_TR(6, faulted);
-        if (faulted && ct == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
+        if (faulted && tid == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
 
         const bool to_partial = item.partial >= 0;
 #if TC_CC
@@ -957,7 +922,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         const bool cc = false;
 #endif
         {
-            /* rows in parallel (unrolled), thread ct: head dims ct, ct + cstride, ... */
+            /* rows in parallel (unrolled), thread tid: head dims tid, tid + 128 */
             float* const po = (float*)(p.ws + p.off_partial_o);
             float* const pl = (float*)(p.ws + p.off_partial_lse);
             const int rows = item.rows < TC_R ? item.rows : TC_R;
@@ -1004,7 +969,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                 const int qh = item.kv_head * p.group_size + (pr - i * p.group_size);
                 const long long ob = to_partial ? ((long long)item.partial * p.tile_q + r) * TC_D
                                                 : (rq.qo_start + i) * p.o_stride_row + (long long)qh * p.o_stride_head;
-                if (ct == r && r < rows) {
+                if (tid == r && r < rows) {
                     if (to_partial) {
                         if (!cc) pl[(long long)item.partial * p.tile_q + r] = l;
                     } else if (p.lse)
@@ -1032,9 +997,10 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 #endif
             }
             TC_TR(12, 0);
-#pragma unroll 1
-            for (int d = ct; d < TC_D; d += cstride) {
-                {
+#pragma unroll
+            for (int dd = 0; dd < (TC_D + TC_THREADS - 1) / TC_THREADS; ++dd) {
+                const int d = tid + TC_THREADS * dd;
+                if (d < TC_D) {
 #if TC_CC
                     /* the cluster combine: this dim's values go to rank d / cc_s, slice row d % cc_s of this rank */
                     unsigned cc_dst = 0u, cc_rb = 0u;
@@ -1147,30 +1113,27 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         /* KVA_TC_EXP bit 3 (timing only, wrong results): no arrival and no merge, the bound on what a cheaper
            cross-CTA combine could save */
         if (to_partial && !cc && (flags & KVK_FLAG_FUSED_MERGE) && !(KVA_TC_EXP & 8)) {
-            int* const fl = wpath ? s_flag + 4 * warp : s_flag;
-            if (wpath) __syncwarp();
-            else __syncthreads();
+            __syncthreads();
             kvk_merge_task* const mtask = (kvk_merge_task*)(p.ws + p.off_merge) + item.pad_;
-            if (ct == 0) kva_merge_arrive(mtask, fl);
-            if (wpath) __syncwarp();
-            else __syncthreads();
-            TC_TR(8, fl[0]);
-            if (fl[0]) {
+            if (tid == 0) kva_merge_arrive(mtask, s_flag);
+            __syncthreads();
+            TC_TR(8, s_flag[0]);
+            if (s_flag[0]) {
 #if KVA_TC_TRACE
                 if (tid == 0 && p.trace && tr_on)
                     p.trace[blockIdx.x * 16 + 13] = kva_clock_dep(__float_as_uint(
-                        __ldcg((const float*)(p.ws + p.off_partial_lse) + (long long)fl[1] * p.tile_q)));
+                        __ldcg((const float*)(p.ws + p.off_partial_lse) + (long long)s_flag[1] * p.tile_q)));
 #endif
 #if TC_D <= 128 && !KVA_TC_GENERIC_MERGE
-                if (fl[2] <= TC_MERGE_BATCH) {
+                if (s_flag[2] <= TC_MERGE_BATCH) {
                     /* a task of at most TC_MERGE_BATCH partials (small calls): kva_merge_task_rows' arithmetic in
                        the same order, without its loops over batches, weight chunks and head-dim sweeps */
-                    const int n = fl[2];
-                    const long long pf = fl[1];
+                    const int n = s_flag[2];
+                    const long long pf = s_flag[1];
                     const float* const plse = (const float*)(p.ws + p.off_partial_lse);
                     const float* const pov = (const float*)(p.ws + p.off_partial_o);
                     const long long ostep = (long long)p.tile_q * TC_D;
-                    for (int r = wpath ? 0 : warp; r < item.rows; r += wpath ? 1 : TC_NW) {
+                    for (int r = warp; r < item.rows; r += TC_NW) {
                         const float* const orow = pov + (pf * p.tile_q + r) * TC_D + lane * 4;
                         float4 v[TC_MERGE_BATCH];
 #pragma unroll
@@ -1220,17 +1183,16 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                     tk.kv_head = item.kv_head;
                     tk.row_start = item.row_start;
                     tk.rows = item.rows;
-                    tk.partial_first = fl[1];
-                    tk.num_partials = fl[2];
+                    tk.partial_first = s_flag[1];
+                    tk.num_partials = s_flag[2];
                     kva_merge_task_rows(&tk, rq.qo_start, (const float*)(p.ws + p.off_partial_o),
                                         (const float*)(p.ws + p.off_partial_lse), p.tile_q, TC_D, p.group_size, sigmoid,
                                         p.o, KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
-                                        p.lse_stride_head, wpath ? 0 : warp, wpath ? 1 : TC_NW, lane, TC_MERGE_BATCH);
+                                        p.lse_stride_head, warp, TC_NW, lane, TC_MERGE_BATCH);
                 }
             }
         }
-        if (wpath) kva_tc_bar_arrive(2u, TC_THREADS); /* the next item may publish (wpath: there is one) */
-        else __syncthreads();                          /* s_comb, s_md, s_flag are reused by the next item */
+        __syncthreads(); /* s_comb, s_md, s_flag are reused by the next item */
         TC_TR(9, 0);
     }
 #if KVA_TC_EXP & 256 /* A/B: the next kernel may start once this CTA's items are done (not at its start) */

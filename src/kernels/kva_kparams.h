@@ -44,8 +44,7 @@ typedef uint64_t kvk_u64;
 
 /* geometry of the tensor-core decode kernel (kva_decode_tc.cuh): 4 warps, each with its own pipeline of
    KVK_TC_STAGES subtiles of 16 tokens (K + V: 32 * d * es bytes), about 24 KB per warp (d 256 x 16-bit: 48 KB);
-   a cross-warp combine buffer [4][d][rows] f32; 256 + 16 * stages + 64 bytes of row factors and flags (16 per warp:
-   the per-warp item epilogue's merge arrival and fault words). */
+   a cross-warp combine buffer [4][d][rows] f32; 256 + 16 * stages + 16 bytes of row factors and flags. */
 /* shared-memory bytes of a token row: d * es, at least 128 (fp8 at head dim 64 keeps its 64-byte rows in 128-byte
    slots, every other 16-byte chunk, so the swizzle below stays conflict-free) */
 #define KVK_TC_SROWB(d, es) ((d) * (es) < 128 ? 128 : (d) * (es))
@@ -57,7 +56,7 @@ typedef uint64_t kvk_u64;
 /* the same kernel with nw warps (4 or 8): every per-warp region scales with nw */
 #define KVK_TC_SMEM_NW(d, es, rows, nw)                                                                     \
     ((nw) * KVK_TC_STAGES(d, es) * 32 * KVK_TC_SROWB(d, es) + (nw) * (d) * (rows) * 4 + 64 * (nw) +         \
-     4 * (nw) * KVK_TC_STAGES(d, es) + 16 * (nw))
+     4 * (nw) * KVK_TC_STAGES(d, es) + 16)
 
 /* geometry of the head-group decode kernel (kva_decode_hg.cuh, sm_90): a ring of stages of one 16-token subtile of
    K and V for g heads (rb / 128 TMA boxes of [g][16][128 B] each for K and for V: rb * g * 32 bytes, where rb is the
