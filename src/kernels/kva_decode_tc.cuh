@@ -273,7 +273,6 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     int* const s_flag = s_sbad + TC_NW * TC_ST;                    /* [4] */
 
     const unsigned flags = p.flags;
-/* TC_EXP bit 12 (A/B): per-lane page-index loads one subtile ahead instead of batches (TC_FETCH) */
 #if !(KVA_TC_EXP & 256)
     kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh): the next kernel may start its CTAs */
 #endif
@@ -447,7 +446,8 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         }                                                                                                     \
     } while (0)
 
-    /* a fetched subtile: the page index load is in flight until TC_ISSUE uses it */
+    /* a fetched subtile: the page index load is in flight until TC_ISSUE uses it (TC_EXP bit 12, A/B: per-lane
+       page-index loads one subtile ahead for every item, no batches) */
     typedef struct {
         const char* kb;
         const char* vb;
