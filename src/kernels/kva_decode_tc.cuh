@@ -447,7 +447,9 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     } while (0)
 
     /* a fetched subtile: the page index load is in flight until TC_ISSUE uses it (TC_EXP bit 12, A/B: per-lane
-       page-index loads one subtile ahead for every item, no batches) */
+       page-index loads one subtile ahead for every item, no batches; bit 13: batches only for items of at least
+       12 subtiles per warp, not 4) */
+#define TC_PB_MIN ((KVA_TC_EXP & 8192) ? 12 : 4)
     typedef struct {
         const char* kb;
         const char* vb;
@@ -466,7 +468,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         if ((R).live) {                                                                                       \
             const int j_ = pr_kv0 + pr_s * 16 + ptok;                                                         \
             (R).one_page = ps16 && ((pr_kv0 + pr_s * 16) & 15) == 0;                                          \
-            if (!TC_PB || ragged || !(R).one_page || pr_nsub < 4 * TC_NW || (KVA_TC_EXP & 4096)) {            \
+            if (!TC_PB || ragged || !(R).one_page || pr_nsub < TC_PB_MIN * TC_NW || (KVA_TC_EXP & 4096)) {    \
                 if (j_ < pr_kv1) {                                                                            \
                     (R).has = 1;                                                                              \
                     if (ragged) {                                                                             \
@@ -1215,4 +1217,5 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 #undef TC_PB_LOAD
 #undef TC_ISSUE
 #undef TC_LOAD_Q
+#undef TC_PB_MIN
 #undef TC_LOAD_Q_ROW
