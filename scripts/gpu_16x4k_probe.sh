@@ -16,4 +16,4 @@ done
 echo "== 64 x 1024 (same bytes) default vs tensor-core"; ab --only "64 x 1024" --ab-only "64 x 1024" --ab-env KVATTN_CUDA_DECODE_HG=0 --iters 40
 echo "== trace"
 KVA_BENCH_TRACE_DIR=$OUT "$B" --only "$R" --trace "$R" --no-bounds-check-ab 0 2>&1 | grep -A3 "^trace\|cold L2\]" | head -30
-mkdir -p $OUT/tc; mkdir -p $OUT/tc; KVATTN_CUDA_DECODE_HG=0 KVA_BENCH_TRACE_DIR=$OUT/tc "$B" --only "64 x 1024" --trace "64 x 1024" --no-bounds-check-ab 0 2>&1 | grep -A3 "^trace\|cold L2\]" | head -12
+mkdir -p $OUT/tc; KVATTN_CUDA_DECODE_HG=0 KVA_BENCH_TRACE_DIR=$OUT/tc "$B" --only "64 x 1024" --trace "64 x 1024" --no-bounds-check-ab 0 2>&1 | grep -A3 "^trace\|cold L2\]" | head -12

@@ -2268,8 +2268,8 @@ static void suite_long(void) {
         "op=decode B=6 kv=20000 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 empty=30 lse=1",
     };
     go_strings(shapes, sizeof shapes / sizeof shapes[0]);
-    /* device backends: several work items per worker (the CUDA tensor-core kernel's per-warp item epilogue), with
-       split KV and fused merges among them (30-60 s each on the CPU backend, which has no such path) */
+    /* device backends: several work items per worker (the CUDA kernels' item boundaries), with split KV and fused
+       merges among them (30-60 s each on the CPU backend, whose workers have no such boundary state) */
     static const char* const many[] = {
         "op=decode B=300 kv=700 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 empty=10 lse=1",
         "op=decode B=100 kv=4000 hq=16 hkv=4 dqk=64 dvo=64 qt=f16 kvt=f16 ot=f16 ps=5 lse=1",

@@ -1253,8 +1253,8 @@ static void test_pdl(kva_context* ctx, const char* tag, int graph_plan, int batc
 
 /* ---------------------------------------------------------------------------------------------- */
 
-/* many: 300 requests, several work items per worker (the tensor-core kernel's per-warp item epilogue; the bad
-   request's item is then neither a worker's only nor, mostly, its last) */
+/* many: 300 requests, several work items per worker (the kernels' item boundaries: epilogue, next item's q and page
+   indices; the bad request's item is then neither a worker's only nor, mostly, its last) */
 static void test_fault(kva_context* ctx, int split, int negative, int kt, int many) {
     tcase c = base_case("fault");
     c.kt = kt;

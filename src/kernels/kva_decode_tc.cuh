@@ -448,8 +448,8 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 
     /* a fetched subtile: the page index load is in flight until TC_ISSUE uses it (TC_EXP bit 12, A/B: per-lane
        page-index loads one subtile ahead for every item, no batches; bit 13: batches only for items of at least
-       12 subtiles per warp, not 4) */
-#define TC_PB_MIN ((KVA_TC_EXP & 8192) ? 12 : 4)
+       12 subtiles per warp, not 4): items of fewer than TC_PB_MIN subtiles per warp take per-lane loads */
+#define TC_PB_MIN ((KVA_TC_EXP & 4096) ? (1 << 20) : (KVA_TC_EXP & 8192) ? 12 : 4)
     typedef struct {
         const char* kb;
         const char* vb;
@@ -468,7 +468,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
         if ((R).live) {                                                                                       \
             const int j_ = pr_kv0 + pr_s * 16 + ptok;                                                         \
             (R).one_page = ps16 && ((pr_kv0 + pr_s * 16) & 15) == 0;                                          \
-            if (!TC_PB || ragged || !(R).one_page || pr_nsub < TC_PB_MIN * TC_NW || (KVA_TC_EXP & 4096)) {    \
+            if (!TC_PB || ragged || !(R).one_page || pr_nsub < TC_PB_MIN * TC_NW) {                            \
                 if (j_ < pr_kv1) {                                                                            \
                     (R).has = 1;                                                                              \
                     if (ragged) {                                                                             \
