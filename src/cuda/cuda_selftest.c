@@ -1262,7 +1262,7 @@ static void test_fault(kva_context* ctx, int split, int negative, int kt, int ma
     c.max_kv = 600;
     prob P;
     init_prob(&P, &c);
-    P.kv_len[2] = split ? (quick ? 2000 : 6000) : 500;
+    P.kv_len[2] = split ? (many ? 20000 : quick ? 2000 : 6000) : 500; /* many: long enough to be split */
     prob_build(&P);
     ref_compute(&P, NULL);
     /* corrupt one page entry of request 2 (device copy only; the host copy is not given to plan) */
