@@ -25,6 +25,8 @@ def main():
     ap.add_argument("--shapes", default="1x1024,16x1024,16x4096,1x32768")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--peers", default="cudnn,flash", help="comma list of cudnn, flash (empty: none)")
+    ap.add_argument("--flush", choices=("fill", "read"), default="fill",
+                    help="cold calls: fill = overwrite 512 MB (dirty L2), read = a reduction reads it (clean L2)")
     args = ap.parse_args()
 
     import torch
@@ -36,6 +38,8 @@ def main():
     dev = torch.device("cuda")
     hq, hkv, d, ps = 32, 8, 128, 16
     flush = torch.empty(512 << 20, dtype=torch.uint8, device=dev)
+    flush64 = flush.view(torch.int64)
+    sink = torch.zeros(1, dtype=torch.int64, device=dev)
     print("device:", torch.cuda.get_device_name(0), "torch", torch.__version__, "cuDNN", torch.backends.cudnn.version())
 
     def profile(fn, iters, cold):
@@ -47,7 +51,10 @@ def main():
         marker = torch.empty(1, device=dev)
         with tprof(activities=[ProfilerActivity.CUDA]) as prof:
             for i in range(iters):
-                if cold:
+                if cold and args.flush == "read":
+                    marker.fill_(float(i))  # a read flush's kernel is not a fill: a marker before it starts a skip
+                    torch.sum(flush64, dim=0, keepdim=True, out=sink)
+                elif cold:
                     flush.fill_(i & 0xFF)
                 marker.fill_(float(i))  # call separator (a tiny fill kernel)
                 fn()
@@ -60,14 +67,19 @@ def main():
         ks = [e for e in ev.get("traceEvents", []) if e.get("cat") == "kernel"]
         ks.sort(key=lambda e: e["ts"])
         calls, cur = [], None
+        nmark = 0
         for e in ks:
             a = e.get("args", {})
             grid = tuple(a.get("grid", []))
             name = e["name"]
             if grid and (("fill" in name.lower() or "Fill" in name) and (grid == (1, 1, 1) or cold and grid[0] > 1000)):
-                if grid == (1, 1, 1):  # the marker: a new call starts
-                    cur = []
-                    calls.append(cur)
+                if grid == (1, 1, 1):  # the marker: a new call starts (read flush: every other marker starts the flush)
+                    nmark += 1
+                    if cold and args.flush == "read" and nmark % 2 == 1:
+                        cur = None
+                    else:
+                        cur = []
+                        calls.append(cur)
                 continue
             if cur is None:
                 continue
