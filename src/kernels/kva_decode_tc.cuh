@@ -207,7 +207,10 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
    27). fp8 at head dim 128 keeps the evict-normal hint where the flag is off: the pair spills there, and a branch per
    subtile instead made D6 fp8 1 x 32k 14 % slower (H200); its large calls run the head-group kernel. KVA_TC_EXP bit 9
    (A/B): the evict-normal hint everywhere. */
-#if KVA_KV_L2_HINT && !(KVA_TC_EXP & 512) && !(TC_FP8 && KVA_DQK == 128)
+#if KVA_KV_L2_HINT && !(KVA_TC_EXP & 512) && !(TC_FP8 && KVA_DQK == 128) && (KVA_TC_EXP & 8192)
+#define TC_L2_ONCE true /* TC_EXP bit 13 (A/B): the same copies with a 256-byte L2 fetch (.L2::256B) */
+#define TC_CP16(d, s, n) kva_cp_async16_ef256((d), (s), (n), l2pol, p.flags & KVK_FLAG_KV_ONCE)
+#elif KVA_KV_L2_HINT && !(KVA_TC_EXP & 512) && !(TC_FP8 && KVA_DQK == 128)
 #define TC_L2_ONCE true /* l2pol: always the evict-first policy; the flag picks the copy */
 #define TC_CP16(d, s, n) kva_cp_async16_ef((d), (s), (n), l2pol, p.flags & KVK_FLAG_KV_ONCE)
 #elif KVA_KV_L2_HINT
@@ -447,9 +450,10 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
     } while (0)
 
     /* a fetched subtile: the page index load is in flight until TC_ISSUE uses it (TC_EXP bit 12, A/B: per-lane
-       page-index loads one subtile ahead for every item, no batches; bit 13: batches only for items of at least
-       12 subtiles per warp, not 4): items of fewer than TC_PB_MIN subtiles per warp take per-lane loads */
-#define TC_PB_MIN ((KVA_TC_EXP & 4096) ? (1 << 20) : (KVA_TC_EXP & 8192) ? 12 : 4)
+       page-index loads one subtile ahead for every item, no batches; session 31 measured batches only from 12
+       subtiles per warp 2-5 % slower on every small D4 row): items of fewer than TC_PB_MIN subtiles per warp take
+       per-lane loads */
+#define TC_PB_MIN ((KVA_TC_EXP & 4096) ? (1 << 20) : 4)
     typedef struct {
         const char* kb;
         const char* vb;
