@@ -200,6 +200,22 @@ static void build_workloads(int quick, int extra) {
             }
         }
     }
+    {
+        /* KVATTN_BENCH_SHAPES="HQ/HKV:BxL,..." (probe): extra bf16 head-dim-128 page-16 rows, group "XS" */
+        const char* xs = getenv("KVATTN_BENCH_SHAPES");
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", xs ? xs : "");
+        char* save = NULL;
+        for (char* t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            int hq = 0, hk = 0, b = 0, l = 0;
+            if (sscanf(t, "%d/%d:%dx%d", &hq, &hk, &b, &l) != 4 || hq <= 0 || hk <= 0 || hq % hk || b <= 0 || l <= 0)
+                continue;
+            char nm[64];
+            snprintf(nm, sizeof nm, "XS GQA %d/%d", hq, hk);
+            w = add("XS", nm, hq, hk, 128, KVA_DTYPE_BF16, 16, b);
+            uniform(w, l);
+        }
+    }
     if (extra) { /* --extra: small GQA 32/8 shapes around the planner's shortest chunk, eager ("X1") and graph ("X7") */
         static const int xs_[][2] = {{1, 256}, {1, 512}, {1, 2048}, {1, 8192}, {2, 1024}, {4, 1024}, {8, 512}, {2, 2048}};
         for (int gph = 0; gph < 2; ++gph)

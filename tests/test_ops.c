@@ -2276,6 +2276,30 @@ static void suite_long(void) {
         "op=decode B=64 kv=2000 hq=40 hkv=8 dqk=256 dvo=256 qt=bf16 kvt=bf16 ot=f32 ps=16 layout=HND",
     };
     if (h_backend_device()) go_strings(many, sizeof many / sizeof many[0]);
+    /* device backends: equal lengths of >= 256 MB whose units of 4 KV heads leave SMs idle while units of 2 fill
+       7/8 or more of a 132-SM GPU (the CUDA planner then takes head groups of 2 at one CTA per SM, unsplit):
+       GQA 32/4 64 x 4096 (537 MB) and GQA 32/8 30 x 4096 (503 MB) */
+    if (h_backend_device()) {
+        static int32_t gq[64], gk[64];
+        static const int gb[2] = {64, 30}, gh[2] = {4, 8};
+        for (int k = 0; k < 2; ++k) {
+            for (int b = 0; b < gb[k]; ++b) {
+                gq[b] = 1;
+                gk[b] = 4096;
+            }
+            h_case_default(&c, H_OP_DECODE);
+            c.batch = gb[k];
+            c.max_kv = 4096;
+            c.hq = 32;
+            c.hkv = gh[k];
+            c.dqk = c.dvo = 128;
+            c.q_dt = c.o_dt = c.kv_dt = KVA_DTYPE_BF16;
+            g_force_qo = gq;
+            g_force_kv = gk;
+            go(c);
+            g_force_qo = g_force_kv = NULL;
+        }
+    }
 }
 
 static void suite_fuzz(void) {

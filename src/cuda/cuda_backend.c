@@ -248,10 +248,25 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
         return 1;
     const int32_t H = desc->num_kv_heads;
     int32_t G = st->hg_heads ? st->hg_heads : (H % 4 == 0 ? 4 : 2);
+    int32_t one_per_sm = 0; /* G = 2 at one CTA per SM (below) */
+    const int64_t bytes0 = total_kv * (int64_t)H * (desc->head_dim_qk + desc->head_dim_vo) *
+                           (int64_t)kva_dtype_size(desc->kv_dtype);
+    if (!st->hg_heads && G == 4 && st->decode_hg < 0 && bytes0 < ((int64_t)1536 << 20)) {
+        /* units of 4 heads that leave SMs without one (so each is cut into chunks with partials and merges), while
+           units of 2 heads fill 7/8 to all of them one per SM: units of 2 heads at one CTA per SM, no split.
+           Interleaved A/B on an H200 (session 31): D3 32/4 64 x 8k +2.4 / +2.6 %, 32/4 64 x 4k +4.3 / +4.5 %, 60 x 8k
+           +4.7 / +4.8 %, 32/8 30 x 4k +5.0 / +5.6 %, 32 x 2k +5.2 / +5.4 %, 32 x 8k +1.3 / +1.8 %, MHA 8 x 4k
+           +1.9 / +2.2 %; at 2 GB (MHA 8 x 16k) -0.3 / -0.5 %: the merges' fixed cost no longer outweighs the 4-head
+           read's efficiency, hence calls below 1.5 GB */
+        const int64_t u4 = (int64_t)params->batch_size * (H / 4), u2 = 2 * u4;
+        if (u4 < (int64_t)st->num_sms && u2 <= (int64_t)st->num_sms && 8 * u2 >= 7 * (int64_t)st->num_sms) {
+            G = 2;
+            one_per_sm = 1;
+        }
+    }
     kva__kkey k;
     if (!kva__cuda_hg_key(desc, params->page_size, G, &k) || kva__kkey_smem(&k) > (size_t)st->max_smem_optin) return 1;
-    const int64_t bytes = total_kv * (int64_t)H * (desc->head_dim_qk + desc->head_dim_vo) *
-                          (int64_t)kva_dtype_size(desc->kv_dtype);
+    const int64_t bytes = bytes0;
     /* the default: calls of at least hg_min_bytes (256 MB) with at least 16 (request, head group) units. Interleaved
        A/B against kva_decode_tc.cuh, D1 (docs/kernels/decode.md, session 13): H200 +8 to +13 % at 1-2 GB, +2.5 % at
        64 x 1k (268 MB), even at 16 x 4k (268 MB), 9-21 % slower below 140 MB; H100 with the 256-byte promotion
@@ -268,7 +283,7 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
     if (st->decode_hg < 0 &&
         (units * 4 < (int64_t)st->num_sms || max_kv * (int64_t)params->batch_size > 2 * total_kv))
         return 1;
-    const int32_t per_sm = G == 4 ? 1 : st->hg_per_sm ? st->hg_per_sm : st->ctas_per_sm;
+    const int32_t per_sm = G == 4 || one_per_sm ? 1 : st->hg_per_sm ? st->hg_per_sm : st->ctas_per_sm;
     *workers = st->num_sms * per_sm;
     return G;
 }
