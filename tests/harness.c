@@ -549,6 +549,7 @@ static const h_field h_fields[] = {
     HFLD("qo", HF_INT, max_qo),
     HFLD("kv", HF_INT, max_kv),
     HFLD("empty", HF_INT, empty_pct),
+    HFLD("eqkv", HF_INT, equal_kv),
     HFLD("zqo", HF_INT, zero_qo_pct),
     HFLD("hq", HF_INT, hq),
     HFLD("hkv", HF_INT, hkv),

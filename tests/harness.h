@@ -176,6 +176,7 @@ typedef struct h_case {
                            new tokens per request */
     int32_t max_kv;     /* max KV tokens per request */
     int32_t empty_pct;  /* percent of empty requests (kv = 0 pages) / rows with empty states */
+    int32_t equal_kv;   /* 1: every non-empty request of a paged/ragged op has exactly max_kv tokens */
     int32_t zero_qo_pct; /* prefill: percent of requests with qo_len = 0 */
     int32_t hq, hkv, dqk, dvo;
     kva_dtype q_dt, kv_dt, o_dt;

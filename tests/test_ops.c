@@ -92,7 +92,7 @@ static void gen_lengths(const h_case* c, h_rng* r, int32_t B, int32_t* qo, int32
     int first = 1;
     for (int32_t b = 0; b < B; ++b) {
         int empty = h_rng_range(r, 0, 99) < c->empty_pct;
-        int32_t k = empty ? 0 : first ? c->max_kv : (int32_t)h_rng_range(r, 1, c->max_kv);
+        int32_t k = empty ? 0 : first || c->equal_kv ? c->max_kv : (int32_t)h_rng_range(r, 1, c->max_kv);
         if (!empty) first = 0;
         if (c->max_kv == 0) k = 0;
         int32_t q;
@@ -2277,29 +2277,12 @@ static void suite_long(void) {
     };
     if (h_backend_device()) go_strings(many, sizeof many / sizeof many[0]);
     /* device backends: equal lengths of >= 256 MB whose units of 4 KV heads leave SMs idle while units of 2 fill
-       7/8 or more of a 132-SM GPU (the CUDA planner then takes head groups of 2 at one CTA per SM, unsplit):
-       GQA 32/4 64 x 4096 (537 MB) and GQA 32/8 30 x 4096 (503 MB) */
-    if (h_backend_device()) {
-        static int32_t gq[64], gk[64];
-        static const int gb[2] = {64, 30}, gh[2] = {4, 8};
-        for (int k = 0; k < 2; ++k) {
-            for (int b = 0; b < gb[k]; ++b) {
-                gq[b] = 1;
-                gk[b] = 4096;
-            }
-            h_case_default(&c, H_OP_DECODE);
-            c.batch = gb[k];
-            c.max_kv = 4096;
-            c.hq = 32;
-            c.hkv = gh[k];
-            c.dqk = c.dvo = 128;
-            c.q_dt = c.o_dt = c.kv_dt = KVA_DTYPE_BF16;
-            g_force_qo = gq;
-            g_force_kv = gk;
-            go(c);
-            g_force_qo = g_force_kv = NULL;
-        }
-    }
+       7/8 or more of a 132-SM GPU (the CUDA planner then takes head groups of 2 at one CTA per SM, unsplit) */
+    static const char* const hg2[] = {
+        "op=decode B=64 kv=4096 eqkv=1 hq=32 hkv=4 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1",
+        "op=decode B=30 kv=4096 eqkv=1 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16",
+    };
+    if (h_backend_device()) go_strings(hg2, sizeof hg2 / sizeof hg2[0]);
 }
 
 static void suite_fuzz(void) {
