@@ -20,7 +20,10 @@
  * --ab-env: the A/B's second arm is a context created with VAR set; --ab-layout: the second arm runs the same plan
  * on the same pools read as HND (no second context).
  * Probes (environment): KVATTN_BENCH_PAGE_SIZE=N pools of N-token pages (KVATTN_BENCH_PAGES_SEQ=1: each request's pages
- * in pool order), KVATTN_BENCH_LAYOUT_HND=1 HND pools, KVATTN_BENCH_FIXED_SPLIT=N eager plans with KV chunks of N tokens.
+ * in pool order), KVATTN_BENCH_LAYOUT_HND=1 HND pools, KVATTN_BENCH_FIXED_SPLIT=N eager plans with KV chunks of N tokens,
+ * KVATTN_BENCH_FLUSH=read a flush that reads 537 MB (a kvattn decode call; clean L2) instead of writing 512 MB,
+ * KVATTN_BENCH_SHAPES="HQ/HKV:BxL,..." extra rows (group XS). bench/decode_interleaved.py times kvattn and cuDNN in one
+ * process under either flush.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
