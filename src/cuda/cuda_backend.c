@@ -239,6 +239,24 @@ static bool kva__cuda_cluster_ok(const kva_context* ctx, const kva_attention_des
    not change between a graph's plans) and outside batch-invariant mode (fixed_split_size: a request's rounding
    must not depend on the rest of the batch), on devices of compute capability 9.0, for calls that read at least
    hg_min_bytes of K/V (KVATTN_CUDA_DECODE_HG=1: every call in the kernel's scope; =0: never). */
+int32_t kva__cuda_hg_heads_pick(int32_t H, int64_t batch, int64_t kv_bytes, int32_t num_sms, int32_t* one_per_sm) {
+    *one_per_sm = 0;
+    if (H % 4 != 0) return 2;
+    /* units of 4 heads that leave SMs without one (so each is cut into chunks with partials and merges), while units
+       of 2 heads fill 7/8 to all of them one per SM: units of 2 heads at one CTA per SM, no split. Interleaved A/B on
+       an H200 (session 31): D3 32/4 64 x 8k +2.4 / +2.6 %, 32/4 64 x 4k +4.3 / +4.5 %, 60 x 8k +4.7 / +4.8 %, 32/8
+       30 x 4k +5.0 / +5.6 %, 32 x 2k +5.2 / +5.4 %, 32 x 8k +1.3 / +1.8 %, MHA 8 x 4k +1.9 / +2.2 %; H100 +1.0 to
+       +1.9 %; at 2 GB (MHA 8 x 16k) -0.3 / -0.5 %: the merges' fixed cost no longer outweighs the 4-head read's
+       efficiency, hence calls below 1.5 GB */
+    const int64_t u4 = batch * (H / 4), u2 = 2 * u4;
+    if (kv_bytes < ((int64_t)1536 << 20) && u4 < (int64_t)num_sms && u2 <= (int64_t)num_sms &&
+        8 * u2 >= 7 * (int64_t)num_sms) {
+        *one_per_sm = 1;
+        return 2;
+    }
+    return 4;
+}
+
 static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
                                        const kva_plan_params* params, int64_t total_kv, int64_t max_kv,
                                        int32_t* workers) {
@@ -247,23 +265,12 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
         params->fixed_split_size > 0 || params->num_pages > INT32_MAX) /* num_pages 0: the pool size is known at run */
         return 1;
     const int32_t H = desc->num_kv_heads;
-    int32_t G = st->hg_heads ? st->hg_heads : (H % 4 == 0 ? 4 : 2);
-    int32_t one_per_sm = 0; /* G = 2 at one CTA per SM (below) */
     const int64_t bytes0 = total_kv * (int64_t)H * (desc->head_dim_qk + desc->head_dim_vo) *
                            (int64_t)kva_dtype_size(desc->kv_dtype);
-    if (!st->hg_heads && G == 4 && st->decode_hg < 0 && bytes0 < ((int64_t)1536 << 20)) {
-        /* units of 4 heads that leave SMs without one (so each is cut into chunks with partials and merges), while
-           units of 2 heads fill 7/8 to all of them one per SM: units of 2 heads at one CTA per SM, no split.
-           Interleaved A/B on an H200 (session 31): D3 32/4 64 x 8k +2.4 / +2.6 %, 32/4 64 x 4k +4.3 / +4.5 %, 60 x 8k
-           +4.7 / +4.8 %, 32/8 30 x 4k +5.0 / +5.6 %, 32 x 2k +5.2 / +5.4 %, 32 x 8k +1.3 / +1.8 %, MHA 8 x 4k
-           +1.9 / +2.2 %; at 2 GB (MHA 8 x 16k) -0.3 / -0.5 %: the merges' fixed cost no longer outweighs the 4-head
-           read's efficiency, hence calls below 1.5 GB */
-        const int64_t u4 = (int64_t)params->batch_size * (H / 4), u2 = 2 * u4;
-        if (u4 < (int64_t)st->num_sms && u2 <= (int64_t)st->num_sms && 8 * u2 >= 7 * (int64_t)st->num_sms) {
-            G = 2;
-            one_per_sm = 1;
-        }
-    }
+    int32_t one_per_sm = 0; /* G = 2 at one CTA per SM (kva__cuda_hg_heads_pick) */
+    int32_t G = st->hg_heads ? st->hg_heads : (H % 4 == 0 ? 4 : 2);
+    if (!st->hg_heads && st->decode_hg < 0)
+        G = kva__cuda_hg_heads_pick(H, params->batch_size, bytes0, st->num_sms, &one_per_sm);
     kva__kkey k;
     if (!kva__cuda_hg_key(desc, params->page_size, G, &k) || kva__kkey_smem(&k) > (size_t)st->max_smem_optin) return 1;
     const int64_t bytes = bytes0;

@@ -78,6 +78,11 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
  * multiples of 16, the cp.async producers (mainloop 1, "_ga") for the others), else 0. The caller checks the device
  * (compute capability 9.0, tensor maps, shared memory). */
 int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t heads, kva__kkey* out);
+/* Heads per head-group unit for a default-mode decode plan of `batch` requests over H KV heads reading kv_bytes on a
+   device of num_sms SMs: 4 where H divides by 4, else 2; and 2 at one CTA per SM (*one_per_sm = 1) where units of 4
+   would number fewer than the SMs (each then split, with merges) while units of 2 fill 7/8 of them to all of them,
+   for calls under 1.5 GB (cuda_backend.c, kva__cuda_kv_head_group). */
+int32_t kva__cuda_hg_heads_pick(int32_t H, int64_t batch, int64_t kv_bytes, int32_t num_sms, int32_t* one_per_sm);
 
 /* Dynamic shared memory of an attention kernel key (0 for the util module) */
 size_t kva__kkey_smem(const kva__kkey* k);

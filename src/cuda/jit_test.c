@@ -4,7 +4,7 @@
  *     a covering set by default (every value of every key axis, every row count x RoPE x head dim, every dtype
  *     triple), the full cross product with KVATTN_JIT_TEST_FULL=1, either narrowed by KVATTN_JIT_TEST_MATCH="a|b"
  *     (kernel names containing a substring);
- *   - the selection function (supported / unsupported, tile sizes, shared memory);
+ *   - the selection function (supported / unsupported, tile sizes, shared memory) and the head-group plan's heads per unit;
  *   - the on-disk cache (cold miss, hit, corrupt entry, unsafe directory refused, 0700 directory);
  *   - the kernels' fast division by the page size.
  * Prints "N passed, N failed" last.
@@ -327,6 +327,33 @@ static void test_select(void) {
     CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 9, 0, &c) == KVA_ERR_INTERNAL, "tile 9 refused");
 }
 
+/* the head-group plan's heads per unit (kva__cuda_hg_heads_pick) on a 132-SM device */
+static void test_hg_pick(void) {
+    static const struct {
+        int32_t H;
+        int64_t B, mb;
+        int32_t G, one;
+    } c[] = {
+        {4, 64, 1074, 2, 1},  /* D3 64 x 8k: 64 units of 4 heads (split), 128 of 2 */
+        {4, 60, 1007, 2, 1},  /* 120 units of 2: >= 7/8 of 132 */
+        {8, 64, 1074, 4, 0},  /* D1 64 x 4k: 128 units of 4, none split */
+        {8, 16, 268, 4, 0},   /* 16 x 4k: 64 units of 2 would leave half the SMs idle */
+        {8, 33, 537, 2, 1},   /* 132 units of 2 */
+        {8, 34, 537, 4, 0},   /* 136 units of 2: more than the SMs */
+        {8, 29, 537, 2, 1},   /* 116 units of 2 */
+        {8, 28, 537, 4, 0},   /* 112 units of 2: below 7/8 */
+        {32, 8, 2147, 4, 0},  /* MHA 8 x 16k: 2 GB, the merges are worth it */
+        {32, 8, 537, 2, 1},   /* MHA 8 x 4k */
+        {6, 40, 537, 2, 0},   /* H not a multiple of 4: units of 2 at the context's CTAs per SM */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; ++i) {
+        int32_t one = -1;
+        const int32_t G = kva__cuda_hg_heads_pick(c[i].H, c[i].B, c[i].mb * 1000000ll, 132, &one);
+        CHECK(G == c[i].G && one == c[i].one, "hg pick: H %d, B %lld, %lld MB: G %d one per SM %d, expected %d %d",
+              (int)c[i].H, (long long)c[i].B, (long long)c[i].mb, (int)G, (int)one, (int)c[i].G, (int)c[i].one);
+    }
+}
+
 static void test_fastdiv(void) {
     int bad = 0;
     for (int32_t d = 1; d <= 1100 && bad < 5; ++d) {
@@ -426,6 +453,7 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i)
         if (strcmp(argv[i], "-v") == 0 || strcmp(argv[i], "--verbose") == 0) verbose = 1;
     test_select();
+    test_hg_pick();
     test_fastdiv();
     test_cache();
     test_nvrtc_variants();
