@@ -12,7 +12,8 @@
 #      fault injection, variants) and the NVRTC covering set
 #   3. compute-sanitizer memcheck and racecheck on a small matrix
 #   4. kva_bench_decode on WORKLOADS.md D1-D7, then bench/peers_decode.py (torch SDPA cuDNN/flash, FlashInfer)
-#      -> $OUT/bench_decode.md; the results table is printed last
+#      -> $OUT/bench_decode.md, and bench/decode_interleaved.py (D1 batch >= 16 and D3 against cuDNN in one process,
+#      dirty and clean L2; GPU_CHECK_INTERLEAVED=0 skips it) -> $OUT/decode_interleaved.md; the tables are printed last
 # GPU_CHECK_TESTS=0 / GPU_CHECK_SANITIZE=0 / GPU_CHECK_BENCH=0 skip steps 2 / 3 / 4 (e.g. two calls, one for the
 # tests and sanitizers and one for the benchmark, each well inside a call's time limit). Within step 2,
 # GPU_CHECK_OPS=0 skips the test_ops suites and GPU_CHECK_REST=0 everything else (the whole of step 2 takes close to
@@ -195,6 +196,13 @@ if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -s "$OUT/kvattn_decode.csv" ]; then
     run_step "peers_decode.py" 200 5 python3 bench/peers_decode.py --csv "$OUT/kvattn_decode.csv" \
         --out "$OUT/bench_decode.md"
 fi
+if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ "${GPU_CHECK_INTERLEAVED:-1}" = 1 ] && [ -x "$BUILD/libkvattn.so" ]; then
+    # the D1 batch >= 16 rows and D3 with kvattn and cuDNN in one process (alternating rounds, the same flush), under
+    # the dirty (memset) and the clean (read) L2 flush: the table's separate processes drift by about 1 %
+    run_step "decode_interleaved.py" 200 0 env PYTHONPATH=python KVATTN_LIBRARY="$BUILD/libkvattn.so" python3 \
+        bench/decode_interleaved.py --shapes 16x1024,16x4096,64x1024,64x4096,64x8192,128x2048,256x2048,64x8192/4 \
+        --flush memset,read --rounds 5 --out "$OUT/decode_interleaved.md"
+fi
 
 if [ -x "$BUILD/bench/bench_plan" ]; then
     section "5. plan() host time (H1) on this host"
@@ -205,6 +213,10 @@ fi
 section "summary"
 for s in "${SUMMARY[@]}"; do echo "$s"; done
 echo "total $(( $(date +%s) - START )) s; log: $LOG"
+if [ -s "$OUT/decode_interleaved.md" ]; then
+    echo
+    cat "$OUT/decode_interleaved.md"
+fi
 if [ -s "$OUT/bench_decode.md" ]; then
     echo
     cat "$OUT/bench_decode.md"
