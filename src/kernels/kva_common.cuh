@@ -172,15 +172,6 @@ KVA_DEV void kva_cp_async16_ef(unsigned dst, const void* src, unsigned src_bytes
                  "r"(once)
                  : "memory");
 }
-/* kva_cp_async16_ef with the L2 fetching 256 bytes around each copy (.L2::256B; benchmark A/B, KVA_TC_EXP bit 13) */
-KVA_DEV void kva_cp_async16_ef256(unsigned dst, const void* src, unsigned src_bytes, unsigned long long pol,
-                                  unsigned once) {
-    asm volatile("{ .reg .pred p; setp.ne.u32 p, %4, 0;\n"
-                 "  @p cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n"
-                 "  @!p cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2; }" ::"r"(dst), "l"(src), "r"(src_bytes),
-                 "l"(pol), "r"(once)
-                 : "memory");
-}
 KVA_DEV void kva_cp_async_commit(void) { asm volatile("{ cp.async.commit_group; }" ::: "memory"); }
 #define KVA_CP_ASYNC_WAIT(n) asm volatile("{ cp.async.wait_group %0; }" ::"n"(n) : "memory")
 

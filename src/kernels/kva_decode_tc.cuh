@@ -207,10 +207,7 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
    27). fp8 at head dim 128 keeps the evict-normal hint where the flag is off: the pair spills there, and a branch per
    subtile instead made D6 fp8 1 x 32k 14 % slower (H200); its large calls run the head-group kernel. KVA_TC_EXP bit 9
    (A/B): the evict-normal hint everywhere. */
-#if KVA_KV_L2_HINT && !(KVA_TC_EXP & 512) && !(TC_FP8 && KVA_DQK == 128) && (KVA_TC_EXP & 8192)
-#define TC_L2_ONCE true /* TC_EXP bit 13 (A/B): the same copies with a 256-byte L2 fetch (.L2::256B) */
-#define TC_CP16(d, s, n) kva_cp_async16_ef256((d), (s), (n), l2pol, p.flags & KVK_FLAG_KV_ONCE)
-#elif KVA_KV_L2_HINT && !(KVA_TC_EXP & 512) && !(TC_FP8 && KVA_DQK == 128)
+#if KVA_KV_L2_HINT && !(KVA_TC_EXP & 512) && !(TC_FP8 && KVA_DQK == 128)
 #define TC_L2_ONCE true /* l2pol: always the evict-first policy; the flag picks the copy */
 #define TC_CP16(d, s, n) kva_cp_async16_ef((d), (s), (n), l2pol, p.flags & KVK_FLAG_KV_ONCE)
 #elif KVA_KV_L2_HINT
@@ -582,8 +579,8 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
            the SM's instruction caches (other kernels ran in between, as in a model's decode step) mostly waits for
            its code: interleaved A/B, H200, 11-18 % faster at D1 1 x 1k, 1 x 4k, D7 1 x 1k, fp8 1 x 32k, where the
            unrolled issue was 0-2 % faster only with the code cached (docs/kernels/decode.md) */
-#if (KVA_TC_EXP & 1) || TC_NW == 8 || TC_PRO_UNROLL /* 8 warps: unrolled (faster where the code is cached; those
-                                                      plans are large); fp8 at head dim 256: registers (above) */
+#if (KVA_TC_EXP & 1) || (TC_NW == 8 && !(KVA_TC_EXP & 8192)) || TC_PRO_UNROLL /* 8 warps: unrolled (faster where
+        the code is cached; TC_EXP bit 13, A/B: rolled); fp8 at head dim 256: registers (above) */
 #pragma unroll
         for (int s = 0; s < TC_ST; ++s) {
             TC_ISSUE(pro[s], s);
