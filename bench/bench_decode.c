@@ -667,11 +667,14 @@ int main(int argc, char** argv) {
     {
         const char* fm = getenv("KVATTN_BENCH_FLUSH");
         if (fm && !strcmp(fm, "read")) {
-            wl* fw = add("FL", "read flush", 32, 8, 128, KVA_DTYPE_BF16, 16, 32);
-            uniform(fw, 4096);
+            wl fw; /* not in the timed list */
+            memset(&fw, 0, sizeof fw);
+            fw.hq = 32, fw.hkv = 8, fw.d = 128, fw.kv = KVA_DTYPE_BF16, fw.page_size = 16, fw.batch = 32;
+            fw.lens = (int*)calloc((size_t)fw.batch, sizeof(int));
+            uniform(&fw, 4096);
             g_flush_ctx = ctx;
-            wl_setup(ctx, fw, dsrc, src_bytes, s, &g_flush_run, NULL);
-            nwl--; /* not a timed workload */
+            wl_setup(ctx, &fw, dsrc, src_bytes, s, &g_flush_run, NULL);
+            free(fw.lens);
             g_flush_read = 1;
             printf("L2 flush: a decode call reading %.0f MB before each timed call (KVATTN_BENCH_FLUSH=read)\n",
                    g_flush_run.bytes / 1e6);

@@ -230,15 +230,7 @@ static bool kva__cuda_cluster_ok(const kva_context* ctx, const kva_attention_des
     return need <= (size_t)st->max_smem_optin && 2 * (need + 1024) <= (size_t)st->smem_sm;
 }
 
-/* Head-group decode (kva_decode_hg.cuh): units of G KV heads whose K/V the kernel reads as TMA boxes over the G heads
-   of 16 tokens (pages of 16k tokens), or gathers token by token into the same layout with two cp.async producer warps
-   (other page sizes: "_ga", session 29: D5 page 1 4.7-4.9 % faster than the tensor-core kernel on an H200). On an
-   NHD pool that reads at 90-92 % of nominal where one head per load (kva_decode_tc.cuh) reads at 88-89 %
-   (bench/results/read_probe_2026-11-21_session12.md). G = 4 (one CTA per SM, 192 KB of stages) where the
-   KV heads divide by 4, else 2 (two CTAs per SM). Taken for batch decode outside graph mode (the kernel family must
-   not change between a graph's plans) and outside batch-invariant mode (fixed_split_size: a request's rounding
-   must not depend on the rest of the batch), on devices of compute capability 9.0, for calls that read at least
-   hg_min_bytes of K/V (KVATTN_CUDA_DECODE_HG=1: every call in the kernel's scope; =0: never). */
+/* see cuda_internal.h */
 int32_t kva__cuda_hg_heads_pick(int32_t H, int64_t batch, int64_t kv_bytes, int32_t num_sms, int32_t* one_per_sm) {
     *one_per_sm = 0;
     if (H % 4 != 0) return 2;
@@ -257,6 +249,16 @@ int32_t kva__cuda_hg_heads_pick(int32_t H, int64_t batch, int64_t kv_bytes, int3
     return 4;
 }
 
+/* Head-group decode (kva_decode_hg.cuh): units of G KV heads whose K/V the kernel reads as TMA boxes over the G heads
+   of 16 tokens (pages of 16k tokens), or gathers token by token into the same layout with two cp.async producer warps
+   (other page sizes: "_ga", session 29: D5 page 1 4.7-4.9 % faster than the tensor-core kernel on an H200). On an
+   NHD pool that reads at 90-92 % of nominal where one head per load (kva_decode_tc.cuh) reads at 88-89 %
+   (bench/results/read_probe_2026-11-21_session12.md). G = 4 (one CTA per SM, 192 KB of stages) where the
+   KV heads divide by 4, else 2 (two CTAs per SM); by default 2 at one CTA per SM where units of 4 would be split
+   (kva__cuda_hg_heads_pick). Taken for batch decode outside graph mode (the kernel family must
+   not change between a graph's plans) and outside batch-invariant mode (fixed_split_size: a request's rounding
+   must not depend on the rest of the batch), on devices of compute capability 9.0, for calls that read at least
+   hg_min_bytes of K/V (KVATTN_CUDA_DECODE_HG=1: every call in the kernel's scope; =0: never). */
 static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
                                        const kva_plan_params* params, int64_t total_kv, int64_t max_kv,
                                        int32_t* workers) {
@@ -265,15 +267,14 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
         params->fixed_split_size > 0 || params->num_pages > INT32_MAX) /* num_pages 0: the pool size is known at run */
         return 1;
     const int32_t H = desc->num_kv_heads;
-    const int64_t bytes0 = total_kv * (int64_t)H * (desc->head_dim_qk + desc->head_dim_vo) *
-                           (int64_t)kva_dtype_size(desc->kv_dtype);
-    int32_t one_per_sm = 0; /* G = 2 at one CTA per SM (kva__cuda_hg_heads_pick) */
+    const int64_t bytes = total_kv * (int64_t)H * (desc->head_dim_qk + desc->head_dim_vo) *
+                          (int64_t)kva_dtype_size(desc->kv_dtype);
+    int32_t one_per_sm = 0; /* G = 2 at one CTA per SM (kva__cuda_hg_heads_pick; default mode only) */
     int32_t G = st->hg_heads ? st->hg_heads : (H % 4 == 0 ? 4 : 2);
     if (!st->hg_heads && st->decode_hg < 0)
-        G = kva__cuda_hg_heads_pick(H, params->batch_size, bytes0, st->num_sms, &one_per_sm);
+        G = kva__cuda_hg_heads_pick(H, params->batch_size, bytes, st->num_sms, &one_per_sm);
     kva__kkey k;
     if (!kva__cuda_hg_key(desc, params->page_size, G, &k) || kva__kkey_smem(&k) > (size_t)st->max_smem_optin) return 1;
-    const int64_t bytes = bytes0;
     /* the default: calls of at least hg_min_bytes (256 MB) with at least 16 (request, head group) units. Interleaved
        A/B against kva_decode_tc.cuh, D1 (docs/kernels/decode.md, session 13): H200 +8 to +13 % at 1-2 GB, +2.5 % at
        64 x 1k (268 MB), even at 16 x 4k (268 MB), 9-21 % slower below 140 MB; H100 with the 256-byte promotion
