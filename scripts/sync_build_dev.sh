@@ -18,6 +18,7 @@ done
 cp build-cuda/kva_cuda_gen/kva_aot_sm90a.fatbin build-dev/kva_cuda_gen/
 [ -x build-cuda/tools/hbm_read ] && mkdir -p build-dev/tools && cp -a build-cuda/tools/hbm_read build-dev/tools/ || true
 [ -x build-cuda/tools/cluster_probe ] && mkdir -p build-dev/tools && cp -a build-cuda/tools/cluster_probe build-dev/tools/ || true
+[ -x build-cuda/tools/gpc_probe ] && mkdir -p build-dev/tools && cp -a build-cuda/tools/gpc_probe build-dev/tools/ || true
 [ -x build-cuda/tools/hg_decode ] && mkdir -p build-dev/tools && cp -a build-cuda/tools/hg_decode build-dev/tools/ || true
 # SYNC_LEAN=1: only what gpu_check.sh and gpu_probe.sh run (the carry limit is 64 MB with the source tree; the full
 # copy passed 60 MB once the 8-warp decode kernels joined the prebuilt set)
