@@ -11,7 +11,8 @@
  *    (union-find). The groups printed are the GPCs as far as the clusters reached them.
  * 2. Per-SM read time: GRID CTAs of 1024 threads (one per SM), each reads BYTES_PER_CTA (2 MB) with 16-byte loads,
  *    8 in flight per thread, either contiguous or as decode-like rows (256 bytes of each 2 KB token row of a 16 MB
- *    region shared by 8 CTAs: one KV head of an NHD page pool). %globaltimer at the CTA's start and end; cold L2
+ *    region shared by 8 CTAs: one KV head of an NHD page pool), or the same bytes as nsm shares taken in chunks of
+ *    128 or 256 KB from a global counter (dynamic). %globaltimer at the CTA's start and end; cold L2
  *    (512 MB overwrite before each launch); medians over the runs, per SM, then summarised per GPC group.
  *
  * usage: gpc_probe [runs (default 7)]
@@ -81,6 +82,47 @@ __global__ void __launch_bounds__(1024, 1) read_kernel(const uint4* buf, long lo
     }
 }
 
+/* mode 2 (dynamic shares): the grid's bytes in chunks of `chunk` bytes taken from a global counter (thread 0 claims
+   the chunk after the current one while the CTA reads the current one) */
+__global__ void __launch_bounds__(1024, 1) read_dyn_kernel(const uint4* buf, long long nchunks, long long chunk,
+                                                          unsigned long long* ctr, unsigned long long* rec,
+                                                          unsigned* sink) {
+    extern __shared__ char pad[];
+    __shared__ long long sc[2];
+    const unsigned long long t0 = gtimer();
+    const int tid = threadIdx.x;
+    if (tid == 0) sc[0] = (long long)atomicAdd(ctr, 1ull);
+    __syncthreads();
+    long long cur = sc[0];
+    unsigned acc = 0;
+    int k = 0, taken = 0;
+    const long long n16 = chunk / 16;
+    while (cur < nchunks) {
+        if (tid == 0) sc[(k + 1) & 1] = (long long)atomicAdd(ctr, 1ull);
+        for (long long i0 = tid; i0 < n16; i0 += 8 * 1024) {
+            uint4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const long long i = i0 + u * 1024;
+                v[u] = i < n16 ? __ldcs(buf + cur * n16 + i) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+        }
+        ++taken;
+        __syncthreads();
+        cur = sc[(k + 1) & 1];
+        ++k;
+    }
+    if (acc == 0x9e3779b9u) sink[0] = acc;
+    if (tid == 0) {
+        pad[0] = 0;
+        rec[3 * blockIdx.x + 0] = t0;
+        rec[3 * blockIdx.x + 1] = gtimer();
+        rec[3 * blockIdx.x + 2] = smid() | ((unsigned long long)taken << 32);
+    }
+}
+
 static int find(std::vector<int>& p, int x) {
     while (p[x] != x) x = p[x] = p[p[x]];
     return x;
@@ -96,6 +138,7 @@ int main(int argc, char** argv) {
     CU(cudaFuncSetAttribute(where_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     CU(cudaFuncSetAttribute(where_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     CU(cudaFuncSetAttribute(read_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CU(cudaFuncSetAttribute(read_dyn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
 
     /* 1. GPC membership */
     std::vector<int> par(1024);
@@ -161,16 +204,26 @@ int main(int argc, char** argv) {
     unsigned* d_sink;
     CU(cudaMalloc(&d_rec, 3 * sizeof(unsigned long long) * nsm));
     CU(cudaMalloc(&d_sink, 4));
+    unsigned long long* d_ctr;
+    CU(cudaMalloc(&d_ctr, 8));
     printf("\nper-SM read of 2 MB each, cold L2, median of %d runs; times from the grid's first CTA start (us)\n", runs);
     printf("| mode | CTAs | kernel span | GPC group: SMs used, median SM end (min-max) |\n|---|---:|---:|---|\n");
-    const int cfgs[3][2] = {{0, nsm}, {0, nsm / 8 * 8}, {1, nsm / 8 * 8}}; /* (mode, CTAs) */
-    for (int ci = 0; ci < 3; ++ci) {
+    /* (mode, CTAs, chunk KB for mode 2): the dynamic rows read the bytes of nsm static shares */
+    const int cfgs[6][3] = {{0, nsm, 0},   {0, nsm / 8 * 8, 0}, {1, nsm / 8 * 8, 0},
+                            {2, nsm, 256}, {2, nsm, 128},       {2, nsm / 8 * 8, 256}};
+    for (int ci = 0; ci < 6; ++ci) {
         const int mode = cfgs[ci][0], grid = cfgs[ci][1];
-        std::vector<std::vector<double>> ends(nsm);
+        const long long chunk = (long long)cfgs[ci][2] << 10;
+        std::vector<std::vector<double>> ends(nsm), takes(nsm);
         std::vector<double> spans;
         for (int r = 0; r < runs + 1; ++r) {
             CU(cudaMemset(flush, r & 0xff, flush_bytes));
-            read_kernel<<<grid, 1024, smem>>>(buf, per, mode, d_rec, d_sink);
+            if (mode == 2) {
+                CU(cudaMemset(d_ctr, 0, 8));
+                read_dyn_kernel<<<grid, 1024, smem>>>(buf, (long long)nsm * per / chunk, chunk, d_ctr, d_rec, d_sink);
+            } else {
+                read_kernel<<<grid, 1024, smem>>>(buf, per, mode, d_rec, d_sink);
+            }
             CU(cudaGetLastError());
             CU(cudaDeviceSynchronize());
             if (r == 0) continue;
@@ -182,10 +235,16 @@ int main(int argc, char** argv) {
                 t1 = std::max(t1, h[3 * b + 1]);
             }
             spans.push_back((t1 - t0) / 1000.0);
-            for (int b = 0; b < grid; ++b) ends[h[3 * b + 2]].push_back((h[3 * b + 1] - t0) / 1000.0);
+            for (int b = 0; b < grid; ++b) {
+                ends[h[3 * b + 2] & 0xffffffffull].push_back((h[3 * b + 1] - t0) / 1000.0);
+                takes[h[3 * b + 2] & 0xffffffffull].push_back((double)(h[3 * b + 2] >> 32));
+            }
         }
         std::sort(spans.begin(), spans.end());
-        printf("| %s | %d | %.1f |", mode ? "rows 256 B / 2 KB" : "contiguous", grid, spans[spans.size() / 2]);
+        char what[64];
+        if (mode == 2) snprintf(what, sizeof what, "dynamic %d KB chunks, %d x 2 MB", cfgs[ci][2], nsm);
+        else snprintf(what, sizeof what, "%s", mode ? "rows 256 B / 2 KB" : "contiguous");
+        printf("| %s | %d | %.1f |", what, grid, spans[spans.size() / 2]);
         for (size_t g = 0; g < glist.size(); ++g) {
             std::vector<double> med;
             for (int s : glist[g]) {
@@ -199,7 +258,19 @@ int main(int argc, char** argv) {
                 continue;
             }
             std::sort(med.begin(), med.end());
-            printf(" g%zu: %zu, %.1f (%.1f-%.1f);", g, med.size(), med[med.size() / 2], med.front(), med.back());
+            printf(" g%zu: %zu, %.1f (%.1f-%.1f)", g, med.size(), med[med.size() / 2], med.front(), med.back());
+            if (mode == 2) { /* chunks taken per SM: min-max of the SMs' medians */
+                double lo = 1e30, hi = 0;
+                for (int s : glist[g]) {
+                    auto& t = takes[s];
+                    if (t.empty()) continue;
+                    std::sort(t.begin(), t.end());
+                    lo = std::min(lo, t[t.size() / 2]);
+                    hi = std::max(hi, t[t.size() / 2]);
+                }
+                printf(", %.0f-%.0f chunks", lo, hi);
+            }
+            printf(";");
         }
         printf("\n");
     }
