@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
+import operator
 import weakref
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -74,6 +75,20 @@ def _short(v: Any) -> Any:
     return v
 
 
+def size_arg(x: Any, what: str, lo: int = 1) -> int:
+    """An integer size argument (Python or NumPy integer, or anything with __index__), at least lo: TypeError for a
+    float or bool (it is not silently truncated), ValueError below lo."""
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError("kvattn: %s must be an integer, got %r" % (what, x))
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise TypeError("kvattn: %s must be an integer, got %r (%s)" % (what, x, type(x).__name__)) from None
+    if v < lo:
+        raise ValueError("kvattn: %s=%d must be >= %d" % (what, v, lo))
+    return int(v)
+
+
 def f32(x: float) -> float:
     """x rounded to float32 (the precision the C descriptor stores)."""
     return float(np.float32(x))
@@ -128,10 +143,8 @@ def make_desc(num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, head_dim_v
               kv_dtype: int, o_dtype: int, mask_mode: int, window_left: int, logits_soft_cap: float,
               sm_scale: float, pos_encoding: str, rope_scale: float, rope_theta: float,
               variant_ptr: int = 0) -> "F.kva_attention_desc":
-    for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads), ("head_dim_qk", head_dim_qk),
-                    ("head_dim_vo", head_dim_vo)):
-        if int(v) <= 0:
-            raise ValueError("kvattn: %s=%d must be positive" % (name, int(v)))
+    num_qo_heads, num_kv_heads = size_arg(num_qo_heads, "num_qo_heads"), size_arg(num_kv_heads, "num_kv_heads")
+    head_dim_qk, head_dim_vo = size_arg(head_dim_qk, "head_dim_qk"), size_arg(head_dim_vo, "head_dim_vo")
     if int(num_qo_heads) % int(num_kv_heads):
         raise ValueError("kvattn: num_qo_heads=%d is not a multiple of num_kv_heads=%d"
                          % (int(num_qo_heads), int(num_kv_heads)))
@@ -402,9 +415,9 @@ def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: f
     vparams = variant_run_params(st, variant_scalars, variant_tensors, type(w).__name__ + ".run")
     vparams.apply(args)
     T.fill_tensor(args.q, q, "q")
-    T.fill_tensor(args.o, out, "out")
+    T.fill_tensor(args.o, out, "out", out=True)
     if lse is not None:
-        T.fill_tensor(args.lse, lse, "lse")
+        T.fill_tensor(args.lse, lse, "lse", out=True)
     if st.graph:  # buffers sized for the graph's bounds: the plan's rows are the leading ones
         for t in (args.q, args.o, args.lse):
             _narrow_rows(t, st.total_rows)
@@ -722,9 +735,7 @@ class BatchWrapperBase:
                      last_page_len_buf: Any = None) -> None:
         """Host copies of the page table, backend indices (graph mode: copied into the fixed buffers), pool
         size, and the expected pool shapes."""
-        page_size = int(page_size)
-        if page_size < 1:
-            raise ValueError("kvattn: page_size=%d must be >= 1" % page_size)
+        page_size = size_arg(page_size, "page_size")
         h_indptr = T.host_int32(indptr, "indptr")
         if h_indptr.size < 1:
             raise ValueError("kvattn: indptr must have batch_size + 1 >= 1 elements")
@@ -778,8 +789,10 @@ class BatchWrapperBase:
         st.graph = self._use_cuda_graph
         st.kv_layout = self._kv_layout
         st.q_dtype, st.kv_dtype, st.o_dtype = dtypes
-        st.num_qo_heads, st.num_kv_heads = int(num_qo_heads), int(num_kv_heads)
-        st.head_dim_qk, st.head_dim_vo = int(head_dim_qk), int(head_dim_vo)
+        st.num_qo_heads = size_arg(num_qo_heads, "num_qo_heads")
+        st.num_kv_heads = size_arg(num_kv_heads, "num_kv_heads")
+        st.head_dim_qk = size_arg(head_dim_qk, "head_dim" if head_dim_vo is head_dim_qk else "head_dim_qk")
+        st.head_dim_vo = size_arg(head_dim_vo, "head_dim_vo")
         st.window_left = norm_window(window_left)
         st.logits_soft_cap = norm_cap(logits_soft_cap)
         st.sm_scale = f32(1.0 / math.sqrt(st.head_dim_qk) if sm_scale is None else float(sm_scale))

@@ -45,9 +45,9 @@ def single_impl(q: Any, k: Any, v: Any, out: Any, lse: Any, mask: Any, iparams: 
     args = F.kva_run_args()
     lib.kva_run_args_init(ctypes.byref(args))
     T.fill_tensor(args.q, q, "q")
-    T.fill_tensor(args.o, out, "out")
+    T.fill_tensor(args.o, out, "out", out=True)
     if lse is not None:
-        T.fill_tensor(args.lse, lse, "lse")
+        T.fill_tensor(args.lse, lse, "lse", out=True)
     T.fill_tensor(args.k, k, "k")
     T.fill_tensor(args.v, v, "v")
     if mask is not None:
@@ -106,6 +106,8 @@ def single_attention(q: Any, k: Any, v: Any, *, decode: bool, kv_layout: str, po
         raise NotImplementedError("kvattn: q dtype %s is not supported (float32, float16, bfloat16)"
                                   % T.dtype_name(q_dtype))
     head_dim = int(q.shape[-1])
+    if head_dim < 1:
+        raise ValueError("kvattn: q has head_dim %d (its last dimension must be >= 1)" % head_dim)
     qs = 1.0 if q_scale is None else float(q_scale)
     ks = 1.0 if k_scale is None else float(k_scale)
     vs = 1.0 if v_scale is None else float(v_scale)

@@ -255,6 +255,20 @@ def check_last_contiguous(x: Any, what: str, st: Optional[Tuple[int, ...]] = Non
                          % (what, st))
 
 
+def check_writable(x: Any, what: str, st: Optional[Tuple[int, ...]] = None) -> None:
+    """ValueError unless kvattn may write x: a read-only NumPy array (flags.writeable False, e.g. a view of a bytes
+    object) is never written, and an output whose dim of more than one element has stride 0 (a broadcast view) would
+    put several results in one place."""
+    if not is_torch(x) and isinstance(x, np.ndarray) and not x.flags.writeable:
+        raise ValueError("kvattn: %s is a read-only array (flags.writeable is False); pass a writable one" % what)
+    if st is None:
+        st = strides_of(x, what)
+    for i, (n, s) in enumerate(zip(x.shape, st)):
+        if int(n) > 1 and s == 0:
+            raise ValueError("kvattn: %s has stride 0 in dim %d (a broadcast view): its %d entries would overlap; "
+                             "pass an array with its own storage" % (what, i, int(n)))
+
+
 def data_ptr(x: Any) -> int:
     if is_torch(x):
         return int(x.data_ptr())
@@ -275,13 +289,16 @@ def is_contiguous(x: Any) -> bool:
 
 # ---- kva_tensor builders -------------------------------------------------------------------------
 
-def fill_tensor(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int] = None) -> None:
-    """Describe array x in kva_tensor t (x must have 1..4 dims, non-negative strides, unit last stride)."""
+def fill_tensor(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int] = None, out: bool = False) -> None:
+    """Describe array x in kva_tensor t (x must have 1..4 dims, non-negative strides, unit last stride; an output
+    (out=True) must also be writable without overlap: check_writable)."""
     nd = x.ndim
     if nd < 1 or nd > F.KVA_MAX_DIMS:
         raise ValueError("kvattn: %s has %d dims (1 to 4 supported)" % (what, nd))
     torch_x = is_torch(x)
     st = strides_of(x, what)
+    if out:
+        check_writable(x, what, st)
     shp = x.shape
     if int(shp[-1]) > 1 and st[-1] != 1:
         raise ValueError("kvattn: %s must have a contiguous last dimension (element stride 1), got strides %s"
@@ -299,9 +316,9 @@ def fill_tensor(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int] = Non
     t.stride[:] = tuple(st) + pad
 
 
-def make_tensor(x: Any, what: str, dtype: Optional[int] = None) -> "F.kva_tensor":
+def make_tensor(x: Any, what: str, dtype: Optional[int] = None, out: bool = False) -> "F.kva_tensor":
     t = F.kva_tensor()
-    fill_tensor(t, x, what, dtype)
+    fill_tensor(t, x, what, dtype, out)
     return t
 
 

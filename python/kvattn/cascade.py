@@ -105,15 +105,16 @@ def merge_states(v: Any, s: Any) -> Tuple[Any, Any]:
 
 def _merge_state_impl(v_a: Any, s_a: Any, v_b: Any, s_b: Any, v_out: Any, s_out: Any) -> None:
     dev = T.device_of(v_a)
-    ts = [T.make_tensor(x, name) for x, name in ((v_a, "v_a"), (s_a, "s_a"), (v_b, "v_b"), (s_b, "s_b"),
-                                                  (v_out, "v_out"), (s_out, "s_out"))]
+    ts = [T.make_tensor(x, name, out=name.endswith("_out")) for x, name in (
+        (v_a, "v_a"), (s_a, "s_a"), (v_b, "v_b"), (s_b, "s_b"), (v_out, "v_out"), (s_out, "s_out"))]
     F.check(F.lib().kva_merge_state(C.get_context(dev), *[ctypes.byref(t) for t in ts], C.current_stream(dev)),
             "merge_state")
 
 
 def _merge_state_in_place_impl(v: Any, s: Any, v_other: Any, s_other: Any, mask: Any) -> None:
     dev = T.device_of(v)
-    ts = [T.make_tensor(x, name) for x, name in ((v, "v"), (s, "s"), (v_other, "v_other"), (s_other, "s_other"))]
+    ts = [T.make_tensor(x, name, out=name in ("v", "s")) for x, name in (
+        (v, "v"), (s, "s"), (v_other, "v_other"), (s_other, "s_other"))]
     mp = (T.data_ptr(mask) or None) if mask is not None else None
     F.check(F.lib().kva_merge_state_in_place(C.get_context(dev), *[ctypes.byref(t) for t in ts], mp,
                                              C.current_stream(dev)), "merge_state_in_place")
@@ -128,7 +129,7 @@ def _merge_states_impl(v: Any, s: Any, v_out: Any, s_out: Any) -> None:
     if k == 0:
         indptr = np.zeros(n + 1, dtype=np.int32)
     tv, tsv = T.make_tensor(vf, "v"), T.make_tensor(sf, "s")
-    tvo, tso = T.make_tensor(v_out, "v_out"), T.make_tensor(s_out, "s_out")
+    tvo, tso = T.make_tensor(v_out, "v_out", out=True), T.make_tensor(s_out, "s_out", out=True)
     F.check(F.lib().kva_merge_states(C.get_context(dev), ctypes.byref(tv), ctypes.byref(tsv), indptr.ctypes.data, n,
                                      ctypes.byref(tvo), ctypes.byref(tso), C.current_stream(dev)), "merge_states")
 

@@ -283,9 +283,7 @@ def _setup_dry(w: BatchWrapperBase, st: PlanState, indptr: Any, indices: Any, la
     if h_lpl.size < B:  # the C library reads B entries
         raise ValueError("kvattn: last_page_len has %d elements, the batch has %d requests" % (h_lpl.size, B))
     st.h_last_page_len = np.ascontiguousarray(h_lpl[:B])
-    st.page_size = int(page_size)
-    if st.page_size < 1:
-        raise ValueError("kvattn: page_size=%d must be >= 1" % st.page_size)
+    st.page_size = _core.size_arg(page_size, "page_size")
     st.batch_size = B
     st.h_indices = None
     st.num_pages = int(num_pages) if num_pages is not None else (w._pool_pages or 2 ** 31 - 1)

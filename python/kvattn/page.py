@@ -68,6 +68,8 @@ def _append_impl(append_key: Any, append_value: Any, batch_indices: Any, positio
                  v_cache: Any, kv_indices: Any, kv_indptr: Any, kv_last_page_len: Any, layout: int) -> None:
     layout_name = _LAYOUT_NAME[int(layout)]
     k, v = _core.split_paged_kv(cache if v_cache is None else (cache, v_cache), layout_name)
+    T.check_writable(k, "k_cache")
+    T.check_writable(v, "v_cache")
     dev = T.device_of(k)
     kd = T.dtype_of(k, "k_cache")
     if T.dtype_of(v, "v_cache") != kd:
@@ -130,7 +132,7 @@ def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int, bat
 def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
     """KV length of each request: ``(num_pages - 1) * page_size + last_page_len``, 0 for a request without
     pages (int32; same library/device as the inputs)."""
-    ps = int(page_size)
+    ps = _core.size_arg(page_size, "page_size")
     if T.is_torch(kv_indptr) or T.is_torch(kv_last_page_len):
         torch = T._torch()
         dev = (kv_indptr if T.is_torch(kv_indptr) else kv_last_page_len).device

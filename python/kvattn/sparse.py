@@ -291,7 +291,7 @@ class BlockSparseAttentionWrapper:
                                  % ((nnz, R, C_), tuple(emask.shape)))
         dtypes = _core.resolve_dtypes(q_data_type, kv_data_type,
                                       q_data_type if o_data_type is None else o_data_type)
-        head_dim = int(head_dim)
+        head_dim = _core.size_arg(head_dim, "head_dim")
         scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
         if not math.isfinite(scale) or scale <= 0:
             raise ValueError("kvattn: sm_scale=%r must be a positive finite number" % (sm_scale,))
@@ -411,9 +411,9 @@ class BlockSparseAttentionWrapper:
         T.fill_tensor(a.q, q, "q")
         T.fill_tensor(a.k, k, "k")
         T.fill_tensor(a.v, v, "v")
-        T.fill_tensor(a.o, out, "out")
+        T.fill_tensor(a.o, out, "out", out=True)
         if lse is not None:
-            T.fill_tensor(a.lse, lse, "lse")
+            T.fill_tensor(a.lse, lse, "lse", out=True)
         a.indices = T.data_ptr(st.indices) if st.indices is not None else None
         if st.mask is not None:
             a.packed_mask = T.data_ptr(st.mask) or None

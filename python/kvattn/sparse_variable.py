@@ -176,8 +176,8 @@ class VariableBlockSparseAttentionWrapper:
         if _core.parse_pos_encoding(pos_encoding_mode) != "NONE":
             raise NotImplementedError("kvattn: variable block-sparse attention supports pos_encoding_mode='NONE' "
                                       "only (apply RoPE to q and k first)")
-        H = int(num_kv_heads)
-        if H < 1 or int(num_qo_heads) < 1 or int(num_qo_heads) % H:
+        H = _core.size_arg(num_kv_heads, "num_kv_heads")
+        if _core.size_arg(num_qo_heads, "num_qo_heads") % H:
             raise ValueError("kvattn: num_qo_heads=%d must be a positive multiple of num_kv_heads=%d"
                              % (int(num_qo_heads), H))
         bm = block_mask_map.detach().cpu().numpy() if T.is_torch(block_mask_map) else np.asarray(block_mask_map)
@@ -196,7 +196,7 @@ class VariableBlockSparseAttentionWrapper:
                              "the same kv_len (got row sums %s, column sums %s)"
                              % (rs.sum(axis=1).tolist(), cs.sum(axis=1).tolist()))
         dtypes = _core.resolve_dtypes(q_data_type, kv_data_type, q_data_type if o_data_type is None else o_data_type)
-        head_dim = int(head_dim)
+        head_dim = _core.size_arg(head_dim, "head_dim")
         scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
         if not math.isfinite(scale) or scale <= 0:
             raise ValueError("kvattn: sm_scale=%r must be a positive finite number" % (sm_scale,))
@@ -239,7 +239,7 @@ class VariableBlockSparseAttentionWrapper:
         st.desc, st.params, st.ws_bytes = desc, p, int(dev_b.value)
         self._commit(st, "VariableBlockSparseAttentionWrapper.plan")
         st.M, st.N = M, N
-        st.num_qo_heads, st.num_kv_heads, st.head_dim = int(num_qo_heads), H, head_dim
+        st.num_qo_heads, st.num_kv_heads, st.head_dim = _core.size_arg(num_qo_heads, "num_qo_heads"), H, head_dim
         st.q_dtype, st.kv_dtype, st.o_dtype = dtypes
         st.keep = (rs, cs, bm_u8, table, mask)
         self._state = st
@@ -284,6 +284,7 @@ class VariableBlockSparseAttentionWrapper:
                 lse = T.empty(q, (Hq, M), F.KVA_DTYPE_F32)
             else:
                 self._check(st, lse, "lse", F.KVA_DTYPE_F32, (Hq, M))
+                T.check_writable(lse, "lse")
         what = "VariableBlockSparseAttentionWrapper"
         CX.replan_if_overwritten(st.dev, int(st.ws.device or 0), st.ws_bytes, st.ws_owner, what, lambda: self._commit(
             st, what + ".run (re-plan: the float workspace was used by another plan)"))
@@ -293,7 +294,7 @@ class VariableBlockSparseAttentionWrapper:
         T.fill_tensor(a.q, self._swap01(q), "q")
         T.fill_tensor(a.k, self._swap01(k), "k")
         T.fill_tensor(a.v, self._swap01(v), "v")
-        T.fill_tensor(a.o, self._swap01(out), "out")
+        T.fill_tensor(a.o, self._swap01(out), "out", out=True)
         lse_tmp = None
         if lse is not None:
             # the C API wants a unit last stride: [qo_len, num_qo_heads] temporary, transposed into lse after

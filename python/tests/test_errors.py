@@ -231,3 +231,65 @@ def test_page_table_as_python_lists(rng):
     np.testing.assert_array_equal(o1, w.run(q, cache))
     w.plan([0], [], [], 4, 2, 16, 4, q_data_type="float32")
     assert w.run(q[:0], cache).shape == (0, 4, 16)
+
+
+def test_read_only_and_overlapping_outputs_rejected(rng):
+    """kvattn never writes a read-only NumPy array (out=, lse=, the cache of an append, merge_state_in_place's
+    target) nor an output whose rows share storage (stride 0); the arrays stay as they were."""
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    out = np.full(q.shape, 3.0, np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out is a read-only array"):
+        w.run(q, cache, out=out)
+    assert np.all(out == 3.0)
+    lse = np.full(q.shape[:2], 3.0, np.float32)
+    lse.flags.writeable = False
+    with pytest.raises(ValueError, match="lse is a read-only array"):
+        w.run(q, cache, lse=lse, return_lse=True)
+    assert np.all(lse == 3.0)
+    base = np.full((1,) + q.shape[1:], 3.0, np.float32)
+    shared = np.lib.stride_tricks.as_strided(base, shape=q.shape, strides=(0,) + base.strides[1:])
+    with pytest.raises(ValueError, match="stride 0 in dim 0"):
+        w.run(q, cache, out=shared)
+    assert np.all(base == 3.0)
+    # a broadcast q (an input) is fine: it is only read
+    o = w.run(np.broadcast_to(q[:1], q.shape), cache)
+    o1 = w.run(np.ascontiguousarray(np.broadcast_to(q[:1], q.shape)), cache)
+    np.testing.assert_array_equal(o, o1)
+
+    frozen = np.frombuffer(cache.tobytes(), dtype=cache.dtype).reshape(cache.shape)  # read-only (bytes)
+    k = rng.standard_normal((1, 2, 16)).astype(np.float32)
+    with pytest.raises(ValueError, match="k_cache is a read-only array"):
+        kvattn.append_paged_kv_cache(k, k, np.array([0], np.int32), np.array([0], np.int32), frozen, indices,
+                                     indptr, last)
+    np.testing.assert_array_equal(frozen, cache)
+
+    v = rng.standard_normal((3, 2, 16)).astype(np.float32)
+    s = rng.standard_normal((3, 2)).astype(np.float32)
+    v.flags.writeable = False
+    v0 = v.copy()
+    with pytest.raises(ValueError, match="read-only"):
+        kvattn.merge_state_in_place(v, s, v0.copy(), s.copy())
+    np.testing.assert_array_equal(v, v0)
+
+
+@pytest.mark.parametrize("args,exc,what", [((4.0, 2, 16, 4), TypeError, "num_qo_heads"),
+                                           ((4, 2, 16, 4.9), TypeError, "page_size"),
+                                           ((4, 2, 16, True), TypeError, "page_size"),
+                                           ((4, 2, 0, 4), ValueError, "head_dim"),
+                                           ((4, 0, 16, 4), ValueError, "num_kv_heads"),
+                                           ((4, 2, 16, 0), ValueError, "page_size")])
+def test_sizes_must_be_positive_integers(rng, args, exc, what):
+    """A float size is not truncated (page_size 4.9 is not 4) and a zero size is a ValueError naming it, not a
+    ZeroDivisionError; NumPy integers are accepted."""
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    with pytest.raises(exc, match=what):
+        w.plan(indptr, indices, last, *args, q_data_type="float32")
+    w.plan(indptr, indices, last, np.int64(4), np.int32(2), np.int64(16), np.int16(4), q_data_type="float32")
+    assert w.run(q, cache).shape == q.shape
+    with pytest.raises(ValueError, match="head_dim 0"):
+        kvattn.single_decode_with_kv_cache(np.zeros((4, 0), np.float32), np.zeros((3, 2, 0), np.float32),
+                                           np.zeros((3, 2, 0), np.float32))
