@@ -470,6 +470,25 @@ static void test_plan(void) {
     PLAN("plan graph: max_batch_size 0", KVA_ERR_INVALID_ARGUMENT, &p);
     p.max_batch_size = 8; p.fixed_split_size = 32;
     PLAN("plan graph: with fixed_split_size", KVA_ERR_UNSUPPORTED, &p);
+    {
+        /* work beyond the assignment's cost limit (2^14 tiles of 2^30 keys over 64 KV heads): refused by the size
+           query as by the plan, before the plan writes anything */
+        kva_attention_desc dc;
+        kva_attention_desc_init(&dc, 64, 64, 1, KVA_DTYPE_F32);
+        const int32_t qo2[2] = {0, 1 << 21}, kv2[2] = {0, 1 << 14}, last2[1] = {(1 << 16) - 1};
+        kva_plan_params pc;
+        kva_plan_params_init(&pc);
+        pc.batch_size = 1;
+        pc.qo_indptr = qo2;
+        pc.kv_indptr = kv2;
+        pc.kv_last_page_len = last2;
+        pc.page_size = 1 << 16;
+        pc.fixed_split_size = 1 << 29;
+        size_t cdb = 0, chb = 0;
+        ERR(KVA_ERR_UNSUPPORTED, "plan size query: total cost over the planner's limit",
+            kva_plan_workspace_size(F.ctx, &dc, PP, &pc, &cdb, &chb));
+        ERR(KVA_ERR_UNSUPPORTED, "plan: total cost over the planner's limit", kva_plan_make(F.ctx, &dc, PP, &pc, ws, pl, NULL));
+    }
 
     /* workspace */
     size_t db = 0, hb = 0;
@@ -992,6 +1011,34 @@ static void test_merge(void) {
         x.stride[0] = INT64_MAX / 2;
         ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: v_a row stride addressing beyond 2^63 bytes",
             kva_merge_state(F.ctx, &x, &tsa, &tvb, &tsb, &tvo, &tso, NULL));
+    }
+    /* negative extents are malformed, not empty */
+    for (int k = 0; k < 3; ++k) {
+        kva_tensor na = tva, nb = tvb, no = tvo, nsa = tsa, nsb = tsb, nso = tso;
+        na.shape[k] = nb.shape[k] = no.shape[k] = k == 2 ? -2 : -1;
+        if (k < 2) nsa.shape[k] = nsb.shape[k] = nso.shape[k] = -1;
+        ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: a negative extent", kva_merge_state(F.ctx, &na, &nsa, &nb, &nsb, &no, &nso, NULL));
+        ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state_in_place: a negative extent",
+            kva_merge_state_in_place(F.ctx, &na, &nsa, &nb, &nsb, NULL, NULL));
+    }
+    fx_watch_default();
+    /* head dim 0 (v pointers NULL): nothing in v, but s_out is the merged lse log2(2^s_a + 2^s_b) */
+    {
+        kva_tensor z = t3(NULL, KVA_DTYPE_F32, R, H, 0);
+        h_buf_poison(&so);
+        h_buf_upload(&so);
+        kva_status s0 = kva_merge_state(F.ctx, &z, &tsa, &z, &tsb, &z, &tso, NULL);
+        h_buf_download(&so);
+        const float *a0 = (const float*)h_buf_hp(&sa), *b0 = (const float*)h_buf_hp(&sb), *o0 = (const float*)h_buf_hp(&so);
+        double worst = 0.0;
+        for (int i = 0; i < R * H; ++i) {
+            const double m = a0[i] > b0[i] ? a0[i] : b0[i];
+            const double want = m + log2(exp2(a0[i] - m) + exp2(b0[i] - m));
+            const double e = fabs((double)o0[i] - want);
+            worst = e > worst || e != e ? (e != e ? INFINITY : e) : worst;
+        }
+        H_CHECK(s0 == KVA_OK && worst < 1e-5, "merge_state at head dim 0: %s, worst s_out error %g (%s)",
+                kva_status_string(s0), worst, kva_last_error_message());
     }
     h_buf_free(&va);
     h_buf_free(&sa);

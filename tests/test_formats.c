@@ -1320,6 +1320,21 @@ static void f_suite_errors(void) {
         F_ERR(kva_bsr_workspace_size(ctx, &desc, &b, &dev, &host), KVA_ERR_PAGE_INDEX_OUT_OF_RANGE);
         b.indices = dup_col;
         F_ERR(kva_bsr_workspace_size(ctx, &desc, &b, &dev, &host), KVA_ERR_INVALID_ARGUMENT);
+        /* M x N whose element mask's size overflows 64 bits (each within its own limit): a status, not a wrap */
+        {
+            int32_t ip0[2] = {0, 0};
+            size_t mb = 0;
+            b = p;
+            b.num_qo_rows = 1 << 24;
+            b.block_rows = 1 << 24;
+            b.block_cols = 1 << 21;
+            b.num_kv_rows = (int64_t)1 << 41;
+            b.indptr = ip0;
+            b.indices = NULL;
+            b.block_mask = NULL;
+            F_ERR(kva_bsr_workspace_size(ctx, &desc, &b, &dev, &host), KVA_ERR_UNSUPPORTED);
+            F_ERR(kva_bsr_mask_pack(&desc, &b, NULL, 0, &mb), KVA_ERR_UNSUPPORTED);
+        }
         kva_attention_desc dd = desc;
         dd.mask_mode = KVA_MASK_CUSTOM;
         F_ERR(kva_bsr_workspace_size(ctx, &dd, &p, &dev, &host), KVA_ERR_INVALID_ARGUMENT);
@@ -1468,7 +1483,13 @@ static void f_suite_errors(void) {
         H_CHECK(nt == 24 + 24 && nm > 0, "vbsr pack sizes %lld %lld", (long long)nt, (long long)nm);
         int32_t tab[64]; /* 48 entries */
         uint8_t msk[64];
-        F_ERR(kva_vbsr_pack(&desc, &p, tab, (size_t)nt - 1, msk, sizeof msk, &nt, &nm), KVA_ERR_INVALID_ARGUMENT);
+        {
+            /* a capacity error leaves every output as it was, the size outputs too */
+            int64_t nt2 = -7, nm2 = -7;
+            F_ERR(kva_vbsr_pack(&desc, &p, tab, (size_t)nt - 1, msk, sizeof msk, &nt2, &nm2), KVA_ERR_INVALID_ARGUMENT);
+            H_CHECK(nt2 == -7 && nm2 == -7, "vbsr pack capacity error wrote sizes %lld %lld", (long long)nt2,
+                    (long long)nm2);
+        }
         F_ERR(kva_vbsr_pack(&desc, &p, tab, sizeof tab / sizeof tab[0], NULL, 0, &nt, &nm), KVA_ERR_INVALID_ARGUMENT);
         F_ERR(kva_vbsr_pack(&desc, &p, tab, sizeof tab / sizeof tab[0], msk, sizeof msk, &nt, &nm), KVA_OK);
         h_ws ws;

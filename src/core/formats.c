@@ -85,6 +85,10 @@ static kva_status kva__bsr_check(const char* fn, const kva_attention_desc* desc,
     KVA_RETURN_IF(M > INT32_MAX / 2 || N > (int64_t)INT32_MAX * C, KVA_ERR_UNSUPPORTED,
                   "%s: M = %lld query rows (at most 2^30) or N / C = %lld column blocks (at most 2^31 - 1) too large",
                   fn, (long long)M, (long long)(N / C));
+    /* the mask bytes below (and the graph-mode bound max_mask_bytes, about M x N / 8) in 64-bit arithmetic */
+    KVA_RETURN_IF(N > 0 && M > (INT64_MAX / 4) / N, KVA_ERR_UNSUPPORTED,
+                  "%s: M x N = %lld x %lld query-key pairs: their element mask's size does not fit 64-bit arithmetic",
+                  fn, (long long)M, (long long)N);
     KVA_RETURN_IF(!p->indptr, KVA_ERR_INVALID_ARGUMENT, "%s: params->indptr is NULL", fn);
     const int64_t MB = kva__ceil_div64(M, R), NB = N / C;
     const int32_t* ip = p->indptr;
@@ -980,8 +984,6 @@ KVA_API kva_status kva_vbsr_pack(const kva_attention_desc* desc, const kva_vbsr_
     static const char fn[] = "kva_vbsr_pack";
     kva__vbsr_geom g;
     KVA_FORWARD(kva__vbsr_check(fn, desc, params, &g));
-    if (table_entries) *table_entries = g.table_entries;
-    if (mask_bytes) *mask_bytes = g.mask_bytes;
     KVA_RETURN_IF(table && table_capacity < (size_t)g.table_entries, KVA_ERR_INVALID_ARGUMENT,
                   "%s: table holds %zu entries; the plan needs %lld", fn, table_capacity,
                   (long long)g.table_entries);
@@ -990,6 +992,9 @@ KVA_API kva_status kva_vbsr_pack(const kva_attention_desc* desc, const kva_vbsr_
     KVA_RETURN_IF(table && g.masked && g.mask_bytes > 0 && !mask, KVA_ERR_INVALID_ARGUMENT,
                   "%s: the plan needs %lld bytes of packed masks (causal or window) but mask is NULL", fn,
                   (long long)g.mask_bytes);
+    /* the sizes only once nothing can fail: an error leaves every output as it was */
+    if (table_entries) *table_entries = g.table_entries;
+    if (mask_bytes) *mask_bytes = g.mask_bytes;
     if (!table) return KVA_OK;
     if (mask && g.mask_bytes > 0) memset(mask, 0, (size_t)g.mask_bytes);
     const int32_t MB = g.MB, NB = g.NB;

@@ -284,8 +284,11 @@ static bool kva__is_float(kva_dtype t) { return t == KVA_DTYPE_F32 || t == KVA_D
 
 static kva_status kva__check_state(const char* name, const kva_tensor* v, const kva_tensor* s, int64_t rows,
                                    int64_t heads, int64_t dim, bool s_optional) {
+    KVA_RETURN_IF(rows < 0 || heads < 0 || dim < 0, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: shape [%lld, %lld, %lld] has a negative extent", name, (long long)rows, (long long)heads,
+                  (long long)dim);
     /* a state with no elements may have a NULL pointer (PyTorch's empty tensors): nothing is read or written */
-    const bool empty = rows <= 0 || heads <= 0;
+    const bool empty = rows == 0 || heads == 0;
     KVA_RETURN_IF(!v || (!v->data && !empty && dim > 0), KVA_ERR_INVALID_ARGUMENT, "%s: v is NULL", name);
     KVA_RETURN_IF(!kva__is_float(v->dtype), KVA_ERR_UNSUPPORTED, "%s: v dtype %s (f32, f16 or bf16 expected)", name,
                   kva_dtype_name(v->dtype));

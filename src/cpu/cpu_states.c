@@ -50,9 +50,10 @@ static void merge2_job(void* arg, int tid) {
             wa *= inv;
             wb *= inv;
         }
-        const char* pa = vrow(c->va, r, h);
-        const char* pb = vrow(c->vb, r, h);
-        char* po = vrow(c->vo, r, h);
+        /* head dim 0: no v to touch (its pointers may be NULL), the lse is still merged */
+        const char* pa = c->dim > 0 ? vrow(c->va, r, h) : NULL;
+        const char* pb = c->dim > 0 ? vrow(c->vb, r, h) : NULL;
+        char* po = c->dim > 0 ? vrow(c->vo, r, h) : NULL;
         const size_t esa = kva__cpu_dtype_size(c->va->dtype), esb = kva__cpu_dtype_size(c->vb->dtype),
                      eso = kva__cpu_dtype_size(c->vo->dtype);
         for (int64_t d0 = 0; d0 < c->dim; d0 += MERGE_CHUNK) {
@@ -102,7 +103,7 @@ kva_status kva__cpu_merge_state(kva_context* ctx, const kva_tensor* v_a, const k
     c.rows = v_a->shape[0];
     c.heads = v_a->shape[1];
     c.dim = v_a->shape[2];
-    if (c.rows <= 0 || c.heads <= 0 || c.dim <= 0) return KVA_OK;
+    if (c.rows <= 0 || c.heads <= 0) return KVA_OK; /* head dim 0 still merges the lse (s_out) */
     int64_t elems = c.rows * c.heads * c.dim;
     int n = st->num_threads;
     if (elems < PAR_MIN_ELEMS) n = 1;
@@ -149,7 +150,7 @@ static void mergen_job(void* arg, int tid) {
                     if (l != -INFINITY) wsum += exp2f(l - M);
                 }
             const float lse = M == -INFINITY ? -INFINITY : M + log2f(wsum);
-            char* po = vrow(c->vo, r, h);
+            char* po = c->dim > 0 ? vrow(c->vo, r, h) : NULL; /* head dim 0: only the lse */
             /* with aliasing (v_out row r == v row r) row r's states are all read before the chunk is written */
             for (int64_t d0 = 0; d0 < c->dim; d0 += MERGE_CHUNK) {
                 const int n = (int)(c->dim - d0 < MERGE_CHUNK ? c->dim - d0 : MERGE_CHUNK);
@@ -218,7 +219,7 @@ kva_status kva__cpu_merge_states(kva_context* ctx, const kva_tensor* v, const kv
     c.rows = rows;
     c.heads = v->shape[1];
     c.dim = v->shape[2];
-    if (c.heads <= 0 || c.dim <= 0) return KVA_OK;
+    if (c.heads <= 0) return KVA_OK; /* head dim 0 still merges the lse (s_out) */
     int n = st->num_threads;
     if (total * c.heads * c.dim < PAR_MIN_ELEMS) n = 1;
     if ((int64_t)n > rows) n = (int)rows;

@@ -684,6 +684,21 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
                             (long long)n_items);
         goto done;
     }
+    {
+        /* The assignment's limits (load keys of worker ids in 13 bits and loads below 2^50), checked here, before
+           anything is written and for the size query too, with the costs the assignment uses (every chunk: its tokens
+           + 2 x rows, for each of the H heads). n_items <= 2^30 bounds each tile's terms below 2^63. */
+        int64_t total_cost = 0;
+        for (int64_t ti = 0; ti < s.ntiles && total_cost < ((int64_t)1 << 50); ++ti) {
+            const kva__tile* t = &s.tiles[ti];
+            total_cost += (int64_t)(t->hi - t->lo) * H + 2 * (int64_t)t->rows * ((int64_t)t->nchunks * H);
+        }
+        if (pd->num_workers > (1 << 13) || total_cost >= ((int64_t)1 << 50)) {
+            st = kva__set_error(KVA_ERR_UNSUPPORTED, "plan: %d workers or total cost %lld exceed the planner's limits",
+                                (int)pd->num_workers, (long long)total_cost);
+            goto done;
+        }
+    }
     pd->num_items = (int32_t)n_items;
     pd->num_merge = (int32_t)n_merge;
     pd->num_partials = (int32_t)n_partials;
