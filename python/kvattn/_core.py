@@ -145,13 +145,11 @@ def make_desc(num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, head_dim_v
               variant_ptr: int = 0) -> "F.kva_attention_desc":
     num_qo_heads, num_kv_heads = size_arg(num_qo_heads, "num_qo_heads"), size_arg(num_kv_heads, "num_kv_heads")
     head_dim_qk, head_dim_vo = size_arg(head_dim_qk, "head_dim_qk"), size_arg(head_dim_vo, "head_dim_vo")
-    if int(num_qo_heads) % int(num_kv_heads):
-        raise ValueError("kvattn: num_qo_heads=%d is not a multiple of num_kv_heads=%d"
-                         % (int(num_qo_heads), int(num_kv_heads)))
+    if num_qo_heads % num_kv_heads:
+        raise ValueError("kvattn: num_qo_heads=%d is not a multiple of num_kv_heads=%d" % (num_qo_heads, num_kv_heads))
     d = F.kva_attention_desc()
-    F.lib().kva_attention_desc_init(ctypes.byref(d), int(num_qo_heads), int(num_kv_heads), int(head_dim_qk),
-                                    q_dtype)
-    d.head_dim_vo = int(head_dim_vo)
+    F.lib().kva_attention_desc_init(ctypes.byref(d), num_qo_heads, num_kv_heads, head_dim_qk, q_dtype)
+    d.head_dim_vo = head_dim_vo
     d.q_dtype, d.kv_dtype, d.o_dtype = q_dtype, kv_dtype, o_dtype
     d.mask_mode = mask_mode
     d.window_left = int(window_left)
@@ -791,7 +789,7 @@ class BatchWrapperBase:
         st.q_dtype, st.kv_dtype, st.o_dtype = dtypes
         st.num_qo_heads = size_arg(num_qo_heads, "num_qo_heads")
         st.num_kv_heads = size_arg(num_kv_heads, "num_kv_heads")
-        st.head_dim_qk = size_arg(head_dim_qk, "head_dim" if head_dim_vo is head_dim_qk else "head_dim_qk")
+        st.head_dim_qk = size_arg(head_dim_qk, "head_dim_qk")
         st.head_dim_vo = size_arg(head_dim_vo, "head_dim_vo")
         st.window_left = norm_window(window_left)
         st.logits_soft_cap = norm_cap(logits_soft_cap)

@@ -177,9 +177,10 @@ class VariableBlockSparseAttentionWrapper:
             raise NotImplementedError("kvattn: variable block-sparse attention supports pos_encoding_mode='NONE' "
                                       "only (apply RoPE to q and k first)")
         H = _core.size_arg(num_kv_heads, "num_kv_heads")
-        if _core.size_arg(num_qo_heads, "num_qo_heads") % H:
+        num_qo_heads = _core.size_arg(num_qo_heads, "num_qo_heads")
+        if num_qo_heads % H:
             raise ValueError("kvattn: num_qo_heads=%d must be a positive multiple of num_kv_heads=%d"
-                             % (int(num_qo_heads), H))
+                             % (num_qo_heads, H))
         bm = block_mask_map.detach().cpu().numpy() if T.is_torch(block_mask_map) else np.asarray(block_mask_map)
         if bm.ndim != 3 or bm.shape[0] != H:
             raise ValueError("kvattn: block_mask_map must have shape (num_kv_heads=%d, MB, NB), got %s"
@@ -239,7 +240,7 @@ class VariableBlockSparseAttentionWrapper:
         st.desc, st.params, st.ws_bytes = desc, p, int(dev_b.value)
         self._commit(st, "VariableBlockSparseAttentionWrapper.plan")
         st.M, st.N = M, N
-        st.num_qo_heads, st.num_kv_heads, st.head_dim = _core.size_arg(num_qo_heads, "num_qo_heads"), H, head_dim
+        st.num_qo_heads, st.num_kv_heads, st.head_dim = num_qo_heads, H, head_dim
         st.q_dtype, st.kv_dtype, st.o_dtype = dtypes
         st.keep = (rs, cs, bm_u8, table, mask)
         self._state = st

@@ -842,11 +842,6 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
             for (int64_t i = 0; i < U; ++i)
                 for (int64_t h = 0; h < H; ++h) seq[k++] = (uint32_t)((int64_t)order[i] * H + h);
         }
-        if (W > (1 << 13) || total_cost >= ((int64_t)1 << 50)) {
-            st = kva__set_error(KVA_ERR_UNSUPPORTED, "plan: %d workers or total cost %lld exceed the planner's limits",
-                                (int)W, (long long)total_cost);
-            goto done;
-        }
         int64_t k = 0;
         int64_t maxload = 0;
         if (pd->cluster_combine) {
