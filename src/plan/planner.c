@@ -807,8 +807,11 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
                 if (ke > t->hi) ke = t->hi;
                 unit_tile[u] = (uint32_t)ti;
                 unit_chunk[u] = (uint32_t)c;
-                cost[u] = (uint32_t)(ke - ks) + 2u * (uint32_t)t->rows;
-                total_cost += (int64_t)cost[u] * H;
+                /* a chunk's cost saturates at 2^32 - 1 in the sort keys and worker loads (a chunk of more than
+                   four billion tokens only orders first); the reported total keeps the exact value */
+                const int64_t c64 = (ke - ks) + 2 * (int64_t)t->rows;
+                cost[u] = c64 > (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)c64;
+                total_cost += c64 * H;
                 ++u;
             }
             if (split) {
