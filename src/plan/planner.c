@@ -684,20 +684,19 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
                             (long long)n_items);
         goto done;
     }
-    {
-        /* The assignment's limits (load keys of worker ids in 13 bits and loads below 2^50), checked here, before
-           anything is written and for the size query too, with the costs the assignment uses (every chunk: its tokens
-           + 2 x rows, for each of the H heads). n_items <= 2^30 bounds each tile's terms below 2^63. */
-        int64_t total_cost = 0;
-        for (int64_t ti = 0; ti < s.ntiles && total_cost < ((int64_t)1 << 50); ++ti) {
-            const kva__tile* t = &s.tiles[ti];
-            total_cost += (int64_t)(t->hi - t->lo) * H + 2 * (int64_t)t->rows * ((int64_t)t->nchunks * H);
-        }
-        if (pd->num_workers > (1 << 13) || total_cost >= ((int64_t)1 << 50)) {
-            st = kva__set_error(KVA_ERR_UNSUPPORTED, "plan: %d workers or total cost %lld exceed the planner's limits",
-                                (int)pd->num_workers, (long long)total_cost);
-            goto done;
-        }
+    /* The assignment's limits (load keys of worker ids in 13 bits and loads below 2^50), checked here, before anything
+       is written and for the size query too, with the costs the assignment uses (every chunk: its tokens + 2 x rows,
+       for each of the H heads; the sum is the plan's reported total). n_items <= 2^30 bounds each tile's terms below
+       2^63. */
+    int64_t total_cost = 0;
+    for (int64_t ti = 0; ti < s.ntiles && total_cost < ((int64_t)1 << 50); ++ti) {
+        const kva__tile* t = &s.tiles[ti];
+        total_cost += (int64_t)(t->hi - t->lo) * H + 2 * (int64_t)t->rows * ((int64_t)t->nchunks * H);
+    }
+    if (pd->num_workers > (1 << 13) || total_cost >= ((int64_t)1 << 50)) {
+        st = kva__set_error(KVA_ERR_UNSUPPORTED, "plan: %d workers or total cost %lld exceed the planner's limits",
+                            (int)pd->num_workers, (long long)total_cost);
+        goto done;
     }
     pd->num_items = (int32_t)n_items;
     pd->num_merge = (int32_t)n_merge;
@@ -796,7 +795,6 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         char* base = (char*)(host_staging ? ws->host : ws->device);
         kva__merge_task* merge = (kva__merge_task*)(base + pd->off_merge);
         int64_t u = 0, slot = 0, mt = 0;
-        int64_t total_cost = 0;
         for (int64_t ti = 0; ti < s.ntiles; ++ti) {
             kva__tile* t = &s.tiles[ti];
             const bool split = t->nchunks > 1;
@@ -807,11 +805,8 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
                 if (ke > t->hi) ke = t->hi;
                 unit_tile[u] = (uint32_t)ti;
                 unit_chunk[u] = (uint32_t)c;
-                /* a chunk's cost saturates at 2^32 - 1 in the sort keys and worker loads (a chunk of more than
-                   four billion tokens only orders first); the reported total keeps the exact value */
-                const int64_t c64 = (ke - ks) + 2 * (int64_t)t->rows;
-                cost[u] = c64 > (int64_t)UINT32_MAX ? UINT32_MAX : (uint32_t)c64;
-                total_cost += c64 * H;
+                /* fits 32 bits: KV lengths are int32, and 2 x rows is at most 2 x the tile's rows */
+                cost[u] = (uint32_t)(ke - ks) + 2u * (uint32_t)t->rows;
                 ++u;
             }
             if (split) {
