@@ -12,13 +12,16 @@ Flushes (a 512 MB buffer before every timed call):
   fill    torch's fill_ kernel writes it (peers_decode.py's flush; the L2 is left full of dirty lines)
   memset  cudaMemsetAsync writes it (kva_bench_decode's flush)
   read    a reduction reads it (the L2 is left full of clean lines)
+  rotate  no flush: each side rotates over copies of its inputs (q and the KV pool; q, K and V for cuDNN), enough
+          copies that >= 512 MB of that side's reads separate two uses of one copy (WORKLOADS.md's other cold-L2
+          method: the L2 holds the clean lines of the copies read before, as in a model's decode step)
 
 kvattn runs through its Python API (BatchDecodeWithPagedKVCacheWrapper, NHD, pages a random permutation of the
 pool, plan once, run timed without PDL); cuDNN through torch SDPA on contiguous [B, H_kv, L, D] K/V (enable_gqa).
 A GPU sleep before each timed call keeps the host's Python overhead out of the events.
 
     PYTHONPATH=python KVATTN_LIBRARY=build-dev/libkvattn.so python3 bench/decode_interleaved.py \
-        [--shapes 16x4096,64x8192] [--flush fill,memset,read] [--rounds 5] [--iters 10] [--out FILE.md]
+        [--shapes 16x4096,64x8192] [--flush fill,memset,read,rotate] [--rounds 5] [--iters 10] [--out FILE.md]
 """
 import argparse
 import ctypes
@@ -87,21 +90,25 @@ def main():
         else:
             raise ValueError("unknown flush %r" % mode)
 
-    def time_cold(fn, mode, iters):
+    def time_cold(fn, mode, iters, ncopies):
         s = torch.cuda.Event(enable_timing=True)
         e = torch.cuda.Event(enable_timing=True)
         ts = []
         for i in range(iters):
-            do_flush(mode, i)
+            if mode == "rotate":
+                time_cold.copy = (time_cold.copy + 1) % ncopies
+            else:
+                do_flush(mode, i)
             if args.sleep_cycles > 0:
                 torch.cuda._sleep(args.sleep_cycles)
             s.record()
-            fn()
+            fn(time_cold.copy if mode == "rotate" else 0)
             e.record()
             e.synchronize()
             ts.append(s.elapsed_time(e) * 1000.0)
         return ts
 
+    time_cold.copy = 0
     ps = args.page_size
     hq, d = 32, 128
     ws = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
@@ -117,27 +124,29 @@ def main():
         nb = (L + ps - 1) // ps
         total = B * nb
         kv_bytes = 2.0 * B * L * hkv * d * 2
+        # copies for the rotate flush: >= 512 MB of one side's reads between two uses of a copy
+        ncopies = max(2, -(-(512 << 20) // int(kv_bytes)) + 1) if "rotate" in flushes else 1
         # kvattn: paged NHD cache [pages, 2, ps, hkv, d], pages scattered over the pool
-        cache = torch.randn(total, 2, ps, hkv, d, device=dev, dtype=torch.bfloat16)
+        caches = [torch.randn(total, 2, ps, hkv, d, device=dev, dtype=torch.bfloat16) for _ in range(ncopies)]
         indices = torch.randperm(total, generator=gen).to(torch.int32).to(dev)
         indptr = torch.arange(0, (B + 1) * nb, nb, dtype=torch.int32)
         last = torch.full((B,), L - (nb - 1) * ps, dtype=torch.int32)
-        qp = torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16)
-        outp = torch.empty_like(qp)
+        qps = [torch.randn(B, hq, d, device=dev, dtype=torch.bfloat16) for _ in range(ncopies)]
+        outp = torch.empty_like(qps[0])
         w = kvattn.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
         w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
 
-        def run_kva():
-            w.run(qp, cache, out=outp, enable_pdl=False)
+        def run_kva(j=0):
+            w.run(qps[j], caches[j], out=outp, enable_pdl=False)
 
         # cuDNN SDPA: contiguous K/V
-        q = torch.randn(B, hq, 1, d, device=dev, dtype=torch.bfloat16)
-        k = torch.randn(B, hkv, L, d, device=dev, dtype=torch.bfloat16)
-        v = torch.randn(B, hkv, L, d, device=dev, dtype=torch.bfloat16)
+        qs = [torch.randn(B, hq, 1, d, device=dev, dtype=torch.bfloat16) for _ in range(ncopies)]
+        ks = [torch.randn(B, hkv, L, d, device=dev, dtype=torch.bfloat16) for _ in range(ncopies)]
+        vs = [torch.randn(B, hkv, L, d, device=dev, dtype=torch.bfloat16) for _ in range(ncopies)]
 
-        def run_cudnn():
+        def run_cudnn(j=0):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                F.scaled_dot_product_attention(qs[j], ks[j], vs[j], enable_gqa=True)
 
         sides = (("kvattn", run_kva), ("cudnn", run_cudnn))
         for _, fn in sides:  # warm up (plans, handles, module loads)
@@ -149,15 +158,15 @@ def main():
             for r in range(args.rounds):
                 order = sides if r % 2 == 0 else sides[::-1]
                 for sname, fn in order:
-                    ts[sname] += time_cold(fn, mode, args.iters)
+                    ts[sname] += time_cold(fn, mode, args.iters, ncopies)
             med = {s: statistics.median(v) for s, v in ts.items()}
-            res = dict(shape=tag, mb=kv_bytes / 1e6, flush=mode, kva=med["kvattn"], cudnn=med["cudnn"],
+            res = dict(shape=tag, mb=kv_bytes / 1e6, flush=mode if mode != "rotate" else "rotate %d" % ncopies, kva=med["kvattn"], cudnn=med["cudnn"],
                        kva_spread=(min(ts["kvattn"]), max(ts["kvattn"])), n=len(ts["kvattn"]))
             results.append(res)
             print("%-26s flush %-6s kvattn %8.1f us  cuDNN %8.1f us  kvattn vs cuDNN %.3fx  (%.1f %% HBM)" % (
                 tag, mode, med["kvattn"], med["cudnn"], med["cudnn"] / med["kvattn"],
                 100.0 * kv_bytes / (med["kvattn"] * 1e-6) / (hbm * 1e12) if hbm else 0.0), flush=True)
-        del cache, q, k, v, qp, outp, w
+        del caches, qs, ks, vs, qps, outp, w
         torch.cuda.empty_cache()
 
     lines = ["# Batch decode, kvattn and cuDNN SDPA interleaved in one process, by L2 flush", "",

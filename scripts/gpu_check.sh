@@ -198,10 +198,11 @@ if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ -s "$OUT/kvattn_decode.csv" ]; then
 fi
 if [ "${GPU_CHECK_BENCH:-1}" = 1 ] && [ "${GPU_CHECK_INTERLEAVED:-1}" = 1 ] && [ -x "$BUILD/libkvattn.so" ]; then
     # the D1 batch >= 16 rows and D3 with kvattn and cuDNN in one process (alternating rounds, the same flush), under
-    # the dirty (memset) and the clean (read) L2 flush: the table's separate processes drift by about 1 %
-    run_step "decode_interleaved.py" 200 0 env PYTHONPATH=python KVATTN_LIBRARY="$BUILD/libkvattn.so" python3 \
+    # the dirty (memset) and the clean (read) L2 flush and with rotated input copies: the table's separate processes
+    # drift by about 1 %
+    run_step "decode_interleaved.py" 300 0 env PYTHONPATH=python KVATTN_LIBRARY="$BUILD/libkvattn.so" python3 \
         bench/decode_interleaved.py --shapes 16x1024,16x4096,64x1024,64x4096,64x8192,128x2048,256x2048,64x8192/4 \
-        --flush memset,read --rounds 5 --out "$OUT/decode_interleaved.md"
+        --flush memset,read,rotate --rounds 5 --out "$OUT/decode_interleaved.md"
 fi
 
 if [ -x "$BUILD/bench/bench_plan" ]; then
