@@ -75,9 +75,13 @@ def _short(v: Any) -> Any:
     return v
 
 
-def size_arg(x: Any, what: str, lo: int = 1) -> int:
-    """An integer size argument (Python or NumPy integer, or anything with __index__), at least lo: TypeError for a
-    float or bool (it is not silently truncated), ValueError below lo."""
+INT32_MAX = 2 ** 31 - 1
+
+
+def size_arg(x: Any, what: str, lo: int = 1, hi: int = INT32_MAX) -> int:
+    """An integer size argument (Python or NumPy integer, or anything with __index__) in [lo, hi]: TypeError for a
+    float or bool (it is not silently truncated), ValueError outside the range (the C fields are 32-bit: a larger
+    value would wrap)."""
     if isinstance(x, (bool, np.bool_)):
         raise TypeError("kvattn: %s must be an integer, got %r" % (what, x))
     try:
@@ -86,12 +90,15 @@ def size_arg(x: Any, what: str, lo: int = 1) -> int:
         raise TypeError("kvattn: %s must be an integer, got %r (%s)" % (what, x, type(x).__name__)) from None
     if v < lo:
         raise ValueError("kvattn: %s=%d must be >= %d" % (what, v, lo))
+    if v > hi:
+        raise ValueError("kvattn: %s=%d is too large (at most %d)" % (what, v, hi))
     return int(v)
 
 
 def f32(x: float) -> float:
-    """x rounded to float32 (the precision the C descriptor stores)."""
-    return float(np.float32(x))
+    """x rounded to float32 (the precision the C descriptor stores; out of range -> +-inf, checked by callers)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
 
 
 def norm_cap(cap: Any) -> float:
@@ -107,6 +114,8 @@ def norm_window(w: Any) -> int:
     w = -1 if w is None else int(w)
     if w < -1:
         raise ValueError("kvattn: window_left=%d must be -1 (no window) or >= 0" % w)
+    if w > INT32_MAX:
+        raise ValueError("kvattn: window_left=%d is too large (at most %d; -1 = no window)" % (w, INT32_MAX))
     return w
 
 
@@ -117,6 +126,9 @@ def norm_split(fixed_split_size: Any, page_size: int) -> int:
     s = int(fixed_split_size)
     if s < 0:
         return 0  # FlashInfer treats -1 as "not fixed"
+    if s * page_size > INT32_MAX:
+        raise ValueError("kvattn: fixed_split_size=%d (x page_size %d = %d tokens) is too large (at most %d tokens)"
+                         % (s, page_size, s * page_size, INT32_MAX))
     return s * page_size
 
 
@@ -583,18 +595,21 @@ class BatchWrapperBase:
     def _replan_for_pool(self, num_pages: int) -> None:
         st = self._require_plan()
         old = st.num_pages
+        region = self._ws.plan_region.ptr
         st.num_pages = int(num_pages)
         try:
             commit_plan(st, self._ws, "%s.plan (pool of %d pages)" % (type(self).__name__, num_pages))
         except Exception:
             st.num_pages = old  # the C plan validates before writing anything: the old plan stands
+            if self._ws.plan_region.ptr != region:  # unless its memory was replaced before the failure
+                self._set_state(None)
             raise
 
     def _choose_num_pages(self, num_pages: Any, h_indices: Optional[np.ndarray], d_indices: Any, n: int) -> int:
         """Pool size to plan with: explicit > last pool seen at run (raised to cover host-visible indices) >
         max host index + 1 > max device index + 1 (the last one synchronises; first plan only)."""
         if num_pages is not None:
-            return max(int(num_pages), 1)
+            return max(size_arg(num_pages, "num_pages", lo=0, hi=2 ** 63 - 1), 1)
         hi = None
         if h_indices is not None:
             hi = int(h_indices[:n].max()) + 1 if n > 0 else 1
@@ -734,14 +749,14 @@ class BatchWrapperBase:
         """Host copies of the page table, backend indices (graph mode: copied into the fixed buffers), pool
         size, and the expected pool shapes."""
         page_size = size_arg(page_size, "page_size")
-        h_indptr = T.host_int32(indptr, "indptr")
+        h_indptr = T.host_int32_owned(indptr, "indptr")
         if h_indptr.size < 1:
             raise ValueError("kvattn: indptr must have batch_size + 1 >= 1 elements")
         B = h_indptr.size - 1
         h_lpl = T.host_int32(last_page_len, "last_page_len")
         if h_lpl.size < B:
             raise ValueError("kvattn: last_page_len has %d elements, the batch has %d requests" % (h_lpl.size, B))
-        h_lpl = np.ascontiguousarray(h_lpl[:B])
+        h_lpl = np.array(h_lpl[:B], dtype=np.int32)  # a copy: the caller may refill its buffer after plan()
         n = int(h_indptr[-1])
         if n < 0:
             raise ValueError("kvattn: indptr[-1] = %d is negative" % n)
@@ -750,7 +765,10 @@ class BatchWrapperBase:
         if int(indices.shape[0]) < n:
             raise ValueError("kvattn: indices has %d elements but indptr[-1] = %d" % (int(indices.shape[0]), n))
         host_side = not T.is_torch(indices) or indices.device.type == "cpu"
-        h_indices = T.host_int32(indices, "indices")[:n] if host_side else None
+        h_view = T.host_int32(indices, "indices")[:n] if host_side else None
+        # the plan keeps its own copy of host indices (validation on a re-plan); the run reads the indices array
+        # given here (FlashInfer's contract: the run reads the plan's indices buffer)
+        h_indices = None if h_view is None else np.array(h_view, dtype=np.int32)
         if self._use_cuda_graph:
             copy_into(indptr_buf, h_indptr, "paged_kv_indptr_buffer")
             copy_into(last_page_len_buf, h_lpl, "paged_kv_last_page_len_buffer")
@@ -760,7 +778,7 @@ class BatchWrapperBase:
             copy_into(indices_buf, src, "paged_kv_indices_buffer")
             d_indices = indices_buf
         else:
-            d_indices = T.backend_int32(h_indices if h_indices is not None else indices, self._dev, "indices")
+            d_indices = T.backend_int32(h_view if h_view is not None else indices, self._dev, "indices")
         st.h_kv_indptr = h_indptr
         st.h_last_page_len = h_lpl
         st.h_indices = h_indices
@@ -833,6 +851,8 @@ class BatchWrapperBase:
             new["logits_soft_cap"] = norm_cap(logits_soft_cap)
         if sm_scale is not None and f32(sm_scale) != f32(st.sm_scale):
             new["sm_scale"] = f32(sm_scale)
+            if not math.isfinite(new["sm_scale"]) or new["sm_scale"] <= 0:  # as plan(): 0 would read as "default"
+                raise ValueError("kvattn: sm_scale=%r must be a positive finite number" % (sm_scale,))
         if rope_scale is not None and f32(rope_scale) != f32(st.rope_scale):
             new["rope_scale"] = f32(rope_scale)
         if rope_theta is not None and f32(rope_theta) != f32(st.rope_theta):
@@ -849,13 +869,23 @@ class BatchWrapperBase:
             raise CaptureActiveError("kvattn: forward() with parameters %s that differ from the plan needs a new "
                                      "plan, which cannot happen during CUDA-graph capture; pass them to plan()"
                                      % sorted(new))
-        for key, val in new.items():
-            setattr(st, key, val)
-        if "causal" in new:
-            st.mask_mode = F.KVA_MASK_CAUSAL if st.causal else F.KVA_MASK_NONE
-        st.desc = make_desc(st.num_qo_heads, st.num_kv_heads, st.head_dim_qk, st.head_dim_vo, st.q_dtype,
-                            st.kv_dtype, st.o_dtype, st.mask_mode, st.window_left, st.logits_soft_cap, st.sm_scale,
-                            st.pos_encoding, st.rope_scale, st.rope_theta)
-        self._set_state(None)
-        commit_plan(st, self._ws, type(self).__name__ + ".forward (re-plan)")
+        # transactional: a re-plan that fails (checks in make_desc or the C plan) leaves the current plan as it was
+        keys = list(new) + ["mask_mode", "desc", "plan", "ws", "ctx", "scratch_bytes", "commit"]
+        saved = {key: getattr(st, key) for key in keys if hasattr(st, key)}
+        region = self._ws.plan_region.ptr
+        try:
+            for key, val in new.items():
+                setattr(st, key, val)
+            if "causal" in new:
+                st.mask_mode = F.KVA_MASK_CAUSAL if st.causal else F.KVA_MASK_NONE
+            st.desc = make_desc(st.num_qo_heads, st.num_kv_heads, st.head_dim_qk, st.head_dim_vo, st.q_dtype,
+                                st.kv_dtype, st.o_dtype, st.mask_mode, st.window_left, st.logits_soft_cap,
+                                st.sm_scale, st.pos_encoding, st.rope_scale, st.rope_theta)
+            commit_plan(st, self._ws, type(self).__name__ + ".forward (re-plan)")
+        except BaseException:
+            for key, val in saved.items():
+                setattr(st, key, val)
+            if self._ws.plan_region.ptr != region:  # the old plan's memory was replaced: it cannot run any more
+                self._set_state(None)
+            raise
         self._set_state(st)

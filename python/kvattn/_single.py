@@ -112,8 +112,9 @@ def single_attention(q: Any, k: Any, v: Any, *, decode: bool, kv_layout: str, po
     ks = 1.0 if k_scale is None else float(k_scale)
     vs = 1.0 if v_scale is None else float(v_scale)
     sm = (1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)) * qs * ks
+    sm = _core.f32(sm)  # the precision the C descriptor stores: a product that rounds to 0 would read as "default"
     if not math.isfinite(sm) or sm <= 0:
-        raise ValueError("kvattn: sm_scale (times q_scale and k_scale) = %r must be positive and finite" % sm)
+        raise ValueError("kvattn: sm_scale (times q_scale and k_scale, as float32) = %r must be positive and finite" % sm)
     fp8 = kv_dtype in T.FP8_DTYPES
     v_c, post = (vs, 1.0) if fp8 else (1.0, vs)
 

@@ -364,6 +364,18 @@ def host_int32(x: Any, what: str, ndim: int = 1) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
+def host_int32_owned(x: Any, what: str, ndim: int = 1) -> np.ndarray:
+    """host_int32 that never shares memory with the caller's array: what a plan keeps to re-plan from later (a
+    re-plan for a larger pool, forward() with new parameters) must be the plan-time values, not whatever the
+    caller's buffer holds by then."""
+    a = host_int32(x, what, ndim)
+    if isinstance(x, np.ndarray) and np.shares_memory(a, x):
+        a = a.copy()
+    elif is_torch(x) and not x.is_cuda and a.size and np.shares_memory(a, x.detach().numpy()):
+        a = a.copy()
+    return a
+
+
 def backend_u8(a: np.ndarray, dev: DeviceKey) -> Any:
     """A host uint8 array in `dev` memory (CUDA: a device copy made on the current stream; plan time only)."""
     if dev[0] == "cpu":

@@ -193,6 +193,16 @@ class MultiLevelCascadeAttentionWrapper:
                           ("paged_kv_last_page_len", paged_kv_last_page_len)):
             if len(arr) != self._num_levels:
                 raise ValueError("kvattn: %s has %d levels, the wrapper %d" % (name, len(arr), self._num_levels))
+        # every level covers every query row (their states are merged row by row)
+        totals = []
+        for i in range(self._num_levels):
+            h = T.host_int32(qo_indptr_arr[i], "qo_indptr_arr[%d]" % i)
+            if h.size < 1:
+                raise ValueError("kvattn: qo_indptr_arr[%d] must have batch_size + 1 >= 1 elements" % i)
+            totals.append(int(h[-1]))
+        if any(t != totals[0] for t in totals):
+            raise ValueError("kvattn: the levels cover different numbers of query rows (qo_indptr_arr[i][-1] = %s); "
+                             "every level must cover all of them" % totals)
         for i, w in enumerate(self._batch_prefill_wrappers):
             w.plan(qo_indptr_arr[i], paged_kv_indptr_arr[i], paged_kv_indices_arr[i], paged_kv_last_page_len[i],
                    num_qo_heads, num_kv_heads, head_dim, page_size,

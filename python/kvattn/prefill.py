@@ -88,7 +88,7 @@ class _PrefillBase(BatchWrapperBase):
             self._fixed_batch_size = int(qo_indptr_buf.shape[0]) - 1
 
     def _setup_qo(self, st: PlanState, qo_indptr: Any, dry: bool) -> None:
-        h_qo = T.host_int32(qo_indptr, "qo_indptr")
+        h_qo = T.host_int32_owned(qo_indptr, "qo_indptr")
         if h_qo.size != st.batch_size + 1:
             raise ValueError("kvattn: qo_indptr has %d elements but the KV indptr describes %d requests"
                              % (h_qo.size, st.batch_size))
@@ -341,7 +341,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         dtypes = _core.resolve_dtypes(q_data_type, kv_data_type, o_data_type)
         st = PlanState()
         st.causal = bool(causal)
-        h_kv = T.host_int32(kv_indptr, "kv_indptr")
+        h_kv = T.host_int32_owned(kv_indptr, "kv_indptr")
         if h_kv.size < 1:
             raise ValueError("kvattn: kv_indptr must have batch_size + 1 >= 1 elements")
         for name, other in (("v_indptr", v_indptr), ("o_indptr", o_indptr)):

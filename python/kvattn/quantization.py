@@ -24,6 +24,21 @@ def _weights(bitorder: str):
     raise ValueError("kvattn: bitorder must be 'big' or 'little', got %r" % (bitorder,))
 
 
+def _pack_torch(flat: Any, bitorder: str) -> Any:
+    """Bits of a 1-D bool/integer tensor packed into uint8 (zero-padded), with uint8 temporaries only."""
+    torch = T._torch()
+    _weights(bitorder)
+    b = (flat != 0).to(torch.uint8)
+    pad = (-b.numel()) % 8
+    if pad:
+        b = torch.cat([b, b.new_zeros(pad)])
+    b = b.view(-1, 8)
+    out = b[:, 0] << (7 if bitorder == "big" else 0)
+    for k in range(1, 8):
+        out |= b[:, k] << (7 - k if bitorder == "big" else k)
+    return out
+
+
 def packbits(x: Any, bitorder: str = "big") -> Any:
     """Pack the elements of a (flattened) boolean array into uint8 bytes, like ``numpy.packbits``.
 
@@ -34,16 +49,9 @@ def packbits(x: Any, bitorder: str = "big") -> Any:
     Returns:
         uint8 array of ``ceil(x.size / 8)`` bytes, same library/device as x.
     """
-    w = _weights(bitorder)
+    _weights(bitorder)
     if T.is_torch(x):
-        torch = T._torch()
-        flat = (x.reshape(-1) != 0).to(torch.int32)
-        n = flat.numel()
-        pad = (-n) % 8
-        if pad:
-            flat = torch.cat([flat, flat.new_zeros(pad)])
-        wt = torch.tensor(w, dtype=torch.int32, device=x.device)
-        return (flat.view(-1, 8) * wt).sum(-1).to(torch.uint8)
+        return _pack_torch(x.reshape(-1), bitorder)
     return np.packbits(np.asarray(x).reshape(-1) != 0, bitorder=bitorder)
 
 
@@ -53,54 +61,52 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "big") -> Tuple[Any, A
     Returns:
         ``(packed, new_indptr)``: the concatenated packed segments (uint8) and the int32 byte offsets
         ``new_indptr[i+1] = new_indptr[i] + ceil(len_i / 8)``.
+    Memory: the output and about one byte per element of temporaries (torch); segments are packed one by one
+    unless every segment but the last has a multiple of 8 elements (then the whole array at once).
     """
-    w = _weights(bitorder)
-    if T.is_torch(x) or T.is_torch(indptr):
+    _weights(bitorder)
+    is_t = T.is_torch(x) or T.is_torch(indptr)
+    if is_t:
         torch = T._torch()
         xt = x if T.is_torch(x) else torch.as_tensor(np.asarray(x))
-        dev = xt.device
-        ip = (indptr if T.is_torch(indptr) else torch.as_tensor(np.asarray(indptr))).to(dev, torch.int64)
-        if ip.ndim != 1 or ip.numel() < 1:
-            raise ValueError("kvattn: segment_packbits: indptr must be 1-D with at least one element")
-        flat = (xt.reshape(-1) != 0).to(torch.int32)
-        seg_len = ip[1:] - ip[:-1]
-        nbytes = (seg_len + 7) // 8
-        new_indptr = torch.zeros(ip.numel(), dtype=torch.int64, device=dev)
-        new_indptr[1:] = torch.cumsum(nbytes, 0)
-        total = int(new_indptr[-1].item()) if ip.numel() > 1 else 0
-        if total == 0:
-            return torch.zeros(0, dtype=torch.uint8, device=dev), new_indptr.to(torch.int32)
-        j = torch.arange(total, device=dev)
-        seg = torch.searchsorted(new_indptr[1:], j, right=True)
-        b = j - new_indptr[seg]
-        pos = ip[seg].unsqueeze(1) + 8 * b.unsqueeze(1) + torch.arange(8, device=dev).unsqueeze(0)
-        valid = pos < ip[seg + 1].unsqueeze(1)
-        n = flat.numel()
-        safe = pos.clamp(0, max(n - 1, 0))
-        bits = torch.where(valid, flat[safe] if n else torch.zeros_like(safe, dtype=torch.int32),
-                           torch.zeros((), dtype=torch.int32, device=dev))
-        wt = torch.tensor(w, dtype=torch.int32, device=dev)
-        packed = (bits * wt).sum(-1).to(torch.uint8)
-        return packed, new_indptr.to(torch.int32)
-    xa = np.asarray(x).reshape(-1) != 0
-    ip = np.asarray(indptr).astype(np.int64)
+        flat = xt.reshape(-1)
+        ip = (indptr.detach().cpu().numpy() if T.is_torch(indptr) else np.asarray(indptr)).astype(np.int64)
+        n = int(flat.numel())
+    else:
+        flat = np.asarray(x).reshape(-1)
+        ip = np.asarray(indptr).astype(np.int64)
+        n = int(flat.size)
     if ip.ndim != 1 or ip.size < 1:
         raise ValueError("kvattn: segment_packbits: indptr must be 1-D with at least one element")
-    if ip[0] != 0 or np.any(np.diff(ip) < 0) or ip[-1] > xa.size:
+    if ip[0] != 0 or np.any(np.diff(ip) < 0) or ip[-1] > n:
         raise ValueError("kvattn: segment_packbits: indptr must start at 0, be non-decreasing and end at most at "
-                         "len(x) = %d" % xa.size)
+                         "len(x) = %d" % n)
     seg_len = np.diff(ip)
     nbytes = (seg_len + 7) // 8
     new_indptr = np.zeros(ip.size, dtype=np.int64)
     np.cumsum(nbytes, out=new_indptr[1:])
     total = int(new_indptr[-1])
+    one_piece = seg_len.size == 0 or not np.any(seg_len[:-1] % 8)
+
+    if is_t:
+        dev = flat.device
+        nip = torch.as_tensor(new_indptr.astype(np.int32)).to(dev)
+        if total == 0:
+            return torch.zeros(0, dtype=torch.uint8, device=dev), nip
+        if one_piece:
+            return _pack_torch(flat[:int(ip[-1])], bitorder), nip
+        out = torch.empty(total, dtype=torch.uint8, device=dev)
+        for i in range(seg_len.size):
+            if seg_len[i]:
+                out[int(new_indptr[i]):int(new_indptr[i + 1])] = _pack_torch(flat[int(ip[i]):int(ip[i + 1])], bitorder)
+        return out, nip
+    bits = flat != 0 if flat.dtype != np.bool_ else flat
     if total == 0:
         return np.zeros(0, dtype=np.uint8), new_indptr.astype(np.int32)
-    j = np.arange(total)
-    seg = np.searchsorted(new_indptr[1:], j, side="right")
-    b = j - new_indptr[seg]
-    pos = ip[seg][:, None] + 8 * b[:, None] + np.arange(8)[None, :]
-    valid = pos < ip[seg + 1][:, None]
-    bits = np.where(valid, xa[np.clip(pos, 0, max(xa.size - 1, 0))], False).astype(np.int32)
-    packed = (bits * np.array(w, dtype=np.int32)).sum(-1).astype(np.uint8)
-    return packed, new_indptr.astype(np.int32)
+    if one_piece:
+        return np.packbits(bits[:int(ip[-1])], bitorder=bitorder), new_indptr.astype(np.int32)
+    out = np.empty(total, dtype=np.uint8)
+    for i in range(seg_len.size):
+        if seg_len[i]:
+            out[new_indptr[i]:new_indptr[i + 1]] = np.packbits(bits[ip[i]:ip[i + 1]], bitorder=bitorder)
+    return out, new_indptr.astype(np.int32)

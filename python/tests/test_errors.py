@@ -293,3 +293,110 @@ def test_sizes_must_be_positive_integers(rng, args, exc, what):
     with pytest.raises(ValueError, match="head_dim 0"):
         kvattn.single_decode_with_kv_cache(np.zeros((4, 0), np.float32), np.zeros((3, 2, 0), np.float32),
                                            np.zeros((3, 2, 0), np.float32))
+
+
+# ---- session-34 audit: values that would wrap in 32-bit C fields, plan-time copies, read-only workspaces ----
+
+def test_values_that_wrap_in_int32_raise(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    for wl in (2 ** 32, 2 ** 32 + 3, 2 ** 31):
+        with pytest.raises(ValueError, match="window_left"):  # would wrap to 0 / 3 / -2^31
+            w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", window_left=wl)
+    with pytest.raises(ValueError, match="fixed_split_size"):  # 2^27 pages x 4 tokens > 2^31 - 1 tokens
+        w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", fixed_split_size=2 ** 29)
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        w.plan(indptr, indices, last, 2 ** 32 + 4, 2, 16, 4, q_data_type="float32")
+    with pytest.raises(ValueError, match="page_size"):
+        w.plan(indptr, indices, last, 4, 2, 16, 2 ** 32 + 4, q_data_type="float32")
+    for n in (-5, 2 ** 70):
+        with pytest.raises(ValueError, match="num_pages"):
+            w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", num_pages=n)
+    r = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    with pytest.raises(ValueError, match="fixed_split_size"):
+        r.plan(np.array([0, 2], np.int32), np.array([0, 9], np.int32), 4, 2, 16, q_data_type="float32",
+               fixed_split_size=2 ** 32 + 5)
+    with pytest.raises(ValueError, match="window_left"):
+        kvattn.single_decode_with_kv_cache(q[0], cache[0, 0], cache[0, 1], window_left=2 ** 32)
+    # the plan made before the failed calls is not the issue here; a valid plan still works
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", window_left=2 ** 31 - 1)
+    assert np.isfinite(w.run(q, cache)).all()
+
+
+def test_single_scale_that_rounds_to_zero_in_float32_raises(rng):
+    q = rng.standard_normal((4, 16)).astype(np.float32)
+    k = rng.standard_normal((9, 2, 16)).astype(np.float32)
+    v = rng.standard_normal((9, 2, 16)).astype(np.float32)
+    with pytest.raises(ValueError, match="sm_scale"):  # 1e-46 is 0 in float32, which C reads as "default"
+        kvattn.single_decode_with_kv_cache(q, k, v, sm_scale=1e-46)
+    with pytest.raises(ValueError, match="sm_scale"):
+        kvattn.single_prefill_with_kv_cache(q[None].repeat(3, 0), k, v, sm_scale=1e-46)
+    with pytest.raises(ValueError, match="sm_scale"):  # overflows float32
+        kvattn.single_decode_with_kv_cache(q, k, v, sm_scale=1e39)
+
+
+def test_plan_keeps_its_own_copy_of_host_page_table_metadata(rng):
+    """A re-plan the wrapper makes by itself (a run on a smaller pool than planned) uses the plan-time indptr and
+    last_page_len, not what the caller's persistent host buffers hold by then."""
+    cache, indptr, indices, last, q = _decode_setup(rng, lens=(13, 7))
+    big = np.concatenate([cache, cache[:3]])
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    expected = w.run(q, cache).copy()
+    w.run(q, big)  # the wrapper now plans for the larger pool
+    ip_buf, lpl_buf = indptr.copy(), last.copy()
+    w.plan(ip_buf, indices, lpl_buf, 4, 2, 16, 4, q_data_type="float32")
+    np.testing.assert_array_equal(w.run(q, big), expected)
+    lpl_buf[:] = 1  # the engine refills its buffers for the next step
+    ip_buf[1:] = ip_buf[-1]
+    np.testing.assert_array_equal(w.run(q, cache), expected)  # smaller pool: re-plan from the plan's own copy
+
+
+def test_paged_prefill_plan_keeps_its_own_qo_indptr(rng):
+    cache, indptr, indices, last, _ = _decode_setup(rng, lens=(13, 7))
+    qo = np.array([0, 3, 5], np.int32)
+    q = rng.standard_normal((5, 4, 16)).astype(np.float32)
+    big = np.concatenate([cache, cache[:3]])
+    w = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    w.plan(qo, indptr, indices, last, 4, 2, 16, 4, causal=True, q_data_type="float32")
+    expected = w.run(q, cache).copy()
+    w.run(q, big)
+    qo_buf = qo.copy()
+    w.plan(qo_buf, indptr, indices, last, 4, 2, 16, 4, causal=True, q_data_type="float32")
+    qo_buf[1] = 1
+    np.testing.assert_array_equal(w.run(q, cache), expected)
+
+
+def test_read_only_workspace_is_refused(tmp_path):
+    ws = np.zeros(1 << 20, np.uint8)
+    ws.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        kvattn.BatchDecodeWithPagedKVCacheWrapper(ws)
+    f = tmp_path / "ws.bin"
+    f.write_bytes(b"\0" * (1 << 20))
+    with pytest.raises(ValueError, match="read-only"):
+        kvattn.BatchPrefillWithPagedKVCacheWrapper(np.memmap(str(f), dtype=np.uint8, mode="r"))
+
+
+def test_forward_validates_and_keeps_the_plan_on_failure(rng):
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", sm_scale=0.5)
+    expected = w.run(q, cache).copy()
+    for bad in (0.0, -1.0, float("inf"), float("nan"), 1e-46):
+        with pytest.raises(ValueError, match="sm_scale"):
+            w.forward(q, cache, sm_scale=bad)
+        np.testing.assert_array_equal(w.run(q, cache), expected)  # the plan stands
+    with pytest.raises(ValueError, match="window_left"):
+        w.forward(q, cache, window_left=2 ** 32)
+    np.testing.assert_array_equal(w.run(q, cache), expected)
+    o = w.forward(q, cache, sm_scale=0.25)  # a valid change re-plans
+    assert not np.array_equal(o, expected)
+
+
+def test_cascade_levels_must_cover_the_same_rows(rng):
+    cache, indptr, indices, last, _ = _decode_setup(rng, lens=(13, 7))
+    w = kvattn.MultiLevelCascadeAttentionWrapper(2, workspace())
+    with pytest.raises(ValueError, match="different numbers of query rows"):
+        w.plan([np.array([0, 6], np.int32), np.array([0, 3, 5], np.int32)], [indptr[:2], indptr],
+               [indices, indices], [last[:1], last], 4, 2, 16, 4, q_data_type="float32")

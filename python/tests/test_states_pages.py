@@ -189,6 +189,41 @@ def test_segment_packbits(rng, bitorder):
         kvattn.packbits(x, bitorder="middle")
 
 
+@pytest.mark.parametrize("bitorder", ["big", "little"])
+@pytest.mark.parametrize("lens", [[8, 16, 5], [3, 0, 8, 13, 1], [0], [], [24, 0, 8]])
+def test_segment_packbits_shapes(rng, bitorder, lens):
+    """Segments of multiples of 8 (packed in one piece), ragged ones (one by one), an indptr ending before x's
+    end; NumPy and, where torch is importable, torch CPU tensors give np.packbits' bytes per segment."""
+    indptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    x = rng.random(int(indptr[-1]) + 3) < 0.5
+    expect = [np.packbits(x[indptr[i]:indptr[i + 1]], bitorder=bitorder) for i in range(len(lens))]
+    want = np.concatenate(expect) if expect else np.zeros(0, np.uint8)
+    want_ip = np.concatenate([[0], np.cumsum([len(e) for e in expect])]).tolist()
+    packed, new_indptr = kvattn.segment_packbits(x, indptr, bitorder=bitorder)
+    np.testing.assert_array_equal(packed, want)
+    assert new_indptr.tolist() == want_ip
+    try:
+        import torch
+    except ImportError:
+        return
+    pt, ipt = kvattn.segment_packbits(torch.from_numpy(x), torch.from_numpy(indptr), bitorder=bitorder)
+    np.testing.assert_array_equal(pt.numpy(), want)
+    assert ipt.tolist() == want_ip
+    np.testing.assert_array_equal(kvattn.packbits(torch.from_numpy(x), bitorder=bitorder).numpy(),
+                                  np.packbits(x, bitorder=bitorder))
+
+
+def test_segment_packbits_memory_is_linear():
+    """A 64 Mbit mask packs without [bytes, 8] int64 temporaries (the NumPy path is np.packbits per segment)."""
+    import resource
+    x = np.ones(1 << 26, bool)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    packed, ip = kvattn.segment_packbits(x, np.array([0, 3, 1 << 26]), bitorder="little")
+    grew_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert packed.size == 1 + (((1 << 26) - 3 + 7) // 8) and ip.tolist() == [0, 1, packed.size]
+    assert grew_mb < 256, grew_mb  # the old vectorised form needed ~1.2 GB here
+
+
 def test_multilevel_cascade_equals_flat(rng):
     """Two levels (a shared prefix of whole pages + unique suffixes) == flat paged prefill over prefix+suffix."""
     ps, hq, hkv, d = 4, 4, 2, 16
