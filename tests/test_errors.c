@@ -301,6 +301,44 @@ static void test_empty_batch(void) {
                         kva_status_string(sr), kva_last_error_message(), sr == KVA_OK ? "; modified: " : "",
                         sr == KVA_OK ? which : "");
             }
+            if (graph && st == KVA_OK) {
+                /* a graph-mode run reads the work list in its workspace, which a later plan of the same bounds may
+                   have filled with requests that have pages: its runs need the page table and the pools even when
+                   this plan has no page */
+                kva_run_args a = F.args;
+                a.q = t3(h_buf_dp(&F.q), KVA_DTYPE_F16, 0, HQ, D);
+                a.o = t3(h_buf_dp(&F.o), KVA_DTYPE_F16, 0, HQ, D);
+                a.lse = kva_tensor_make(h_buf_dp(&F.lse), KVA_DTYPE_F32, 2, 0, HQ, 0, 0);
+                a.paged.indices = NULL;
+                ERR(KVA_ERR_INVALID_ARGUMENT, "empty graph-mode plan: run with paged.indices NULL",
+                    kva_run(F.ctx, &pl, &w.ws, &a));
+                a = F.args;
+                a.q = t3(h_buf_dp(&F.q), KVA_DTYPE_F16, 0, HQ, D);
+                a.o = t3(h_buf_dp(&F.o), KVA_DTYPE_F16, 0, HQ, D);
+                a.lse = kva_tensor_make(h_buf_dp(&F.lse), KVA_DTYPE_F32, 2, 0, HQ, 0, 0);
+                a.paged.k_data = NULL;
+                ERR(KVA_ERR_INVALID_ARGUMENT, "empty graph-mode plan: run with paged.k_data NULL",
+                    kva_run(F.ctx, &pl, &w.ws, &a));
+                /* the stale-plan case itself: a later plan of the same bounds, with pages, into the same workspace,
+                   then the empty plan run without a page table (was a NULL read in the CPU run's validation) */
+                kva_plan_params p2 = p;
+                p2.batch_size = B;
+                p2.qo_indptr = dec ? NULL : F.qo_indptr;
+                p2.kv_indptr = F.kv_indptr;
+                p2.kv_last_page_len = F.last;
+                p2.kv_indices = F.indices;
+                kva_plan pl2;
+                kva_status s2 = kva_plan_make(F.ctx, &F.d, op, &p2, &w.ws, &pl2, NULL);
+                H_CHECK(s2 == KVA_OK, "graph-mode plan with pages into the empty plan's workspace: %s: %s",
+                        kva_status_string(s2), kva_last_error_message());
+                a = F.args;
+                a.q = t3(h_buf_dp(&F.q), KVA_DTYPE_F16, 0, HQ, D);
+                a.o = t3(h_buf_dp(&F.o), KVA_DTYPE_F16, 0, HQ, D);
+                a.lse = kva_tensor_make(h_buf_dp(&F.lse), KVA_DTYPE_F32, 2, 0, HQ, 0, 0);
+                a.paged.indices = NULL;
+                ERR(KVA_ERR_INVALID_ARGUMENT, "stale empty graph-mode plan after a plan with pages: indices NULL",
+                    kva_run(F.ctx, &pl, &w.ws, &a));
+            }
             h_ws_free(&w);
         }
     }

@@ -801,6 +801,8 @@ static void suite_errors(void) {
         expect_msg("foreign variant", "another context");
         EXPECT_ST(kva_attention_desc_check(ctx, &dx), KVA_ERR_INVALID_ARGUMENT);
         kva_context_destroy(ctx2); /* destroys v2 with it */
+        EXPECT_ST(kva_variant_destroy(v2), KVA_ERR_INVALID_ARGUMENT); /* after its context: refused, not freed again */
+        expect_msg("variant destroyed with its context", "not a live variant");
     }
     kva_variant* vt = NULL;
     var_spec(V_SINK, &s);
@@ -814,6 +816,8 @@ static void suite_errors(void) {
         h_buf_poison(&ob);
         h_buf_upload(&ob);
         EXPECT_ST(kva_variant_destroy(vt), KVA_OK);
+        EXPECT_ST(kva_variant_destroy(vt), KVA_ERR_INVALID_ARGUMENT); /* a second destroy reads no freed memory */
+        expect_msg("variant destroyed twice", "not a live variant");
         EXPECT_ST(kva_batch_decode_run(ctx, &pt, &ws.ws, &a), KVA_ERR_PLAN_MISMATCH);
         expect_msg("destroyed variant", "not a live variant");
         EXPECT_ST(kva_batch_decode_plan(ctx, &dt, &pp, &ws.ws, &pt, NULL), KVA_ERR_INVALID_ARGUMENT);

@@ -79,9 +79,14 @@ static kva_status kva__check_paged(const kva__plan_data* pd, const kva_paged_kv*
                   "run: the plan's page table has %lld entries (kv_indptr[B]) but paged.indices holds %lld "
                   "(paged.num_indices)",
                   (long long)pd->num_page_entries, (long long)pk->num_indices);
-    if (pd->num_page_entries > 0) {
-        KVA_RETURN_IF(!pk->k_data || !pk->v_data, KVA_ERR_INVALID_ARGUMENT, "run: paged.k_data or v_data is NULL");
-        KVA_RETURN_IF(!pk->indices, KVA_ERR_INVALID_ARGUMENT, "run: paged.indices is NULL");
+    /* a graph-mode plan's run reads the work list in its workspace, which a later plan of the same bounds may have
+       replaced with requests that have pages: its runs always need the pools and the page table */
+    if (pd->num_page_entries > 0 || pd->graph_mode) {
+        KVA_RETURN_IF(!pk->k_data || !pk->v_data, KVA_ERR_INVALID_ARGUMENT, "run: paged.k_data or v_data is NULL%s",
+                      pd->num_page_entries > 0 ? "" : " (graph-mode plans always need the pools)");
+        KVA_RETURN_IF(!pk->indices, KVA_ERR_INVALID_ARGUMENT, "run: paged.indices is NULL%s",
+                      pd->num_page_entries > 0 ? "" : " (graph-mode plans always need the page table: a later plan "
+                                                      "into the same workspace may have pages)");
     }
     return KVA_OK;
 }

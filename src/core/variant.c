@@ -67,8 +67,52 @@ static kva_status kva__check_spec(const kva_variant_spec* s) {
     return KVA_OK;
 }
 
+/* Every live variant of every context, so that kva_variant_destroy can refuse a pointer that is no longer one (a
+   second destroy, or a destroy after its context destroyed it) without reading freed memory. */
+static pthread_mutex_t kva__live_mu = PTHREAD_MUTEX_INITIALIZER;
+static kva_variant** kva__live;
+static size_t kva__num_live, kva__cap_live;
+
+static bool kva__live_add(kva_variant* v) {
+    bool ok = true;
+    pthread_mutex_lock(&kva__live_mu);
+    if (kva__num_live == kva__cap_live) {
+        size_t cap = kva__cap_live ? 2 * kva__cap_live : 16;
+        kva_variant** nv = (kva_variant**)realloc(kva__live, sizeof *nv * cap);
+        if (nv) {
+            kva__live = nv;
+            kva__cap_live = cap;
+        } else {
+            ok = false;
+        }
+    }
+    if (ok) kva__live[kva__num_live++] = v;
+    pthread_mutex_unlock(&kva__live_mu);
+    return ok;
+}
+
+/* Removes v from the live set; false if it was not there. */
+static bool kva__live_remove(const kva_variant* v) {
+    bool found = false;
+    pthread_mutex_lock(&kva__live_mu);
+    for (size_t i = 0; i < kva__num_live; ++i)
+        if (kva__live[i] == v) {
+            kva__live[i] = kva__live[--kva__num_live];
+            found = true;
+            break;
+        }
+    if (kva__num_live == 0) { /* the last one gone: no allocation outlives the library's use */
+        free(kva__live);
+        kva__live = NULL;
+        kva__cap_live = 0;
+    }
+    pthread_mutex_unlock(&kva__live_mu);
+    return found;
+}
+
 static void kva__variant_free(kva_variant* v) {
     if (!v) return;
+    kva__live_remove(v);
     v->magic = 0;
     free(v->source);
     free(v->cuda_src);
@@ -112,6 +156,11 @@ KVA_API kva_status kva_variant_create(kva_context* context, const kva_variant_sp
         kva__variant_free(v);
         return st;
     }
+    if (!kva__live_add(v)) {
+        if (context->ops->variant_release) context->ops->variant_release(context, v);
+        kva__variant_free(v);
+        return kva__set_error(KVA_ERR_OUT_OF_MEMORY, "kva_variant_create: out of host memory");
+    }
     pthread_mutex_lock(&context->variant_mu);
     if (context->num_variants == context->cap_variants) {
         int32_t cap = context->cap_variants ? 2 * context->cap_variants : 8;
@@ -135,8 +184,12 @@ KVA_API kva_status kva_variant_create(kva_context* context, const kva_variant_sp
 
 KVA_API kva_status kva_variant_destroy(kva_variant* variant) {
     if (!variant) return KVA_OK;
-    KVA_RETURN_IF(variant->magic != KVA__VARIANT_MAGIC, KVA_ERR_INVALID_ARGUMENT,
-                  "kva_variant_destroy: not a variant made by kva_variant_create (bad magic)");
+    /* checked before the object is read: a pointer that is not live may point at freed memory */
+    KVA_RETURN_IF(!kva__live_remove(variant), KVA_ERR_INVALID_ARGUMENT,
+                  "kva_variant_destroy: %p is not a live variant (destroyed twice, destroyed with its context, or not "
+                  "made by kva_variant_create)", (void*)variant);
+    KVA_RETURN_IF(variant->magic != KVA__VARIANT_MAGIC, KVA_ERR_INTERNAL,
+                  "kva_variant_destroy: a live variant with a bad magic (corrupted?)");
     kva_context* ctx = variant->ctx;
     pthread_mutex_lock(&ctx->variant_mu);
     int32_t found = -1;

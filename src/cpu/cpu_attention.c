@@ -519,6 +519,13 @@ static kva_status validate(const kva__plan_data* plan, const void* wsd, const kv
                                 (int)r, (int)x->kv_start, (long long)(x->kv_start + np),
                                 (long long)plan->num_page_entries);
             const int32_t* ind = args->paged.indices;
+            if (np > 0 && !ind)
+                return PLAN_BAD("CPU run: request %d of the work list has %lld pages but paged.indices is NULL (the "
+                                "workspace holds a later plan?)", (int)r, (long long)np);
+            if (np > 0 && args->paged.num_indices > 0 && (int64_t)x->kv_start + np > args->paged.num_indices)
+                return PLAN_BAD("CPU run: request %d uses page-table entries [%d, %lld) beyond paged.num_indices %lld",
+                                (int)r, (int)x->kv_start, (long long)(x->kv_start + np),
+                                (long long)args->paged.num_indices);
             for (int64_t e = 0; e < np; ++e) {
                 int32_t pg = ind[x->kv_start + e];
                 if (pg < 0 || pg >= args->paged.num_pages)
