@@ -1719,6 +1719,16 @@ static void f_suite_errors(void) {
         bp = plan;
         bp.level_device_offset[1] += 256;
         F_ERR(kva_cascade_run(ctx, &bp, &ws.ws, &a), KVA_ERR_PLAN_MISMATCH);
+        /* merge buffers outside the plan's workspace bytes (a corrupted plan): refused, nothing written */
+        bp = plan;
+        bp.tmp_o_offset = bp.device_bytes;
+        F_ERR(kva_cascade_run(ctx, &bp, &ws.ws, &a), KVA_ERR_PLAN_MISMATCH);
+        bp = plan;
+        bp.tmp_lse_offset = bp.device_bytes - 4;
+        F_ERR(kva_cascade_run(ctx, &bp, &ws.ws, &a), KVA_ERR_PLAN_MISMATCH);
+        bp = plan;
+        bp.tmp_rows = -1;
+        F_ERR(kva_cascade_run(ctx, &bp, &ws.ws, &a), KVA_ERR_PLAN_MISMATCH);
         if (!harness_backend_is_device() && last_with_pages > 0) {
             /* the backend copy of a later level's table has a bad page: detected before level 0 runs */
             int32_t n = s.kv_indptr[last_with_pages][s.nb[last_with_pages]];

@@ -895,6 +895,75 @@ static int count_entries(const char* dir, int* temps) {
     return n;
 }
 
+static int n_compiles; /* "compiling variant" log lines (cold compiles) */
+static void count_compiles(void* user, kva_log_level level, const char* message) {
+    (void)user;
+    (void)level;
+    if (strstr(message, "compiling variant")) ++n_compiles;
+}
+
+/* A cache entry (not a dot file) of dir whose name is not `skip`, into out; 0 if none. */
+static int find_entry(const char* dir, const char* skip, char* out, size_t size) {
+    DIR* dd = opendir(dir);
+    if (!dd) return 0;
+    struct dirent* e;
+    int found = 0;
+    while (!found && (e = readdir(dd)) != NULL) {
+        if (e->d_name[0] == '.' || (skip && !strcmp(e->d_name, skip))) continue;
+        snprintf(out, size, "%s/%s", dir, e->d_name);
+        found = 1;
+    }
+    closedir(dd);
+    return found;
+}
+
+/* CPU backend: a truncated or corrupted shared object in the cache is detected before it is loaded (it used to be
+   dlopen'ed: SIGBUS on a truncated file, a patched object ran) and compiled again; the entry is then whole. */
+static void cache_damage(const char* dir, const kva_variant_spec* s) {
+    char path[1200];
+    if (!H_CHECK(find_entry(dir, NULL, path, sizeof path), "a cache entry in %s", dir)) return;
+    kva_context_options o;
+    kva_context_options_init(&o);
+    o.backend = h_opt.backend;
+    o.num_threads = 1;
+    o.jit_cache_dir = dir;
+    o.log_fn = count_compiles;
+    o.log_level = KVA_LOG_INFO;
+    kva_context* ctx = NULL;
+    if (!H_CHECK(kva_context_create(&o, &ctx) == KVA_OK, "context: %s", kva_last_error_message())) return;
+    struct stat sb;
+    for (int damage = 0; damage < 3; ++damage) {
+        if (stat(path, &sb) != 0 || !H_CHECK(sb.st_size > 64, "entry size")) break;
+        if (damage == 0) {
+            H_CHECK(truncate(path, sb.st_size / 2) == 0, "truncate");
+        } else {
+            FILE* f = fopen(path, "r+b");
+            if (!H_CHECK(f != NULL, "open entry")) break;
+            /* 1: a byte inside the object; 2: a byte of the text after it */
+            long at = damage == 1 ? 200 : (long)sb.st_size - 60;
+            fseek(f, at, SEEK_SET);
+            int c = fgetc(f);
+            fseek(f, at, SEEK_SET);
+            fputc(c ^ 0x5a, f);
+            fclose(f);
+        }
+        n_compiles = 0;
+        kva_variant* v = NULL;
+        kva_status st = kva_variant_create(ctx, s, &v);
+        H_CHECK(st == KVA_OK && n_compiles == 1, "damaged cache entry (%s): create %s with %d compiles (want OK, 1): %s",
+                damage == 0 ? "truncated" : damage == 1 ? "object byte" : "text byte", kva_status_string(st),
+                n_compiles, kva_last_error_message());
+        kva_variant_destroy(v);
+        n_compiles = 0;
+        v = NULL;
+        st = kva_variant_create(ctx, s, &v);
+        H_CHECK(st == KVA_OK && n_compiles == 0, "after the recompile the entry is whole: create %s with %d compiles",
+                kva_status_string(st), n_compiles);
+        kva_variant_destroy(v);
+    }
+    kva_context_destroy(ctx);
+}
+
 static void suite_cache(void) {
     char dir[] = "/tmp/kvattn-variant-cache-XXXXXX";
     if (!H_CHECK(mkdtemp(dir) != NULL, "mkdtemp")) return;
@@ -941,6 +1010,26 @@ static void suite_cache(void) {
     kva_variant_destroy(v1);
     kva_variant_destroy(v3);
     kva_context_destroy(ctx); /* destroys v2 */
+    if (h_opt.backend == KVA_BACKEND_CPU) {
+        /* one entry only, the first spec's: empty the directory and create it again */
+        var_spec(V_COMBO, &s);
+        DIR* d2 = opendir(dir);
+        struct dirent* e;
+        while (d2 && (e = readdir(d2)) != NULL) {
+            if (e->d_name[0] == '.') continue;
+            char p[1200];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+        if (d2) closedir(d2);
+        kva_context* c2 = NULL;
+        if (kva_context_create(&o, &c2) == KVA_OK) {
+            kva_variant* vk = NULL;
+            H_CHECK(kva_variant_create(c2, &s, &vk) == KVA_OK, "recreate: %s", kva_last_error_message());
+            kva_context_destroy(c2);
+        }
+        cache_damage(dir, &s);
+    }
     /* clean the directory */
     DIR* dd = opendir(dir);
     if (dd) {

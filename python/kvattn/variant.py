@@ -158,9 +158,16 @@ class Variant:
     def __init__(self, source: str, hooks: Any, use_softmax: bool = True, num_scalars: int = 0,
                  num_tensors: int = 0, name: Optional[str] = None, device: Any = None) -> None:
         if isinstance(source, bytes):
-            source = source.decode("utf-8")
+            try:
+                source = source.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InvalidArgumentError("kvattn: Variant source (bytes) is not UTF-8: %s" % e) from None
         if not isinstance(source, str):
             raise TypeError("kvattn: Variant source must be a str of C code, got %s" % type(source).__name__)
+        try:
+            source.encode("utf-8")
+        except UnicodeEncodeError as e:  # e.g. a lone surrogate
+            raise InvalidArgumentError("kvattn: Variant source cannot be encoded as UTF-8: %s" % e) from None
         if not source.strip():
             raise InvalidArgumentError("kvattn: Variant source is empty")
         if "\0" in source:

@@ -381,6 +381,10 @@ def test_variant_spec_checked_at_construction():
         kvattn.Variant("  \n", "logits")
     with pytest.raises(TypeError):
         kvattn.Variant(None, "logits")
+    with pytest.raises(kvattn.InvalidArgumentError, match="UTF-8"):  # bytes that are not UTF-8
+        kvattn.Variant(b"KVA_HOOK float f(void) { return 0.f; } /* \xff\xfe */", "logits")
+    with pytest.raises(kvattn.InvalidArgumentError, match="UTF-8"):  # a lone surrogate
+        kvattn.Variant("KVA_HOOK float f(void) { return 0.f; } /* \ud800 */", "logits")
 
 
 @needs_cc

@@ -592,6 +592,22 @@ static kva_status kva__cascade_check_plan(const char* fn, const kva_context* ctx
                           pd->desc.head_dim_vo != pd0->desc.head_dim_vo || pd->desc.q_dtype != pd0->desc.q_dtype ||
                           pd->desc.kv_dtype != pd0->desc.kv_dtype || pd->desc.o_dtype != pd0->desc.o_dtype,
                       KVA_ERR_PLAN_MISMATCH, "%s: level %d's plan disagrees with level 0's (corrupted?)", fn, (int)l);
+        KVA_RETURN_IF(plan->level_device_offset[l] > plan->device_bytes ||
+                          plan->level_device_bytes[l] > plan->device_bytes - plan->level_device_offset[l],
+                      KVA_ERR_PLAN_MISMATCH, "%s: level %d's region lies outside the plan's workspace (corrupted?)", fn,
+                      (int)l);
+    }
+    if (plan->num_levels > 1) {
+        /* the merge buffers the run builds from these offsets must lie in the plan's workspace bytes */
+        const kva__plan_data* pdl = kva__plan_data_ofc(&plan->levels[plan->num_levels - 1]);
+        const uint64_t cells = (uint64_t)(plan->tmp_rows > 0 ? plan->tmp_rows : 0) * (uint64_t)pdl->desc.num_qo_heads;
+        const uint64_t o_bytes = cells * (uint64_t)pdl->desc.head_dim_vo * (uint64_t)kva_dtype_size(pdl->desc.o_dtype);
+        const uint64_t l_bytes = cells * sizeof(float), total = (uint64_t)plan->device_bytes;
+        KVA_RETURN_IF(plan->tmp_rows < 0 || plan->tmp_rows > ((int64_t)1 << 40) ||
+                          plan->tmp_o_offset > total || o_bytes > total - plan->tmp_o_offset ||
+                          plan->tmp_lse_offset > total || l_bytes > total - plan->tmp_lse_offset ||
+                          plan->acc_lse_offset > total || l_bytes > total - plan->acc_lse_offset,
+                      KVA_ERR_PLAN_MISMATCH, "%s: the plan's merge buffers lie outside its workspace (corrupted?)", fn);
     }
     return KVA_OK;
 }

@@ -54,15 +54,19 @@ static int kva__mkdirs(const char* path) {
     return 1;
 }
 
+/* The cache directory (created 0700 if missing): the configured path, else $KVATTN_CACHE_DIR, $XDG_CACHE_HOME/kvattn,
+   $HOME/.cache/kvattn. 0 = no usable cache: none configured, a path too long (never cut short: a shorter path is
+   another directory), not creatable, not a directory, not the caller's, or writable by others. */
 int kva__jit_cache_dir(const char* configured, char* out, size_t size) {
     char path[1024];
     path[0] = '\0';
     const char* env;
-    if (configured && *configured) snprintf(path, sizeof path, "%s", configured);
-    else if ((env = getenv("KVATTN_CACHE_DIR")) && *env) snprintf(path, sizeof path, "%s", env);
-    else if ((env = getenv("XDG_CACHE_HOME")) && *env) snprintf(path, sizeof path, "%s/kvattn", env);
-    else if ((env = getenv("HOME")) && *env) snprintf(path, sizeof path, "%s/.cache/kvattn", env);
-    if (!path[0]) return 0;
+    int n = 0;
+    if (configured && *configured) n = snprintf(path, sizeof path, "%s", configured);
+    else if ((env = getenv("KVATTN_CACHE_DIR")) && *env) n = snprintf(path, sizeof path, "%s", env);
+    else if ((env = getenv("XDG_CACHE_HOME")) && *env) n = snprintf(path, sizeof path, "%s/kvattn", env);
+    else if ((env = getenv("HOME")) && *env) n = snprintf(path, sizeof path, "%s/.cache/kvattn", env);
+    if (!path[0] || n < 0 || (size_t)n >= sizeof path || (size_t)n >= size) return 0;
     if (!kva__mkdirs(path)) return 0;
     if (!kva__dir_safe(path)) return 0;
     snprintf(out, size, "%s", path);

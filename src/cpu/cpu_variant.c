@@ -2,8 +2,14 @@
  * wrappers, is compiled by a C compiler found at run time ($KVA_CC, else cc, gcc or clang on PATH) into a shared
  * object in the JIT cache directory (file name = hash of the identity: source, options, compiler, library
  * version, host architecture; written to a temporary name and renamed, so a present entry is complete) and
- * loaded with dlopen. Without a usable cache directory the object is built in a private temporary directory and
- * removed once loaded. The compiler's output goes to a log file whose text an error carries; nothing is printed. */
+ * loaded with dlopen. A cache entry is the object followed by the exact text it was compiled from and a footer
+ * (sizes, hashes): on a hit the whole entry is read and checked (footer, object hash, text byte for byte) before
+ * anything is loaded, so a truncated, corrupted or foreign entry (or another text with a colliding hash) is
+ * compiled again instead of being mapped into the process. The checked bytes are loaded from a private copy
+ * (written, dlopen'ed, unlinked), so what runs is what was checked and two live variants never share a handle
+ * through a path. Without a usable (or, on a miss, writable) cache directory the object is built in a private
+ * temporary directory and removed once loaded. The compiler's output goes to a log file whose text an error
+ * carries; nothing is printed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -23,13 +29,22 @@
 
 extern char** environ;
 
-#define KVA__CC_OPTS "-O2 -fPIC -shared -fvisibility=hidden"
+#define KVA__CC_OPTS "-O2 -fPIC -shared -fvisibility=hidden -Werror=implicit-function-declaration -Wl,-z,defs"
+
+/* the footer of a cache entry: [object][text][footer] */
+#define KVA__VX_MAGIC "KVAVXSO1"
+typedef struct kva__vx_footer {
+    char magic[8];
+    uint64_t obj_bytes, text_bytes, obj_hash, text_hash;
+} kva__vx_footer;
+#define KVA__VX_MAX_ENTRY ((size_t)1 << 30)
 
 /* Full path of an executable: name with a '/' as is, else searched on PATH. */
 static int kva__find_exe(const char* name, char* out, size_t size) {
     if (!name || !*name) return 0;
     if (strchr(name, '/')) {
-        if (access(name, X_OK) != 0) return 0;
+        struct stat sb;
+        if (stat(name, &sb) != 0 || !S_ISREG(sb.st_mode) || access(name, X_OK) != 0) return 0;
         snprintf(out, size, "%s", name);
         return 1;
     }
@@ -168,20 +183,25 @@ static char* kva__read_log(const char* path) {
     return buf;
 }
 
-/* Run cc on src into out; *exit_code gets the exit status (-1: could not run). Output into log. */
-static int kva__run_cc(const char* cc, const char* src, const char* out, const char* log, int* exit_code) {
+/* Run cc on src into out; *exit_code gets the exit status (-1: could not run, *spawn_err the reason). Output into
+   log. */
+static int kva__run_cc(const char* cc, const char* src, const char* out, const char* log, int* exit_code,
+                       int* spawn_err) {
     posix_spawn_file_actions_t fa;
+    *spawn_err = 0;
     if (posix_spawn_file_actions_init(&fa) != 0) return 0;
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    char* argv[] = {(char*)cc, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-o", (char*)out, (char*)src,
-                    "-lm", NULL};
+    /* the options of KVA__CC_OPTS: a hook the spec declares but the source lacks fails here, with the log */
+    char* argv[] = {(char*)cc, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Werror=implicit-function-declaration",
+                    "-Wl,-z,defs", "-o", (char*)out, (char*)src, "-lm", NULL};
     pid_t pid;
     int rc = posix_spawn(&pid, cc, &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) {
         *exit_code = -1;
+        *spawn_err = rc;
         return 0;
     }
     int status = 0;
@@ -195,6 +215,102 @@ static int kva__run_cc(const char* cc, const char* src, const char* out, const c
     }
     *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     return 1;
+}
+
+/* The whole of a regular file (at most max bytes; not through a symlink); NULL on any failure. */
+static unsigned char* kva__read_file(const char* path, size_t max, size_t* n) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return NULL;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 0 || (uint64_t)sb.st_size > (uint64_t)max) {
+        close(fd);
+        return NULL;
+    }
+    size_t sz = (size_t)sb.st_size, off = 0;
+    unsigned char* buf = (unsigned char*)malloc(sz ? sz : 1);
+    while (buf && off < sz) {
+        ssize_t r = read(fd, buf + off, sz - off);
+        if (r <= 0) {
+            free(buf);
+            buf = NULL;
+        } else {
+            off += (size_t)r;
+        }
+    }
+    close(fd);
+    if (buf) *n = sz;
+    return buf;
+}
+
+/* A cache entry [object][text][footer] compiled from exactly `text`: its object's size, else 0. */
+static size_t kva__entry_check(const unsigned char* b, size_t n, const char* text, size_t tn) {
+    kva__vx_footer f;
+    if (n < sizeof f) return 0;
+    memcpy(&f, b + n - sizeof f, sizeof f);
+    if (memcmp(f.magic, KVA__VX_MAGIC, sizeof f.magic) != 0) return 0;
+    const uint64_t body = (uint64_t)(n - sizeof f);
+    if (f.text_bytes != (uint64_t)tn || f.obj_bytes > body || f.text_bytes != body - f.obj_bytes) return 0;
+    if (f.obj_bytes < 4 || memcmp(b, "\177ELF", 4) != 0) return 0;
+    if (memcmp(b + f.obj_bytes, text, tn) != 0) return 0;
+    if (kva__fnv(KVA__FNV_SEED, b, (size_t)f.obj_bytes) != f.obj_hash) return 0;
+    if (kva__fnv(KVA__FNV_SEED, text, tn) != f.text_hash) return 0;
+    return (size_t)f.obj_bytes;
+}
+
+/* Appends [text][footer] to the compiled object at path (its n bytes in obj) and makes it 0600. */
+static int kva__entry_seal(const char* path, const unsigned char* obj, size_t n, const char* text, size_t tn) {
+    kva__vx_footer f;
+    memset(&f, 0, sizeof f);
+    memcpy(f.magic, KVA__VX_MAGIC, sizeof f.magic);
+    f.obj_bytes = n;
+    f.text_bytes = tn;
+    f.obj_hash = kva__fnv(KVA__FNV_SEED, obj, n);
+    f.text_hash = kva__fnv(KVA__FNV_SEED, text, tn);
+    int fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return 0;
+    int ok = fchmod(fd, 0600) == 0;
+    const char* parts[2] = {text, (const char*)&f};
+    const size_t sizes[2] = {tn, sizeof f};
+    for (int i = 0; i < 2 && ok; ++i) {
+        size_t off = 0;
+        while (off < sizes[i]) {
+            ssize_t w = write(fd, parts[i] + off, sizes[i] - off);
+            if (w <= 0) {
+                ok = 0;
+                break;
+            }
+            off += (size_t)w;
+        }
+    }
+    if (close(fd) != 0) ok = 0;
+    return ok;
+}
+
+static kva_status kva__cpu_variant_bind(kva_variant* v, void* dl, const char* ident);
+
+/* Loads the n checked object bytes through a private file in dir (written, dlopen'ed, unlinked). */
+static kva_status kva__load_object(kva_variant* v, const char* dir, const char* hash, const unsigned char* obj,
+                                   size_t n, const char* ident) {
+    static unsigned counter = 0;
+    unsigned k = __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/.%s.%ld.%u.load.so", dir, hash, (long)getpid(), k);
+    if (!kva__write_file(path, (const char*)obj, n)) {
+        int e = errno;
+        unlink(path);
+        return kva__set_error(KVA_ERR_JIT, "kva_variant_create: cannot write %s (%s)", path, strerror(e));
+    }
+    void* dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    const char* err = dl ? NULL : dlerror();
+    kva_status st = KVA_OK;
+    if (!dl) st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: dlopen of variant %s failed: %s", v->name,
+                                 err ? err : "?");
+    unlink(path); /* the mapping stays */
+    if (st == KVA_OK) {
+        st = kva__cpu_variant_bind(v, dl, ident);
+        if (st != KVA_OK) dlclose(dl);
+    }
+    return st;
 }
 
 static kva_status kva__cpu_variant_bind(kva_variant* v, void* dl, const char* ident) {
@@ -271,27 +387,31 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
     char final_so[1200];
     if (cached) {
         snprintf(final_so, sizeof final_so, "%s/%s.so", dir, hash);
-        if (kva__jit_file_safe(final_so)) {
-            void* dl = dlopen(final_so, RTLD_NOW | RTLD_LOCAL);
-            if (dl) {
-                if (kva__cpu_variant_bind(v, dl, ident) == KVA_OK) {
-                    free(t.p);
-                    kva__log(ctx, KVA_LOG_DEBUG, "kvattn: variant %s from the cache %s", v->name, final_so);
-                    return KVA_OK;
-                }
-                dlclose(dl);
-            }
+        size_t n = 0;
+        unsigned char* entry = kva__jit_file_safe(final_so) ? kva__read_file(final_so, KVA__VX_MAX_ENTRY, &n) : NULL;
+        size_t obj_n = entry ? kva__entry_check(entry, n, t.p, t.n) : 0;
+        if (obj_n > 0 && kva__load_object(v, dir, hash, entry, obj_n, ident) == KVA_OK) {
+            free(entry);
+            free(t.p);
+            kva__log(ctx, KVA_LOG_DEBUG, "kvattn: variant %s from the cache %s", v->name, final_so);
+            return KVA_OK;
         }
-    } else {
+        if (entry && obj_n == 0)
+            kva__log(ctx, KVA_LOG_WARN, "kvattn: cache entry %s is not this variant's complete object; compiling again",
+                     final_so);
+        free(entry);
+        kva_clear_last_error();
+        if (access(dir, W_OK | X_OK) != 0) cached = 0; /* readable, not writable: compile privately */
+    }
+    if (!cached) {
         const char* tmpd = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/kvattn-XXXXXX", tmpd && *tmpd ? tmpd : "/tmp");
-        if (!mkdtemp(dir)) {
+        int k = snprintf(dir, sizeof dir, "%s/kvattn-XXXXXX", tmpd && *tmpd ? tmpd : "/tmp");
+        if (k < 0 || (size_t)k >= sizeof dir || !mkdtemp(dir)) {
             free(t.p);
             return kva__set_error(KVA_ERR_JIT, "kva_variant_create: no cache directory and no temporary directory "
                                                "(%s) for compiling variant %s",
-                                  strerror(errno), v->name);
+                                  k < 0 || (size_t)k >= sizeof dir ? "$TMPDIR too long" : strerror(errno), v->name);
         }
-        snprintf(final_so, sizeof final_so, "%s/%s.so", dir, hash);
     }
     kva__log(ctx, KVA_LOG_INFO, "kvattn: compiling variant %s with %s (cache %s)...", v->name, cc,
              cached ? dir : "disabled");
@@ -302,37 +422,34 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
     snprintf(tmp_so, sizeof tmp_so, "%s/.%s.%ld.%u.so.tmp", dir, hash, (long)getpid(), n);
     snprintf(log, sizeof log, "%s/.%s.%ld.%u.log", dir, hash, (long)getpid(), n);
     kva_status st = KVA_OK;
-    int code = -1;
+    int code = -1, spawn_err = 0;
+    unsigned char* obj = NULL;
+    size_t obj_n = 0;
     if (!kva__write_file(src, t.p, t.n)) {
         st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: cannot write %s (%s)", src, strerror(errno));
-    } else if (!kva__run_cc(cc, src, tmp_so, log, &code) || code != 0) {
+    } else if (!kva__run_cc(cc, src, tmp_so, log, &code, &spawn_err) || code != 0) {
         char* text = kva__read_log(log);
-        st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: compiling variant %s with %s failed (%s %d):\n%s",
+        st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: compiling variant %s with %s failed (%s %d%s%s):\n%s",
                             v->name, cc, code < 0 ? "could not run, code" : "exit status", code,
+                            spawn_err ? ": " : "", spawn_err ? strerror(spawn_err) : "",
                             text && *text ? text : "(no output)");
         free(text);
-    } else if (rename(tmp_so, final_so) != 0) {
-        st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: cannot move %s to %s (%s)", tmp_so, final_so,
-                            strerror(errno));
+    } else if (!(obj = kva__read_file(tmp_so, KVA__VX_MAX_ENTRY, &obj_n)) || obj_n < 4) {
+        st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: cannot read the compiled object %s", tmp_so);
+    } else if (cached) {
+        /* into the cache: sealed with its text and footer, then renamed (a present entry is complete); a cache
+           that refuses the entry only costs the next create a compile */
+        if (!kva__entry_seal(tmp_so, obj, obj_n, t.p, t.n) || rename(tmp_so, final_so) != 0)
+            kva__log(ctx, KVA_LOG_WARN, "kvattn: variant %s: could not store %s in the cache (%s)", v->name, final_so,
+                     strerror(errno));
     }
     unlink(src);
     unlink(log);
     unlink(tmp_so);
     free(t.p);
-    if (st == KVA_OK) {
-        void* dl = dlopen(final_so, RTLD_NOW | RTLD_LOCAL);
-        if (!dl) {
-            const char* e = dlerror();
-            st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: dlopen(%s) failed: %s", final_so, e ? e : "?");
-        } else {
-            st = kva__cpu_variant_bind(v, dl, ident);
-            if (st != KVA_OK) dlclose(dl);
-        }
-    }
-    if (!cached) { /* the object stays mapped after its file is removed */
-        unlink(final_so);
-        rmdir(dir);
-    }
+    if (st == KVA_OK) st = kva__load_object(v, dir, hash, obj, obj_n, ident);
+    free(obj);
+    if (!cached) rmdir(dir); /* the object stays mapped after its file is removed */
     if (st != KVA_OK) kva__log(ctx, KVA_LOG_ERROR, "kvattn: %s", kva_last_error_message());
     return st;
 }
