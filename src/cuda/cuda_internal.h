@@ -47,7 +47,7 @@ typedef struct kva__kkey {
     const char* var_src; /* the variant's NVRTC source (not part of the key's identity: var_hash is) */
 } kva__kkey;
 
-/* Keys compare by every field before var_src. */
+/* Keys compare by every field before var_src, and keys of a variant also by its source text (kva__kkey_eq). */
 int kva__kkey_eq(const kva__kkey* a, const kva__kkey* b);
 /* A key of `family` with these axes, every other field 0 (the enumerations' keys). */
 void kva__kkey_set(kva__kkey* k, int family, int d, int qt, int kt, int ot, int rows, int rope, int warps);

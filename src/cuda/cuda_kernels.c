@@ -251,7 +251,12 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
 }
 
 int kva__kkey_eq(const kva__kkey* a, const kva__kkey* b) {
-    return memcmp(a, b, offsetof(kva__kkey, var_src)) == 0;
+    if (memcmp(a, b, offsetof(kva__kkey, var_src)) != 0) return 0;
+    /* a variant's 64-bit source hash can collide (sources can be made to): the kernels of two live variants are
+       the same only if their sources are */
+    if (a->var_hash && a->var_src != b->var_src && (!a->var_src || !b->var_src || strcmp(a->var_src, b->var_src) != 0))
+        return 0;
+    return 1;
 }
 
 int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
@@ -592,18 +597,20 @@ kva_status kva__jit_identity(const kva__kkey* k, const char* arch, char* ident, 
 /* ---------------------------------------------------------------------------------------------- */
 /* Disk cache                                                                                      */
 
-#define KVA__CACHE_MAGIC "KVACUBN1"
+/* An entry: header, identity, the kernel's main source text (a variant's whole source; compared byte for byte, so
+   sources whose hashes in the identity collide never share an entry), payload. */
+#define KVA__CACHE_MAGIC "KVACUBN2"
 
 typedef struct kva__cache_hdr {
     char magic[8];
     uint32_t ident_len;
-    uint32_t reserved;
+    uint32_t src_len;
     uint64_t payload_size;
     uint64_t payload_hash;
 } kva__cache_hdr;
 
 /* returns 1 and a malloc'd payload on a valid entry */
-static int kva__cache_read(const char* file, const char* ident, void** out, size_t* out_size) {
+static int kva__cache_read(const char* file, const char* ident, const char* src, void** out, size_t* out_size) {
     int fd = open(file, O_RDONLY | O_NOFOLLOW);
     if (fd < 0) return 0;
     struct stat sb;
@@ -622,11 +629,12 @@ static int kva__cache_read(const char* file, const char* ident, void** out, size
     }
     kva__cache_hdr h;
     memcpy(&h, buf, sizeof h);
-    size_t il = strlen(ident);
-    if (memcmp(h.magic, KVA__CACHE_MAGIC, 8) != 0 || h.ident_len != il ||
-        sizeof h + il + h.payload_size != (size_t)sb.st_size || memcmp((char*)buf + sizeof h, ident, il) != 0)
+    size_t il = strlen(ident), sl = strlen(src);
+    if (memcmp(h.magic, KVA__CACHE_MAGIC, 8) != 0 || h.ident_len != il || h.src_len != sl ||
+        h.payload_size > (uint64_t)sb.st_size || sizeof h + il + sl + h.payload_size != (size_t)sb.st_size ||
+        memcmp((char*)buf + sizeof h, ident, il) != 0 || memcmp((char*)buf + sizeof h + il, src, sl) != 0)
         goto out;
-    const char* payload = (const char*)buf + sizeof h + il;
+    const char* payload = (const char*)buf + sizeof h + il + sl;
     if (kva__fnv(0xcbf29ce484222325ull, payload, h.payload_size) != h.payload_hash) goto out;
     void* res = malloc(h.payload_size);
     if (!res) goto out;
@@ -640,7 +648,8 @@ out:
     return ok;
 }
 
-static void kva__cache_write(const char* dir, const char* hash, const char* ident, const void* data, size_t size) {
+static void kva__cache_write(const char* dir, const char* hash, const char* ident, const char* src, const void* data,
+                             size_t size) {
     static unsigned counter = 0;
     char tmp[1200], dst[1200];
     snprintf(dst, sizeof dst, "%s/%s.cubin", dir, hash);
@@ -652,9 +661,11 @@ static void kva__cache_write(const char* dir, const char* hash, const char* iden
     memset(&h, 0, sizeof h);
     memcpy(h.magic, KVA__CACHE_MAGIC, 8);
     h.ident_len = (uint32_t)strlen(ident);
+    h.src_len = (uint32_t)strlen(src);
     h.payload_size = size;
     h.payload_hash = kva__fnv(0xcbf29ce484222325ull, data, size);
-    int ok = write(fd, &h, sizeof h) == (ssize_t)sizeof h && write(fd, ident, h.ident_len) == (ssize_t)h.ident_len &&
+    int ok = strlen(src) < ((size_t)1 << 31) && write(fd, &h, sizeof h) == (ssize_t)sizeof h &&
+             write(fd, ident, h.ident_len) == (ssize_t)h.ident_len && write(fd, src, h.src_len) == (ssize_t)h.src_len &&
              write(fd, data, size) == (ssize_t)size;
     if (close(fd) != 0) ok = 0;
     if (!ok || rename(tmp, dst) != 0) unlink(tmp);
@@ -668,7 +679,7 @@ kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const 
     if (was_hit) *was_hit = 0;
     if (cache_dir && *cache_dir) {
         snprintf(file, sizeof file, "%s/%s.cubin", cache_dir, hash);
-        if (kva__cache_read(file, ident, cubin, cubin_size)) {
+        if (kva__cache_read(file, ident, kva__kkey_source(k), cubin, cubin_size)) {
             if (was_hit) *was_hit = 1;
             kva__log(ctx, KVA_LOG_DEBUG, "kvattn: kernel %s (%s) from the cache %s", name, arch, file);
             return KVA_OK;
@@ -681,7 +692,7 @@ kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const 
         kva__log(ctx, KVA_LOG_ERROR, "kvattn: %s", kva_last_error_message());
         return st;
     }
-    if (cache_dir && *cache_dir) kva__cache_write(cache_dir, hash, ident, *cubin, *cubin_size);
+    if (cache_dir && *cache_dir) kva__cache_write(cache_dir, hash, ident, kva__kkey_source(k), *cubin, *cubin_size);
     return KVA_OK;
 }
 

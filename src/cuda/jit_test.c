@@ -431,6 +431,20 @@ static void test_cache(void) {
     CHECK(stat(file, &sb) == 0 && (sb.st_mode & 0077) == 0, "cache file mode %o", (unsigned)(sb.st_mode & 0777));
     free(c1);
     free(c2);
+    /* variant keys: equal only with equal source text (a colliding var_hash must not share a kernel) */
+    {
+        kva__kkey va, vb;
+        memset(&va, 0, sizeof va);
+        va.family = KVA__KF_DECODE;
+        va.var_hash = 0x1234abcdull;
+        char sa[] = "variant source A", sb2[] = "variant source B", sa2[] = "variant source A";
+        va.var_src = sa;
+        vb = va;
+        vb.var_src = sb2;
+        CHECK(!kva__kkey_eq(&va, &vb), "variant keys with one hash and different sources differ");
+        vb.var_src = sa2;
+        CHECK(kva__kkey_eq(&va, &vb), "variant keys with equal sources (other buffers) are equal");
+    }
     /* a compile error carries the NVRTC log */
     kva__kkey badk;
     memset(&badk, 0, sizeof badk);
