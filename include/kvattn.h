@@ -457,7 +457,9 @@ KVA_API void kva_variant_spec_init(kva_variant_spec* spec);
  * destroys the variants still alive when it is destroyed). */
 KVA_API kva_status kva_variant_create(kva_context* context, const kva_variant_spec* spec, kva_variant** out_variant);
 /* NULL is allowed. Plans made with the variant must not be run afterwards (run then reports
- * KVA_ERR_PLAN_MISMATCH). Not thread-safe against runs of the same variant on other threads. */
+ * KVA_ERR_PLAN_MISMATCH). A pointer that is no longer a live variant (destroyed already, or destroyed with its
+ * context) gets KVA_ERR_INVALID_ARGUMENT and is not read. Not thread-safe against runs of the same variant on other
+ * threads. */
 KVA_API kva_status kva_variant_destroy(kva_variant* variant);
 
 /* ---------------------------------------------------------------------------------------------- */
