@@ -258,6 +258,15 @@ static void test_baseline(void) {
     h_buf_upload(&F.lse);
 }
 
+/* The fixture's run args with zero-row q / o / lse (the fixture's buffers). */
+static kva_run_args zero_row_args(void) {
+    kva_run_args a = F.args;
+    a.q = t3(h_buf_dp(&F.q), KVA_DTYPE_F16, 0, HQ, D);
+    a.o = t3(h_buf_dp(&F.o), KVA_DTYPE_F16, 0, HQ, D);
+    a.lse = kva_tensor_make(h_buf_dp(&F.lse), KVA_DTYPE_F32, 2, 0, HQ, 0, 0);
+    return a;
+}
+
 /* A step with no requests (batch_size 0): decode and paged prefill, eager and graph mode, plan and run succeed with
    zero-row q / o / lse (NULL data, as PyTorch gives for empty CUDA tensors, or the fixture's buffers), and nothing
    is written. */
@@ -305,17 +314,11 @@ static void test_empty_batch(void) {
                 /* a graph-mode run reads the work list in its workspace, which a later plan of the same bounds may
                    have filled with requests that have pages: its runs need the page table and the pools even when
                    this plan has no page */
-                kva_run_args a = F.args;
-                a.q = t3(h_buf_dp(&F.q), KVA_DTYPE_F16, 0, HQ, D);
-                a.o = t3(h_buf_dp(&F.o), KVA_DTYPE_F16, 0, HQ, D);
-                a.lse = kva_tensor_make(h_buf_dp(&F.lse), KVA_DTYPE_F32, 2, 0, HQ, 0, 0);
+                kva_run_args a = zero_row_args();
                 a.paged.indices = NULL;
                 ERR(KVA_ERR_INVALID_ARGUMENT, "empty graph-mode plan: run with paged.indices NULL",
                     kva_run(F.ctx, &pl, &w.ws, &a));
-                a = F.args;
-                a.q = t3(h_buf_dp(&F.q), KVA_DTYPE_F16, 0, HQ, D);
-                a.o = t3(h_buf_dp(&F.o), KVA_DTYPE_F16, 0, HQ, D);
-                a.lse = kva_tensor_make(h_buf_dp(&F.lse), KVA_DTYPE_F32, 2, 0, HQ, 0, 0);
+                a = zero_row_args();
                 a.paged.k_data = NULL;
                 ERR(KVA_ERR_INVALID_ARGUMENT, "empty graph-mode plan: run with paged.k_data NULL",
                     kva_run(F.ctx, &pl, &w.ws, &a));
@@ -331,10 +334,7 @@ static void test_empty_batch(void) {
                 kva_status s2 = kva_plan_make(F.ctx, &F.d, op, &p2, &w.ws, &pl2, NULL);
                 H_CHECK(s2 == KVA_OK, "graph-mode plan with pages into the empty plan's workspace: %s: %s",
                         kva_status_string(s2), kva_last_error_message());
-                a = F.args;
-                a.q = t3(h_buf_dp(&F.q), KVA_DTYPE_F16, 0, HQ, D);
-                a.o = t3(h_buf_dp(&F.o), KVA_DTYPE_F16, 0, HQ, D);
-                a.lse = kva_tensor_make(h_buf_dp(&F.lse), KVA_DTYPE_F32, 2, 0, HQ, 0, 0);
+                a = zero_row_args();
                 a.paged.indices = NULL;
                 ERR(KVA_ERR_INVALID_ARGUMENT, "stale empty graph-mode plan after a plan with pages: indices NULL",
                     kva_run(F.ctx, &pl, &w.ws, &a));

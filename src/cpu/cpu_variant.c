@@ -156,19 +156,21 @@ static void kva__cpu_variant_text(const kva_variant* v, kva__text* t) {
                          "}\n");
 }
 
+/* All n bytes to fd; 0 on a failed or empty write. */
+static int kva__write_all(int fd, const char* data, size_t n) {
+    size_t off = 0;
+    while (off < n) {
+        ssize_t w = write(fd, data + off, n - off);
+        if (w <= 0) return 0;
+        off += (size_t)w;
+    }
+    return 1;
+}
+
 static int kva__write_file(const char* path, const char* data, size_t n) {
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
     if (fd < 0) return 0;
-    size_t off = 0;
-    int ok = 1;
-    while (off < n) {
-        ssize_t w = write(fd, data + off, n - off);
-        if (w <= 0) {
-            ok = 0;
-            break;
-        }
-        off += (size_t)w;
-    }
+    int ok = kva__write_all(fd, data, n);
     if (close(fd) != 0) ok = 0;
     return ok;
 }
@@ -268,20 +270,7 @@ static int kva__entry_seal(const char* path, const unsigned char* obj, size_t n,
     f.text_hash = kva__fnv(KVA__FNV_SEED, text, tn);
     int fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return 0;
-    int ok = fchmod(fd, 0600) == 0;
-    const char* parts[2] = {text, (const char*)&f};
-    const size_t sizes[2] = {tn, sizeof f};
-    for (int i = 0; i < 2 && ok; ++i) {
-        size_t off = 0;
-        while (off < sizes[i]) {
-            ssize_t w = write(fd, parts[i] + off, sizes[i] - off);
-            if (w <= 0) {
-                ok = 0;
-                break;
-            }
-            off += (size_t)w;
-        }
-    }
+    int ok = fchmod(fd, 0600) == 0 && kva__write_all(fd, text, tn) && kva__write_all(fd, (const char*)&f, sizeof f);
     if (close(fd) != 0) ok = 0;
     return ok;
 }
