@@ -247,14 +247,8 @@ class Workspace:
                             % (what, type(buf).__name__))
         if not T.is_contiguous(buf):
             raise ValueError("kvattn: %s must be contiguous" % what)
-        # kvattn writes plans' partials there: a read-only array (a view of bytes, a read-only memmap) is refused
-        if not T.is_torch(buf):
-            ai = getattr(buf, "__array_interface__", None) or {}
-            data = ai.get("data")
-            if (isinstance(buf, np.ndarray) and not buf.flags.writeable) or \
-                    (isinstance(data, tuple) and len(data) == 2 and data[1]):
-                raise ValueError("kvattn: %s is read-only (kvattn writes split-KV partials there); pass a writable "
-                                 "buffer" % what)
+        if not T.is_torch(buf):  # kvattn writes split-KV partials there: a read-only array is refused
+            T.check_writable(np.asarray(buf), what)
         self.buf = buf
         self.dev = T.device_of(buf)
         base = T.data_ptr(buf)

@@ -756,7 +756,7 @@ class BatchWrapperBase:
         h_lpl = T.host_int32(last_page_len, "last_page_len")
         if h_lpl.size < B:
             raise ValueError("kvattn: last_page_len has %d elements, the batch has %d requests" % (h_lpl.size, B))
-        h_lpl = np.array(h_lpl[:B], dtype=np.int32)  # a copy: the caller may refill its buffer after plan()
+        h_lpl = h_lpl[:B].copy()  # the plan's own: the caller may refill its buffer after plan()
         n = int(h_indptr[-1])
         if n < 0:
             raise ValueError("kvattn: indptr[-1] = %d is negative" % n)
@@ -765,10 +765,7 @@ class BatchWrapperBase:
         if int(indices.shape[0]) < n:
             raise ValueError("kvattn: indices has %d elements but indptr[-1] = %d" % (int(indices.shape[0]), n))
         host_side = not T.is_torch(indices) or indices.device.type == "cpu"
-        h_view = T.host_int32(indices, "indices")[:n] if host_side else None
-        # the plan keeps its own copy of host indices (validation on a re-plan); the run reads the indices array
-        # given here (FlashInfer's contract: the run reads the plan's indices buffer)
-        h_indices = None if h_view is None else np.array(h_view, dtype=np.int32)
+        h_indices = T.host_int32(indices, "indices")[:n] if host_side else None
         if self._use_cuda_graph:
             copy_into(indptr_buf, h_indptr, "paged_kv_indptr_buffer")
             copy_into(last_page_len_buf, h_lpl, "paged_kv_last_page_len_buffer")
@@ -778,7 +775,7 @@ class BatchWrapperBase:
             copy_into(indices_buf, src, "paged_kv_indices_buffer")
             d_indices = indices_buf
         else:
-            d_indices = T.backend_int32(h_view if h_view is not None else indices, self._dev, "indices")
+            d_indices = T.backend_int32(h_indices if h_indices is not None else indices, self._dev, "indices")
         st.h_kv_indptr = h_indptr
         st.h_last_page_len = h_lpl
         st.h_indices = h_indices

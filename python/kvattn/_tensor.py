@@ -365,15 +365,9 @@ def host_int32(x: Any, what: str, ndim: int = 1) -> np.ndarray:
 
 
 def host_int32_owned(x: Any, what: str, ndim: int = 1) -> np.ndarray:
-    """host_int32 that never shares memory with the caller's array: what a plan keeps to re-plan from later (a
-    re-plan for a larger pool, forward() with new parameters) must be the plan-time values, not whatever the
-    caller's buffer holds by then."""
-    a = host_int32(x, what, ndim)
-    if isinstance(x, np.ndarray) and np.shares_memory(a, x):
-        a = a.copy()
-    elif is_torch(x) and not x.is_cuda and a.size and np.shares_memory(a, x.detach().numpy()):
-        a = a.copy()
-    return a
+    """host_int32 as a copy of its own: what a plan keeps to re-plan from later (a re-plan for a larger pool,
+    forward() with new parameters) must be the plan-time values, not whatever the caller's buffer holds by then."""
+    return host_int32(x, what, ndim).copy()
 
 
 def backend_u8(a: np.ndarray, dev: DeviceKey) -> Any:

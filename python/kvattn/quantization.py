@@ -27,7 +27,6 @@ def _weights(bitorder: str):
 def _pack_torch(flat: Any, bitorder: str) -> Any:
     """Bits of a 1-D bool/integer tensor packed into uint8 (zero-padded), with uint8 temporaries only."""
     torch = T._torch()
-    _weights(bitorder)
     b = (flat != 0).to(torch.uint8)
     pad = (-b.numel()) % 8
     if pad:
@@ -87,26 +86,21 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "big") -> Tuple[Any, A
     np.cumsum(nbytes, out=new_indptr[1:])
     total = int(new_indptr[-1])
     one_piece = seg_len.size == 0 or not np.any(seg_len[:-1] % 8)
-
     if is_t:
         dev = flat.device
         nip = torch.as_tensor(new_indptr.astype(np.int32)).to(dev)
-        if total == 0:
-            return torch.zeros(0, dtype=torch.uint8, device=dev), nip
-        if one_piece:
-            return _pack_torch(flat[:int(ip[-1])], bitorder), nip
-        out = torch.empty(total, dtype=torch.uint8, device=dev)
-        for i in range(seg_len.size):
-            if seg_len[i]:
-                out[int(new_indptr[i]):int(new_indptr[i + 1])] = _pack_torch(flat[int(ip[i]):int(ip[i + 1])], bitorder)
-        return out, nip
-    bits = flat != 0 if flat.dtype != np.bool_ else flat
+        empty = lambda size: torch.empty(size, dtype=torch.uint8, device=dev)  # noqa: E731
+        pack = lambda a: _pack_torch(a, bitorder)  # noqa: E731
+    else:
+        nip = new_indptr.astype(np.int32)
+        empty = lambda size: np.empty(size, dtype=np.uint8)  # noqa: E731
+        pack = lambda a: np.packbits(a != 0, bitorder=bitorder)  # noqa: E731
     if total == 0:
-        return np.zeros(0, dtype=np.uint8), new_indptr.astype(np.int32)
+        return empty(0), nip
     if one_piece:
-        return np.packbits(bits[:int(ip[-1])], bitorder=bitorder), new_indptr.astype(np.int32)
-    out = np.empty(total, dtype=np.uint8)
+        return pack(flat[:int(ip[-1])]), nip
+    out = empty(total)
     for i in range(seg_len.size):
         if seg_len[i]:
-            out[new_indptr[i]:new_indptr[i + 1]] = np.packbits(bits[ip[i]:ip[i + 1]], bitorder=bitorder)
-    return out, new_indptr.astype(np.int32)
+            out[int(new_indptr[i]):int(new_indptr[i + 1])] = pack(flat[int(ip[i]):int(ip[i + 1])])
+    return out, nip
