@@ -450,7 +450,9 @@ def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: f
             w._replan_for_pool(pool)
             st = w._require_plan()
         w._pool_pages = pool
-        fill_paged(args.paged, k, v, st.kv_layout, st.kv_dtype, st.num_pages, T.data_ptr(st.indices),
+        # the run reads the plan's indices array (FlashInfer's contract), which the caller may have refilled since
+        # plan(): its entries are bounded by the pool given here (at least the planned one), not the planned size
+        fill_paged(args.paged, k, v, st.kv_layout, st.kv_dtype, pool, T.data_ptr(st.indices),
                    num_indices=int(st.indices.shape[0]) if st.indices is not None else 0)
     if st.mask is not None:
         args.custom_mask = T.data_ptr(st.mask) or None

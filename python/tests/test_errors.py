@@ -400,3 +400,20 @@ def test_cascade_levels_must_cover_the_same_rows(rng):
     with pytest.raises(ValueError, match="different numbers of query rows"):
         w.plan([np.array([0, 6], np.int32), np.array([0, 3, 5], np.int32)], [indptr[:2], indptr],
                [indices, indices], [last[:1], last], 4, 2, 16, 4, q_data_type="float32")
+
+
+def test_run_bounds_refilled_indices_by_the_pool_it_gets(rng):
+    """The run reads the indices array given to plan() (FlashInfer's contract). An engine that refills it in place
+    after plan() with pages above the plan-time largest index but inside the pool given to run() gets the right
+    answer, not a PageIndexOutOfRangeError against the pool size the plan inferred."""
+    cache, indptr, indices, last, q = _decode_setup(rng, lens=(13, 7))
+    n = int(indptr[-1])
+    big = rng.standard_normal((n + 40,) + cache.shape[1:]).astype(np.float32)
+    idx = np.arange(n, dtype=np.int32)  # the plan infers a pool of n pages
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, idx, last, 4, 2, 16, 4, q_data_type="float32")
+    idx[:] = np.arange(40, 40 + n, dtype=np.int32)  # refilled in place: pages of the larger pool
+    out = w.run(q, big)
+    w.plan(indptr, idx.copy(), last, 4, 2, 16, 4, q_data_type="float32", num_pages=big.shape[0])
+    np.testing.assert_array_equal(out, w.run(q, big))
+    assert np.all(np.isfinite(out)) and np.any(out != 0)
