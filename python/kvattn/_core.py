@@ -590,8 +590,8 @@ class BatchWrapperBase:
     def _require_plan(self) -> PlanState:
         st = self._state
         if st is None or not st.valid:
-            raise RuntimeError("kvattn: %s.run() called before plan() (or after reset_workspace_buffer())"
-                               % type(self).__name__)
+            raise RuntimeError("kvattn: %s.run() called before plan() (or after reset_workspace_buffer(), or after a "
+                               "plan() that raised: a failed plan drops the previous one)" % type(self).__name__)
         return st
 
     def _replan_for_pool(self, num_pages: int) -> None:
