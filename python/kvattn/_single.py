@@ -148,8 +148,9 @@ def single_attention(q: Any, k: Any, v: Any, *, decode: bool, kv_layout: str, po
         kv_len = int(k.shape[0])
         if packed_custom_mask is not None:
             mask = packed_custom_mask
-            if T.dtype_of(mask, "packed_custom_mask") != F.KVA_DTYPE_U8 or mask.ndim != 1:
-                raise TypeError("kvattn: packed_custom_mask must be a 1-D uint8 array")
+            if T.is_bool(mask) or T.dtype_of(mask, "packed_custom_mask") != F.KVA_DTYPE_U8 or mask.ndim != 1:
+                raise TypeError("kvattn: packed_custom_mask must be a 1-D uint8 array of packed bits (a bool mask "
+                                "goes to custom_mask)")
         else:
             if tuple(int(s) for s in custom_mask.shape) not in ((qo_len, kv_len), (qo_len * kv_len,)):
                 raise ValueError("kvattn: custom_mask must have shape [qo_len, kv_len] = [%d, %d], got %s"

@@ -281,6 +281,11 @@ def nbytes_of(x: Any) -> int:
     return int(x.nbytes)
 
 
+def is_bool(x: Any) -> bool:
+    """A NumPy or torch bool array (1 byte per element, so dtype_of maps it to uint8; packed bit masks refuse it)."""
+    return str(getattr(x, "dtype", "")) in ("bool", "torch.bool")
+
+
 def is_contiguous(x: Any) -> bool:
     if is_torch(x):
         return bool(x.is_contiguous())

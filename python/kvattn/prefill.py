@@ -65,7 +65,7 @@ def _check_buf(dev: T.DeviceKey, name: str, b: Any, code: int) -> None:
     if T.device_of(b) != dev:
         raise ValueError("kvattn: %s is on %s but the workspace is on %s"
                          % (name, T.device_str(T.device_of(b)), T.device_str(dev)))
-    if T.dtype_of(b, name) != code or b.ndim != 1 or not T.is_contiguous(b):
+    if T.is_bool(b) or T.dtype_of(b, name) != code or b.ndim != 1 or not T.is_contiguous(b):
         raise TypeError("kvattn: %s must be a contiguous 1-D %s buffer" % (name, T.dtype_name(code)))
 
 
@@ -120,8 +120,9 @@ class _PrefillBase(BatchWrapperBase):
             return F.KVA_MASK_CUSTOM
         if packed_custom_mask is not None:
             packed = packed_custom_mask
-            if T.dtype_of(packed, "packed_custom_mask") != F.KVA_DTYPE_U8 or packed.ndim != 1:
-                raise TypeError("kvattn: packed_custom_mask must be a 1-D uint8 array")
+            if T.is_bool(packed) or T.dtype_of(packed, "packed_custom_mask") != F.KVA_DTYPE_U8 or packed.ndim != 1:
+                raise TypeError("kvattn: packed_custom_mask must be a 1-D uint8 array of packed bits (a bool mask "
+                                "goes to custom_mask)")
             if int(packed.shape[0]) < need_bytes:
                 raise ValueError("kvattn: packed_custom_mask has %d bytes but the batch needs %d (one byte-aligned "
                                  "segment of ceil(qo_len * kv_len / 8) bytes per request, as "

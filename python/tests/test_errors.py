@@ -417,3 +417,26 @@ def test_run_bounds_refilled_indices_by_the_pool_it_gets(rng):
     w.plan(indptr, idx.copy(), last, 4, 2, 16, 4, q_data_type="float32", num_pages=big.shape[0])
     np.testing.assert_array_equal(out, w.run(q, big))
     assert np.all(np.isfinite(out)) and np.any(out != 0)
+
+
+def test_packed_masks_refuse_bool_arrays(rng):
+    """A bool array is one byte per element: taken as packed bits it would be a different mask. The packed-mask
+    arguments refuse it (the unpacked mask goes to custom_mask)."""
+    qo_lens, kv_lens = [3, 2], [5, 9]
+    bits = sum(q * k for q, k in zip(qo_lens, kv_lens))
+    cache, indptr, indices, last, _ = make_paged(rng, kv_lens, 4, 2, 16)
+    qo_indptr = np.array([0, 3, 5], dtype=np.int32)
+    w = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    with pytest.raises(TypeError, match="packed bits"):
+        w.plan(qo_indptr, indptr, indices, last, 2, 2, 16, 4, q_data_type="float32",
+               packed_custom_mask=np.ones(bits, dtype=bool))
+    q = rng.standard_normal((3, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((7, 2, 16)).astype(np.float32)
+    with pytest.raises(TypeError, match="packed bits"):
+        kvattn.single_prefill_with_kv_cache(q, k, k, packed_custom_mask=np.ones(3, dtype=bool))
+    with pytest.raises(TypeError, match="custom_mask_buf"):
+        kvattn.BatchPrefillWithPagedKVCacheWrapper(
+            workspace(), use_cuda_graph=True, qo_indptr_buf=np.zeros(3, np.int32),
+            paged_kv_indptr_buf=np.zeros(3, np.int32), paged_kv_indices_buf=np.zeros(8, np.int32),
+            paged_kv_last_page_len_buf=np.zeros(2, np.int32),
+            custom_mask_buf=np.zeros(64, dtype=bool), mask_indptr_buf=np.zeros(3, np.int32))
