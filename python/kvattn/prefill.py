@@ -98,14 +98,21 @@ class _PrefillBase(BatchWrapperBase):
             if st.batch_size != self._fixed_batch_size:
                 raise ValueError("kvattn: the batch size is fixed to %d in CUDA-graph mode (len(qo_indptr_buf) - 1); "
                                  "plan() got %d requests" % (self._fixed_batch_size, st.batch_size))
-            if self._max_total_num_rows is None:
-                self._max_total_num_rows = st.total_rows
-            elif st.total_rows > self._max_total_num_rows:
+            if self._max_total_num_rows is not None and st.total_rows > self._max_total_num_rows:
                 raise ValueError("kvattn: CUDA-graph mode: this plan has %d query rows but the first plan had %d, "
                                  "which bounds every later plan" % (st.total_rows, self._max_total_num_rows))
             _core.copy_into(self._qo_indptr_buf, h_qo, "qo_indptr_buf")
         st.max_batch = self._fixed_batch_size if self._use_cuda_graph else st.batch_size
+        # graph mode: the first plan that succeeds sets the row bound (_commit)
         st.max_rows = (self._max_total_num_rows or st.total_rows) if self._use_cuda_graph else st.total_rows
+
+    def _commit(self, st: PlanState) -> None:
+        """Write the plan and install it; in graph mode the first plan that succeeds bounds the later ones' rows."""
+        self._set_state(None)
+        commit_plan(st, self._ws, type(self).__name__ + ".plan")
+        if self._use_cuda_graph and self._max_total_num_rows is None:
+            self._max_total_num_rows = st.max_rows
+        self._set_state(st)
 
     def _setup_mask(self, st: PlanState, kv_lens: np.ndarray, custom_mask: Any, packed_custom_mask: Any,
                     dry: bool) -> int:
@@ -240,9 +247,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                          token_pos_in_items_len, max_item_len_ptr, seq_lens, seq_lens_q, block_tables,
                          max_token_per_sequence, max_sequence_kv, fixed_split_size, disable_split_kv, num_pages,
                          dry=False, variant=variant, variant_scalars=variant_scalars, variant_tensors=variant_tensors)
-        self._set_state(None)
-        commit_plan(st, self._ws, type(self).__name__ + ".plan")
-        self._set_state(st)
+        self._commit(st)
 
     begin_forward = plan
 
@@ -322,7 +327,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         if use_cuda_graph and kv_indptr_buf is None:
             raise ValueError("kvattn: use_cuda_graph=True needs kv_indptr_buf")
         _check_buf(self._dev, "kv_indptr_buf", kv_indptr_buf, F.KVA_DTYPE_I32)
-        self._max_total_kv: Optional[int] = None
 
     def _build(self, qo_indptr: Any, kv_indptr: Any, num_qo_heads: int, num_kv_heads: int, head_dim_qk: int,
                head_dim_vo: Any, custom_mask: Any, packed_custom_mask: Any, causal: bool, pos_encoding_mode: Any,
@@ -389,9 +393,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                          fixed_split_size, disable_split_kv, seq_lens, seq_lens_q, max_token_per_sequence,
                          max_sequence_kv, v_indptr, o_indptr, dry=False, variant=variant,
                          variant_scalars=variant_scalars, variant_tensors=variant_tensors)
-        self._set_state(None)
-        commit_plan(st, self._ws, type(self).__name__ + ".plan")
-        self._set_state(st)
+        self._commit(st)
 
     begin_forward = plan
 

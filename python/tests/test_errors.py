@@ -440,3 +440,24 @@ def test_packed_masks_refuse_bool_arrays(rng):
             paged_kv_indptr_buf=np.zeros(3, np.int32), paged_kv_indices_buf=np.zeros(8, np.int32),
             paged_kv_last_page_len_buf=np.zeros(2, np.int32),
             custom_mask_buf=np.zeros(64, dtype=bool), mask_indptr_buf=np.zeros(3, np.int32))
+
+
+def test_graph_prefill_row_bound_comes_from_a_plan_that_succeeded(rng):
+    """CUDA-graph mode: the first plan's query rows bound later plans, but only a plan that succeeded sets it."""
+    kv_lens = [5, 9]
+    cache, indptr, indices, last, _ = make_paged(rng, kv_lens, 4, 2, 16)
+    bufs = dict(qo_indptr_buf=np.zeros(3, np.int32), paged_kv_indptr_buf=np.zeros(3, np.int32),
+                paged_kv_indices_buf=np.zeros(indices.size, np.int32),
+                paged_kv_last_page_len_buf=np.zeros(2, np.int32))
+    w = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace(), use_cuda_graph=True, **bufs)
+    bad = indptr.copy()
+    bad[1], bad[2] = bad[2], bad[1]  # decreasing: refused by the library's plan
+    with pytest.raises(kvattn.PageTableMalformedError):
+        w.plan(np.array([0, 1, 2], np.int32), bad, indices, last, 4, 2, 16, 4, q_data_type="float32")
+    qo_indptr = np.array([0, 2, 5], np.int32)
+    w.plan(qo_indptr, indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", causal=True)
+    q = rng.standard_normal((5, 4, 16)).astype(np.float32)
+    o = w.run(q, cache)
+    assert np.all(np.isfinite(o))
+    with pytest.raises(ValueError, match="first plan had 5"):
+        w.plan(np.array([0, 3, 6], np.int32), indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
