@@ -717,6 +717,63 @@ static void test_run(void) {
         st = kva_run(F.ctx, &F.plan, ws, &a);
         H_CHECK(st == KVA_OK, "run after re-planning: %s: %s", kva_status_string(st), kva_last_error_message());
     }
+    /* a graph-mode plan runs the work list a later graph-mode re-plan of the same bounds wrote into its workspace, but
+       not one of an eager plan, of other bounds, another op or another context (its layout differs: the run had
+       read it at this plan's offsets and computed other requests or stale items, status OK) */
+    {
+        size_t db = 0, hb = 0;
+        kva_status st = kva_workspace_bound(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, 2 * B, 2 * ROWS, &db, &hb);
+        h_ws gw;
+        h_ws_alloc(&gw, db + 256, hb + 256);
+        kva_plan_params gp = F.pp;
+        gp.graph_mode = 1;
+        gp.max_batch_size = 2 * B;
+        gp.max_total_qo_rows = 2 * ROWS;
+        kva_plan g1, later;
+        if (st == KVA_OK) st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &gp, &gw.ws, &g1, NULL);
+        H_CHECK(st == KVA_OK, "graph-mode plan: %s: %s", kva_status_string(st), kva_last_error_message());
+        kva_plan_params ep = F.pp;
+        st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &ep, &gw.ws, &later, NULL);
+        H_CHECK(st == KVA_OK, "eager plan into the graph-mode plan's workspace: %s", kva_status_string(st));
+        a = F.args;
+        ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH,
+             "run: a graph-mode plan after an eager plan into its workspace", kva_run(F.ctx, &g1, &gw.ws, &a));
+        kva_plan_params op = gp;
+        op.max_batch_size = B;
+        op.max_total_qo_rows = ROWS;
+        st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &op, &gw.ws, &later, NULL);
+        H_CHECK(st == KVA_OK, "graph-mode plan of other bounds: %s", kva_status_string(st));
+        ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH,
+             "run: a graph-mode plan after a graph-mode plan of other bounds into its workspace",
+             kva_run(F.ctx, &g1, &gw.ws, &a));
+        kva_plan_params dp = gp;
+        dp.qo_indptr = NULL;
+        dp.max_total_qo_rows = 2 * B;
+        st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_DECODE, &dp, &gw.ws, &later, NULL);
+        H_CHECK(st == KVA_OK, "graph-mode decode plan of the same batch size bound: %s", kva_status_string(st));
+        ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH,
+             "run: a graph-mode plan after a graph-mode plan of another op into its workspace",
+             kva_run(F.ctx, &g1, &gw.ws, &a));
+        st = kva_plan_make(F.other_ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &gp, &gw.ws, &later, NULL);
+        H_CHECK(st == KVA_OK, "another context's graph-mode plan of the same bounds: %s", kva_status_string(st));
+        ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH,
+             "run: a graph-mode plan after another context's graph-mode plan into its workspace",
+             kva_run(F.ctx, &g1, &gw.ws, &a));
+        /* a re-plan of the same bounds (another batch: request 1 dropped) is what graph mode is for */
+        int32_t qi[3] = {0, F.qo_indptr[1], F.qo_indptr[1]}, ki[3] = {0, F.kv_indptr[1], F.kv_indptr[1]};
+        kva_plan_params rp = gp;
+        rp.batch_size = 2;
+        rp.qo_indptr = qi;
+        rp.kv_indptr = ki;
+        rp.kv_indices = F.indices;
+        st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &rp, &gw.ws, &later, NULL);
+        H_CHECK(st == KVA_OK, "graph-mode re-plan of the same bounds: %s: %s", kva_status_string(st),
+                kva_last_error_message());
+        st = kva_run(F.ctx, &g1, &gw.ws, &a);
+        H_CHECK(st == KVA_OK, "run: a graph-mode plan after a re-plan of the same bounds: %s: %s",
+                kva_status_string(st), kva_last_error_message());
+        h_ws_free(&gw);
+    }
 
     /* ragged: K/V rows must match kv_indptr[B] */
     a = F.args_rag;

@@ -117,10 +117,10 @@ static pthread_mutex_t kva__stamp_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t kva__stamp_next;
 static uint32_t kva__stamp_victim;
 static struct {
-    uint64_t addr, stamp;
+    uint64_t addr, stamp, graph_key;
 } kva__stamps[KVA__STAMP_SLOTS];
 
-uint64_t kva__stamp_record(uint64_t addr) {
+uint64_t kva__stamp_record(uint64_t addr, uint64_t graph_key) {
     pthread_mutex_lock(&kva__stamp_mu);
     const uint64_t stamp = ++kva__stamp_next;
     int slot = -1;
@@ -132,6 +132,7 @@ uint64_t kva__stamp_record(uint64_t addr) {
     if (slot < 0) slot = (int)(kva__stamp_victim++ % KVA__STAMP_SLOTS);
     kva__stamps[slot].addr = addr;
     kva__stamps[slot].stamp = stamp;
+    kva__stamps[slot].graph_key = graph_key;
     pthread_mutex_unlock(&kva__stamp_mu);
     return stamp;
 }
@@ -142,6 +143,18 @@ int kva__stamp_current(uint64_t addr, uint64_t stamp) {
     for (int i = 0; i < KVA__STAMP_SLOTS; ++i)
         if (kva__stamps[i].stamp && kva__stamps[i].addr == addr) {
             current = kva__stamps[i].stamp == stamp;
+            break;
+        }
+    pthread_mutex_unlock(&kva__stamp_mu);
+    return current;
+}
+
+int kva__stamp_graph_current(uint64_t addr, uint64_t graph_key) {
+    int current = 1;
+    pthread_mutex_lock(&kva__stamp_mu);
+    for (int i = 0; i < KVA__STAMP_SLOTS; ++i)
+        if (kva__stamps[i].stamp && kva__stamps[i].addr == addr) {
+            current = kva__stamps[i].graph_key == graph_key;
             break;
         }
     pthread_mutex_unlock(&kva__stamp_mu);

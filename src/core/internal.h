@@ -98,10 +98,14 @@ struct kva_context {
    so plans of different contexts into one workspace are ordered too): run refuses an eager plan that a later plan
    into the same workspace replaced. Record that a plan was just made into the workspace at device address addr;
    returns its stamp. */
-uint64_t kva__stamp_record(uint64_t addr);
+uint64_t kva__stamp_record(uint64_t addr, uint64_t graph_key);
 /* 0 if a later plan than the one with this stamp was made into the workspace at addr (as far as the table
    remembers), else 1. */
 int kva__stamp_current(uint64_t addr, uint64_t stamp);
+/* graph_key of a graph-mode plan (kva__plan_graph_key), 0 for an eager one, is recorded with each stamp: 0 if the
+   latest plan made into the workspace at addr (as far as the table remembers) has another graph_key (an eager plan,
+   or a graph-mode plan whose work list this plan's run cannot read: other bounds, op, descriptor or context), else 1. */
+int kva__stamp_graph_current(uint64_t addr, uint64_t graph_key);
 
 void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...) KVA_PRINTF(3, 4);
 
@@ -233,6 +237,11 @@ typedef struct kva__plan_data {
 } kva__plan_data;
 
 _Static_assert(sizeof(kva__plan_data) <= sizeof(kva_plan), "kva__plan_data must fit in kva_plan");
+
+/* Nonzero key of the facts every graph-mode re-plan of a plan shares (context, op, descriptor shape, page size,
+   workers, tile size, capacities and the layout of the work list): a run of one of them may read the work list of
+   any other. */
+uint64_t kva__plan_graph_key(const kva__plan_data* pd);
 
 static inline kva__plan_data* kva__plan_data_of(kva_plan* plan) { return (kva__plan_data*)(void*)plan->opaque; }
 static inline const kva__plan_data* kva__plan_data_ofc(const kva_plan* plan) {

@@ -42,6 +42,13 @@ static kva_status kva__check_plan(const kva_context* ctx, const kva_plan* plan, 
                   "run: a later plan was made into this workspace (%p), replacing this plan's work list; plan again, "
                   "or give each plan its own workspace (plans may share one scratch region)",
                   (void*)(uintptr_t)pd->ws_device_addr);
+    /* ... but only by plans of the same bounds, op, descriptor and context, whose work list this plan's run reads in
+       the same layout */
+    KVA_RETURN_IF(pd->graph_mode && pd->stamp && !kva__stamp_graph_current(pd->ws_device_addr, kva__plan_graph_key(pd)),
+                  KVA_ERR_PLAN_MISMATCH,
+                  "run: a later plan into this workspace (%p) is not a graph-mode re-plan of this plan (an eager plan, "
+                  "or other bounds, op, descriptor or context): its work list has another layout; plan again",
+                  (void*)(uintptr_t)pd->ws_device_addr);
     KVA_RETURN_IF(pd->ws_scratch_addr != (uint64_t)(uintptr_t)ws->scratch ||
                       (pd->ws_scratch_addr && ws->scratch_bytes < pd->scratch_bytes),
                   KVA_ERR_PLAN_MISMATCH,

@@ -1329,7 +1329,7 @@ kva_status kva__cuda_init(kva_context* ctx) {
     if (r != CUDA_SUCCESS) {
         kva_status e = kva__cu_error(cu, r, "CUDA backend: cuDevicePrimaryCtxRetain");
         free(st);
-        return e == KVA_ERR_BACKEND ? kva__set_error(KVA_ERR_NO_DEVICE, "%s", kva_last_error_message()) : e;
+        return e == KVA_ERR_BACKEND ? kva__retag_error(KVA_ERR_NO_DEVICE) : e; /* (keeps the message) */
     }
     pthread_mutex_init(&st->mu, NULL);
     ctx->backend_state = st;
