@@ -237,6 +237,17 @@ static void test_thread_local_errors(void) {
     kva_status st = kva_alibi_slopes(0, s);
     H_CHECK(st == KVA_ERR_INVALID_ARGUMENT && kva_last_error_status() == st && kva_last_error_message()[0] != 0,
             "last error status and message of this thread");
+    /* a call that succeeds keeps the last failing call's error, also where it recovered from an internal failure
+       (AUTO without a usable CUDA device falls back to the CPU) */
+    char before[256];
+    snprintf(before, sizeof before, "%s", kva_last_error_message());
+    kva_context* c = NULL;
+    st = kva_context_create(NULL, &c);
+    H_CHECK(st == KVA_OK && kva_last_error_status() == KVA_ERR_INVALID_ARGUMENT &&
+                strcmp(kva_last_error_message(), before) == 0,
+            "a successful kva_context_create keeps the last error (%s, \"%s\")",
+            kva_status_string(kva_last_error_status()), kva_last_error_message());
+    kva_context_destroy(c);
 }
 
 /* A small but complete session (contexts, errors, plan, run, merges, append), all with stdout/stderr redirected. */

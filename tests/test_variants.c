@@ -949,10 +949,15 @@ static void cache_damage(const char* dir, const kva_variant_spec* s) {
         }
         n_compiles = 0;
         kva_variant* v = NULL;
+        kva_alibi_slopes(0, NULL); /* a failing call before: the create that recovers from the miss keeps its error */
         kva_status st = kva_variant_create(ctx, s, &v);
         H_CHECK(st == KVA_OK && n_compiles == 1, "damaged cache entry (%s): create %s with %d compiles (want OK, 1): %s",
                 damage == 0 ? "truncated" : damage == 1 ? "object byte" : "text byte", kva_status_string(st),
                 n_compiles, kva_last_error_message());
+        H_CHECK(kva_last_error_status() == KVA_ERR_INVALID_ARGUMENT,
+                "damaged cache entry (%s): the last error after a create that succeeded is the earlier one (%s: %s)",
+                damage == 0 ? "truncated" : damage == 1 ? "object byte" : "text byte",
+                kva_status_string(kva_last_error_status()), kva_last_error_message());
         kva_variant_destroy(v);
         n_compiles = 0;
         v = NULL;

@@ -42,6 +42,7 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
 
     kva_context* ctx = (kva_context*)calloc(1, sizeof *ctx);
     KVA_RETURN_IF(!ctx, KVA_ERR_OUT_OF_MEMORY, "kva_context_create: out of host memory");
+    kva__error_save(); /* a backend that is not there (AUTO falls back to the CPU) is not this call's failure */
     ctx->device = opt.device;
     ctx->num_threads = opt.num_threads > 0 ? opt.num_threads : kva__online_cpus();
     ctx->log_fn = opt.log_fn;
@@ -90,7 +91,7 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
             return st;
         }
     }
-    kva_clear_last_error();
+    kva__error_restore();
     kva__log(ctx, KVA_LOG_INFO, "kvattn %s: %s backend, %d workers", KVA_VERSION_STRING, ctx->ops->name,
              (int)ctx->num_workers);
     *out_context = ctx;

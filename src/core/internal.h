@@ -33,6 +33,11 @@ extern "C" {
 kva_status kva__set_error(kva_status status, const char* fmt, ...) KVA_PRINTF(2, 3);
 /* keep the last message, change its status */
 kva_status kva__retag_error(kva_status status);
+/* A call that succeeds after an internal failure it recovered from (a backend fallback, a cache miss) puts back the
+   thread's last error as it was before the call: save at the call's start, restore on its success. One level (a
+   thread-local copy; the two calls that use it do not nest). */
+void kva__error_save(void);
+void kva__error_restore(void);
 
 /* if (cond) record the message and return status */
 #define KVA_RETURN_IF(cond, status, ...)                    \

@@ -23,6 +23,19 @@ kva_status kva__retag_error(kva_status status) {
     return status;
 }
 
+static _Thread_local char kva__saved_msg[KVA__MSG_CAP];
+static _Thread_local kva_status kva__saved_status = KVA_OK;
+
+void kva__error_save(void) {
+    memcpy(kva__saved_msg, kva__msg, strlen(kva__msg) + 1);
+    kva__saved_status = kva__last_status;
+}
+
+void kva__error_restore(void) {
+    memcpy(kva__msg, kva__saved_msg, strlen(kva__saved_msg) + 1);
+    kva__last_status = kva__saved_status;
+}
+
 KVA_API const char* kva_last_error_message(void) { return kva__msg; }
 KVA_API kva_status kva_last_error_status(void) { return kva__last_status; }
 KVA_API void kva_clear_last_error(void) {

@@ -376,6 +376,7 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
     char final_so[1200];
     if (cached) {
         snprintf(final_so, sizeof final_so, "%s/%s.so", dir, hash);
+        kva__error_save(); /* a cache entry that does not load is a miss, not this call's failure */
         size_t n = 0;
         unsigned char* entry = kva__jit_file_safe(final_so) ? kva__read_file(final_so, KVA__VX_MAX_ENTRY, &n) : NULL;
         size_t obj_n = entry ? kva__entry_check(entry, n, t.p, t.n) : 0;
@@ -389,7 +390,7 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
             kva__log(ctx, KVA_LOG_WARN, "kvattn: cache entry %s is not this variant's complete object; compiling again",
                      final_so);
         free(entry);
-        kva_clear_last_error();
+        kva__error_restore();
         if (access(dir, W_OK | X_OK) != 0) cached = 0; /* readable, not writable: compile privately */
     }
     if (!cached) {
