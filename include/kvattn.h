@@ -171,7 +171,10 @@ typedef struct kva_tensor {
     kva_dtype dtype;
     int32_t ndim;
     int64_t shape[KVA_MAX_DIMS];
-    int64_t stride[KVA_MAX_DIMS]; /* in elements; the last dimension must have stride 1 */
+    int64_t stride[KVA_MAX_DIMS]; /* in elements; the last dimension must have stride 1. A tensor kvattn writes
+                                     (o, lse, merge outputs) has no stride 0 over more than one element
+                                     (KVA_ERR_INVALID_ARGUMENT): a broadcast view would put several results in
+                                     one place. Outputs must not overlap the inputs (not checked). */
 } kva_tensor;
 
 /* A contiguous row-major tensor of 1 to 4 dims (pass 0 for unused trailing dims). */

@@ -615,6 +615,11 @@ static void test_run(void) {
     RUN("run: o last stride 0", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
     a = F.args; a.o.stride[0] = -HQ * D;
     RUN("run: o negative row stride", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.o.stride[0] = 0;
+    RUN("run: o row stride 0 (a broadcast view: every row's results in one place)", KVA_ERR_INVALID_ARGUMENT,
+        KVA_ERR_INVALID_ARGUMENT);
+    a = F.args; a.lse.stride[0] = 0;
+    RUN("run: lse row stride 0", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
     a = F.args; a.k_scale = NAN;
     RUN("run: k_scale NaN", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
     a = F.args; a.enable_pdl = 2;
@@ -1056,6 +1061,16 @@ static void test_merge(void) {
     x = tvo;
     x.stride[2] = 2;
     ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: v_out last stride 2", kva_merge_state(F.ctx, &tva, &tsa, &tvb, &tsb, &x, &tso, NULL));
+    x = tvo;
+    x.stride[0] = 0;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: v_out row stride 0", kva_merge_state(F.ctx, &tva, &tsa, &tvb, &tsb, &x, &tso, NULL));
+    x = tso;
+    x.stride[0] = 0;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state: s_out row stride 0", kva_merge_state(F.ctx, &tva, &tsa, &tvb, &tsb, &tvo, &x, NULL));
+    x = tvo;
+    x.stride[1] = 0;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state_in_place: v head stride 0",
+        kva_merge_state_in_place(F.ctx, &x, &tso, &tvb, &tsb, NULL, NULL));
     x = tvb;
     x.shape[1] = H + 1;
     ERR(KVA_ERR_INVALID_ARGUMENT, "merge_state_in_place: other has more heads",
@@ -1083,6 +1098,9 @@ static void test_merge(void) {
     x = to4;
     x.shape[0] = R + 1;
     ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: v_out rows != rows", kva_merge_states(F.ctx, &tva, &tsa, ip, R, &x, &tso, NULL));
+    x = to4;
+    x.stride[0] = 0;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "merge_states: v_out row stride 0", kva_merge_states(F.ctx, &tva, &tsa, ip, R, &x, &tso, NULL));
     /* states with no elements and NULL data pointers (PyTorch's empty tensors) are not an error (docs/errors.md) */
     {
         kva_tensor ev = t3(NULL, KVA_DTYPE_F32, 0, H, DD), es = kva_tensor_make(NULL, KVA_DTYPE_F32, 2, 0, H, 0, 0);

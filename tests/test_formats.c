@@ -1535,6 +1535,9 @@ static void f_suite_errors(void) {
         ba.packed_mask_bytes = nm - 1;
         F_ERR(kva_vbsr_run(ctx, &plan, &ws.ws, &ba), KVA_ERR_INVALID_ARGUMENT);
         ba = a;
+        ba.o.stride[1] = 0; /* a broadcast view of o: refused before anything is written */
+        F_ERR(kva_vbsr_run(ctx, &plan, &ws.ws, &ba), KVA_ERR_INVALID_ARGUMENT);
+        ba = a;
         ba.k.shape[1] = 3;
         F_ERR(kva_vbsr_run(ctx, &plan, &ws.ws, &ba), KVA_ERR_PLAN_MISMATCH);
         kva_vbsr_plan bp = plan;
@@ -1685,6 +1688,11 @@ static void f_suite_errors(void) {
             if (s.kv_indptr[l][s.nb[l]] > 0) last_with_pages = l;
         if (last_with_pages > 0) {
             e.kv_indices[last_with_pages] = NULL; /* a later level's table missing: level 0 must not run either */
+            F_ERR(kva_cascade_run(ctx, &plan, &ws.ws, &e), KVA_ERR_INVALID_ARGUMENT);
+        }
+        if (rows > 1) {
+            e = a;
+            e.o.stride[0] = 0; /* a broadcast view of o */
             F_ERR(kva_cascade_run(ctx, &plan, &ws.ws, &e), KVA_ERR_INVALID_ARGUMENT);
         }
         e = a;

@@ -631,11 +631,13 @@ KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan*
         int64_t os[3] = {rows, d->num_qo_heads, d->head_dim_vo};
         KVA_FORWARD(kva__check_tensor("kva_cascade_run: q", &args->q, d->q_dtype, 3, qs));
         KVA_FORWARD(kva__check_tensor("kva_cascade_run: o", &args->o, d->o_dtype, 3, os));
+        KVA_FORWARD(kva__check_written("kva_cascade_run: o", &args->o));
         if (args->lse.data) {
             KVA_RETURN_IF(d->score_mode == KVA_SCORE_SIGMOID, KVA_ERR_INVALID_ARGUMENT,
                           "%s: lse is not defined in sigmoid (no-softmax) mode; pass lse.data = NULL", fn);
             int64_t ls[2] = {rows, d->num_qo_heads};
             KVA_FORWARD(kva__check_tensor("kva_cascade_run: lse", &args->lse, KVA_DTYPE_F32, 2, ls));
+            KVA_FORWARD(kva__check_written("kva_cascade_run: lse", &args->lse));
         }
     }
     KVA_RETURN_IF(!isfinite(args->k_scale) || !isfinite(args->v_scale), KVA_ERR_INVALID_ARGUMENT,
@@ -1126,11 +1128,13 @@ KVA_API kva_status kva_vbsr_run(kva_context* context, const kva_vbsr_plan* plan,
         int64_t os[3] = {M, Hq, d->head_dim_vo};
         KVA_FORWARD(kva__check_tensor("kva_vbsr_run: q", &args->q, d->q_dtype, 3, qs));
         KVA_FORWARD(kva__check_tensor("kva_vbsr_run: o", &args->o, d->o_dtype, 3, os));
+        KVA_FORWARD(kva__check_written("kva_vbsr_run: o", &args->o));
         if (args->lse.data) {
             KVA_RETURN_IF(d->score_mode == KVA_SCORE_SIGMOID, KVA_ERR_INVALID_ARGUMENT,
                           "%s: lse is not defined in sigmoid (no-softmax) mode; pass lse.data = NULL", fn);
             int64_t ls[2] = {M, Hq};
             KVA_FORWARD(kva__check_tensor("kva_vbsr_run: lse", &args->lse, KVA_DTYPE_F32, 2, ls));
+            KVA_FORWARD(kva__check_written("kva_vbsr_run: lse", &args->lse));
         }
     }
     if (N > 0 && plan->table_entries > 0) {

@@ -350,6 +350,8 @@ static inline bool kva__visible(const kva_attention_desc* d, int64_t q_pos, int6
 
 /* Tensor checks used by the core and the backends. */
 kva_status kva__check_tensor(const char* name, const kva_tensor* t, kva_dtype dtype, int32_t ndim, const int64_t* shape);
+/* an output (after kva__check_tensor): no dim of more than one element with stride 0 */
+kva_status kva__check_written(const char* name, const kva_tensor* t);
 /* Paged K/V fields every call checks: strides non-negative with the farthest element of the pool addressable
    without overflow, num_indices non-negative. */
 kva_status kva__check_paged_fields(const char* name, const kva_paged_kv* pk);

@@ -109,6 +109,7 @@ static kva_status kva__check_run_args(const kva__plan_data* pd, const kva_run_ar
         int64_t os[3] = {rows, d->num_qo_heads, d->head_dim_vo};
         KVA_FORWARD(kva__check_tensor("run: q", &a->q, d->q_dtype, 3, qs));
         KVA_FORWARD(kva__check_tensor("run: o", &a->o, d->o_dtype, 3, os));
+        KVA_FORWARD(kva__check_written("run: o", &a->o));
         if (a->lse.data) {
             KVA_RETURN_IF(d->score_mode == KVA_SCORE_SIGMOID, KVA_ERR_INVALID_ARGUMENT,
                           "run: lse is not defined in sigmoid (no-softmax) mode; pass lse.data = NULL");
@@ -117,6 +118,7 @@ static kva_status kva__check_run_args(const kva__plan_data* pd, const kva_run_ar
                           d->variant->name);
             int64_t ls[2] = {rows, d->num_qo_heads};
             KVA_FORWARD(kva__check_tensor("run: lse", &a->lse, KVA_DTYPE_F32, 2, ls));
+            KVA_FORWARD(kva__check_written("run: lse", &a->lse));
         }
     }
     KVA_RETURN_IF(!isfinite(a->k_scale) || !isfinite(a->v_scale), KVA_ERR_INVALID_ARGUMENT,
@@ -318,6 +320,12 @@ static kva_status kva__check_state(const char* name, const kva_tensor* v, const 
     return st;
 }
 
+/* a state that is written (after kva__check_state): no broadcast dims in v or in s where s is given */
+static kva_status kva__check_state_written(const char* name, const kva_tensor* v, const kva_tensor* s) {
+    KVA_FORWARD(kva__check_written(name, v));
+    return s && s->data ? kva__check_written(name, s) : KVA_OK;
+}
+
 KVA_API kva_status kva_merge_state(kva_context* context, const kva_tensor* v_a, const kva_tensor* s_a,
                                    const kva_tensor* v_b, const kva_tensor* s_b, const kva_tensor* v_out,
                                    const kva_tensor* s_out, void* stream) {
@@ -327,6 +335,7 @@ KVA_API kva_status kva_merge_state(kva_context* context, const kva_tensor* v_a, 
     KVA_FORWARD(kva__check_state("kva_merge_state: a", v_a, s_a, r, h, d, false));
     KVA_FORWARD(kva__check_state("kva_merge_state: b", v_b, s_b, r, h, d, false));
     KVA_FORWARD(kva__check_state("kva_merge_state: out", v_out, s_out, r, h, d, true));
+    KVA_FORWARD(kva__check_state_written("kva_merge_state: out", v_out, s_out));
     if (r == 0) return KVA_OK;
     return context->ops->merge_state(context, v_a, s_a, v_b, s_b, v_out, s_out, NULL, stream);
 }
@@ -338,6 +347,7 @@ KVA_API kva_status kva_merge_state_in_place(kva_context* context, const kva_tens
     KVA_RETURN_IF(!v || v->ndim != 3, KVA_ERR_INVALID_ARGUMENT, "kva_merge_state_in_place: v must be [rows, heads, dim]");
     int64_t r = v->shape[0], h = v->shape[1], d = v->shape[2];
     KVA_FORWARD(kva__check_state("kva_merge_state_in_place: v", v, s, r, h, d, false));
+    KVA_FORWARD(kva__check_state_written("kva_merge_state_in_place: v", v, s));
     KVA_FORWARD(kva__check_state("kva_merge_state_in_place: other", v_other, s_other, r, h, d, false));
     if (r == 0) return KVA_OK;
     return context->ops->merge_state(context, v, s, v_other, s_other, v, s, mask, stream);
@@ -361,6 +371,7 @@ KVA_API kva_status kva_merge_states(kva_context* context, const kva_tensor* v, c
                   "kva_merge_states: indptr[rows] = %d but v has %lld states", (int)indptr[rows], (long long)total);
     if (total > 0) KVA_FORWARD(kva__check_state("kva_merge_states: input", v, s, total, h, d, false));
     KVA_FORWARD(kva__check_state("kva_merge_states: out", v_out, s_out, rows, h, d, true));
+    KVA_FORWARD(kva__check_state_written("kva_merge_states: out", v_out, s_out));
     if (rows == 0) return KVA_OK;
     return context->ops->merge_states(context, v, s, indptr, rows, v_out, s_out, stream);
 }

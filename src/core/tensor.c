@@ -58,6 +58,14 @@ kva_status kva__check_tensor(const char* name, const kva_tensor* t, kva_dtype dt
     return KVA_OK;
 }
 
+kva_status kva__check_written(const char* name, const kva_tensor* t) {
+    for (int i = 0; i < t->ndim && i < KVA_MAX_DIMS; ++i)
+        KVA_RETURN_IF(t->shape[i] > 1 && t->stride[i] == 0, KVA_ERR_INVALID_ARGUMENT,
+                      "%s: stride[%d] = 0 over %lld elements (a broadcast view): the results written there would "
+                      "overlap; pass a tensor with its own storage", name, i, (long long)t->shape[i]);
+    return KVA_OK;
+}
+
 int64_t kva__max_elem_offset(kva_dtype dtype) {
     const size_t es = kva_dtype_size(dtype);
     return INT64_MAX / (int64_t)(es > 0 ? es : 4) - 1;
