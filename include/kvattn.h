@@ -68,15 +68,19 @@ typedef enum kva_status {
     KVA_OK = 0,
     KVA_ERR_INVALID_ARGUMENT = 1,      /* a NULL pointer, a bad shape, stride, count or value */
     KVA_ERR_UNSUPPORTED = 2,           /* a valid configuration this backend does not implement */
-    KVA_ERR_WORKSPACE_TOO_SMALL = 3,   /* from plan (never from run); the message gives the bytes needed */
+    KVA_ERR_WORKSPACE_TOO_SMALL = 3,   /* from plan and the single ops (never from run); the message gives the bytes
+                                          needed */
     KVA_ERR_PAGETABLE_MALFORMED = 4,   /* indptr not monotonic, last_page_len out of range, ... */
     KVA_ERR_PAGE_INDEX_OUT_OF_RANGE = 5, /* a page index outside [0, num_pages) */
     KVA_ERR_PLAN_MISMATCH = 6,         /* run-time tensors or workspace disagree with the plan */
     KVA_ERR_ALIGNMENT = 7,             /* a pointer or stride misaligned for the backend */
-    KVA_ERR_OUT_OF_MEMORY = 8,         /* a host allocation (context creation only) failed */
+    KVA_ERR_OUT_OF_MEMORY = 8,         /* a host allocation failed (context creation, plan, variant creation, the
+                                          format planners and packers, CPU single ops without a workspace; never
+                                          from run) */
     KVA_ERR_BACKEND = 9,               /* the device runtime reported an error (message has its code) */
     KVA_ERR_JIT = 10,                  /* run-time compilation failed (message has the compiler log) */
-    KVA_ERR_CAPTURE_ACTIVE = 11,       /* plan/compile attempted while the stream is being captured */
+    KVA_ERR_CAPTURE_ACTIVE = 11,       /* plan/compile or kva_read_faults attempted while the stream is being
+                                          captured */
     KVA_ERR_NO_DEVICE = 12,            /* the requested backend/device is not available */
     KVA_ERR_INTERNAL = 13              /* a bug in kvattn: please report the message */
 } kva_status;
@@ -151,7 +155,8 @@ typedef struct kva_context_options {
     kva_log_fn log_fn;       /* NULL = diagnostics are dropped */
     void* log_user;
     kva_log_level log_level; /* messages above this level are dropped (default KVA_LOG_WARN) */
-    const char* jit_cache_dir; /* CUDA: on-disk kernel cache; NULL = $KVATTN_CACHE_DIR, $XDG_CACHE_HOME/kvattn, ~/.cache/kvattn */
+    const char* jit_cache_dir; /* on-disk cache of NVRTC kernels (CUDA) and user-variant shared objects (CPU);
+                                  NULL = $KVATTN_CACHE_DIR, $XDG_CACHE_HOME/kvattn, ~/.cache/kvattn */
 } kva_context_options;
 
 KVA_API void kva_context_options_init(kva_context_options* options);
@@ -221,10 +226,10 @@ typedef struct kva_variant kva_variant; /* a compiled user-defined attention var
 typedef struct kva_attention_desc {
     int32_t num_qo_heads;
     int32_t num_kv_heads;  /* num_qo_heads % num_kv_heads == 0; group size g = num_qo_heads / num_kv_heads */
-    int32_t head_dim_qk;
-    int32_t head_dim_vo;
+    int32_t head_dim_qk;   /* CPU: 1 .. 512; CUDA: 64, 128 or 256, equal to head_dim_vo */
+    int32_t head_dim_vo;   /* CPU: 1 .. 512 */
     kva_dtype q_dtype;     /* f32, f16, bf16 (CUDA: f16, bf16) */
-    kva_dtype kv_dtype;    /* f32, f16, bf16, e4m3, e5m2 */
+    kva_dtype kv_dtype;    /* f32, f16, bf16, e4m3, e5m2 (CUDA: no f32) */
     kva_dtype o_dtype;     /* f32, f16, bf16 */
     kva_mask_mode mask_mode;
     int32_t window_left;   /* -1 = no sliding window */
