@@ -476,7 +476,7 @@ def dispatch_run(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scal
         run_impl(handle, q, k, v, out, lse, k_scale, v_scale, variant_scalars, variant_tensors, pdl_flag(enable_pdl))
 
 
-def check_variant_run(st: PlanState, want_lse: bool, post_scale: float, what: str) -> None:
+def check_variant_run(st: PlanState, want_lse: bool, what: str) -> None:
     """Refusals that depend on the plan's variant and the run's outputs (before anything is allocated)."""
     var = st.variant
     if var is None:
@@ -484,41 +484,21 @@ def check_variant_run(st: PlanState, want_lse: bool, post_scale: float, what: st
     if want_lse and not var.use_softmax:
         raise InvalidArgumentError("kvattn: %s: lse is not defined for variant %r (use_softmax=False); do not ask "
                                    "for it (return_lse / lse=)" % (what, var.name))
-    if post_scale != 1.0 and var.hooks & V.VariantHook.OUTPUT_TRANSFORM:
-        raise UnsupportedError("kvattn: %s: v_scale=%g with %s KV is applied to the output after the kernel, which "
-                               "would also scale variant %r's output transform; scale v (or fold it into the "
-                               "variant) instead" % (what, post_scale, T.dtype_name(st.kv_dtype), var.name))
 
 
-def scales_for(kv_dtype: int, q_scale: Any, k_scale: Any, v_scale: Any) -> Tuple[float, float, float]:
-    """(k_scale for C, v_scale for C, v_scale applied to the output afterwards).
-
-    FlashInfer folds q_scale and k_scale into the logits scale and multiplies the output by v_scale, for any KV
-    dtype. The C library applies k_scale / v_scale to fp8 KV only, so for other dtypes v_scale is applied to
-    the output here and a q_scale*k_scale other than 1 (which would need a new plan) raises."""
+def scales_for(q_scale: Any, k_scale: Any, v_scale: Any) -> Tuple[float, float]:
+    """(k_scale, v_scale) for the C run. FlashInfer folds q_scale and k_scale into the logits scale and multiplies
+    the values (so the output) by v_scale, for any KV dtype; the C library applies its k_scale and v_scale inside the
+    kernels for every KV dtype, so q_scale goes into k_scale."""
     qs = 1.0 if q_scale is None else float(q_scale)
     ks = 1.0 if k_scale is None else float(k_scale)
     vs = 1.0 if v_scale is None else float(v_scale)
     for name, x in (("q_scale", qs), ("k_scale", ks), ("v_scale", vs)):
         if not math.isfinite(x):
             raise ValueError("kvattn: %s=%r must be finite" % (name, x))
-    if kv_dtype in T.FP8_DTYPES:
-        return qs * ks, vs, 1.0
-    if qs * ks != 1.0:
-        raise NotImplementedError(
-            "kvattn: q_scale/k_scale = %g with %s KV: the C library applies k_scale to fp8 KV only; fold the scale "
-            "into sm_scale when planning" % (qs * ks, T.dtype_name(kv_dtype)))
-    return 1.0, 1.0, vs
-
-
-def scale_output(out: Any, rows: int, scale: float) -> None:
-    if scale == 1.0:
-        return
-    if T.is_torch(out):
-        out[:rows].mul_(scale)
-    else:
-        o = out[:rows]
-        np.multiply(o, np.asarray(scale, dtype=np.float32), out=o, casting="unsafe")
+    if not math.isfinite(qs * ks):
+        raise ValueError("kvattn: q_scale * k_scale = %r must be finite" % (qs * ks))
+    return qs * ks, vs
 
 
 # --------------------------------------------------------------------------------------------------
@@ -736,12 +716,10 @@ class BatchWrapperBase:
                 P = int(k.shape[0])
                 self._check_array(st, k, "k_cache", st.kv_dtype, (P,) + st.layout_shape_k)
                 self._check_array(st, v, "v_cache", st.kv_dtype, (P,) + st.layout_shape_v)
-        ks, vs, post = scales_for(st.kv_dtype, q_scale, k_scale, v_scale)
-        check_variant_run(st, return_lse or lse is not None, post, type(self).__name__ + ".run")
+        ks, vs = scales_for(q_scale, k_scale, v_scale)
+        check_variant_run(st, return_lse or lse is not None, type(self).__name__ + ".run")
         out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
         dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors, enable_pdl)
-        if post != 1.0:
-            scale_output(out, st.total_rows, post)
         return (out, lse) if return_lse else out
 
     # ---- paged plan setup shared by decode and paged prefill ----

@@ -115,8 +115,6 @@ def single_attention(q: Any, k: Any, v: Any, *, decode: bool, kv_layout: str, po
     sm = _core.f32(sm)  # the precision the C descriptor stores: a product that rounds to 0 would read as "default"
     if not math.isfinite(sm) or sm <= 0:
         raise ValueError("kvattn: sm_scale (times q_scale and k_scale, as float32) = %r must be positive and finite" % sm)
-    fp8 = kv_dtype in T.FP8_DTYPES
-    v_c, post = (vs, 1.0) if fp8 else (1.0, vs)
 
     what = "single_decode_with_kv_cache" if decode else "single_prefill_with_kv_cache"
     var = V.check_variant(variant)
@@ -133,10 +131,6 @@ def single_attention(q: Any, k: Any, v: Any, *, decode: bool, kv_layout: str, po
         if return_lse and not var.use_softmax:
             raise InvalidArgumentError("kvattn: %s: lse is not defined for variant %r (use_softmax=False); "
                                              "call it with return_lse=False" % (what, var.name))
-        if post != 1.0 and var.hooks & V.VariantHook.OUTPUT_TRANSFORM:
-            raise UnsupportedError("kvattn: %s: v_scale=%g with %s KV is applied to the output after the kernel, "
-                                   "which would also scale variant %r's output transform; scale v instead"
-                                   % (what, post, T.dtype_name(kv_dtype), var.name))
         vparams = V.run_params(var, V.check_scalars(var, variant_scalars, what),
                                V.check_tensors(var, variant_tensors, dev, what))
 
@@ -172,10 +166,9 @@ def single_attention(q: Any, k: Any, v: Any, *, decode: bool, kv_layout: str, po
     iparams = [1 if decode else 0, mask_mode, _core.norm_window(window_left),
                _core.POS_ENCODING_MODES[_core.parse_pos_encoding(pos_encoding_mode)]]
     fparams = [_core.norm_cap(logits_soft_cap), sm, 1.0 if rope_scale is None else float(rope_scale),
-               1e4 if rope_theta is None else float(rope_theta), 1.0, v_c]
+               1e4 if rope_theta is None else float(rope_theta), 1.0, vs]
     if T.is_torch(q) and _torch_ops.is_compiling():
         _torch_ops.ops().single(q, k, v, out, lse, mask, iparams, fparams)
     else:
         single_impl(q, k, v, out, lse, mask, iparams, fparams, var, vparams)
-    _core.scale_output(out, int(out.shape[0]), post)
     return (out, lse) if return_lse else out

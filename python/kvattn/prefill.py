@@ -454,11 +454,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                               rows_at_least=kvr if st.graph else None)
             self._check_array(st, v, "v", st.kv_dtype, (kvr, st.num_kv_heads, st.head_dim_vo),
                               rows_at_least=kvr if st.graph else None)
-        ks, vs, post = _core.scales_for(st.kv_dtype, q_scale, k_scale, v_scale)
-        _core.check_variant_run(st, return_lse or lse is not None, post, type(self).__name__ + ".run")
+        ks, vs = _core.scales_for(q_scale, k_scale, v_scale)
+        _core.check_variant_run(st, return_lse or lse is not None, type(self).__name__ + ".run")
         out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
         _core.dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors, enable_pdl)
-        _core.scale_output(out, st.total_rows, post)
         return (out, lse) if return_lse else out
 
     def run_return_lse(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any]:

@@ -159,8 +159,12 @@ def test_decode_v_scale_non_fp8_is_applied(rng):
     o1 = w.run(q, cache)
     o2 = w.run(q, cache, v_scale=0.5)
     assert_close(o2, o1 * 0.5, 1e-6, 1e-6)
-    with pytest.raises(NotImplementedError, match="k_scale"):
-        w.run(q, cache, k_scale=0.5)
+    # q_scale * k_scale scales the logits (as sm_scale does) for any KV dtype
+    o3 = w.run(q, cache, k_scale=0.5, q_scale=0.8)
+    w2 = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w2.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32", sm_scale=0.4 / np.sqrt(d))
+    assert_close(o3, w2.run(q, cache), 1e-5, 1e-5)
+    assert not np.allclose(o3, o1, rtol=1e-3, atol=1e-3)
 
 
 def test_decode_deprecated_aliases(rng):

@@ -540,10 +540,11 @@ def test_refused_combinations(rng, variants):
     with pytest.raises(kvattn.UnsupportedError, match="ROPE"):
         kvattn.single_prefill_with_kv_cache(q, k, k, variant=sig, variant_scalars=[1, 0],
                                             pos_encoding_mode="ROPE_LLAMA")
-    # v_scale applied after the kernel would scale the output transform too
-    with pytest.raises(kvattn.UnsupportedError, match="output transform"):
-        kvattn.single_prefill_with_kv_cache(q, k, k, variant=snk, variant_tensors=[np.zeros(4, np.float32)],
-                                            v_scale=2.0)
+    # v_scale scales the values inside the kernel (any KV dtype), before the variant's output transform
+    oa = kvattn.single_prefill_with_kv_cache(q, k, k, variant=snk, variant_tensors=[np.zeros(4, np.float32)],
+                                             v_scale=2.0)
+    ob = kvattn.single_prefill_with_kv_cache(q, k, 2.0 * k, variant=snk, variant_tensors=[np.zeros(4, np.float32)])
+    np.testing.assert_allclose(oa, ob, rtol=1e-5, atol=1e-6)
     o1 = kvattn.single_prefill_with_kv_cache(q, k, k, variant=sig, variant_scalars=[1, 0])
     o2 = kvattn.single_prefill_with_kv_cache(q, k, k, variant=sig, variant_scalars=[1, 0], v_scale=2.0)
     np.testing.assert_allclose(o2, 2.0 * o1, rtol=1e-6)  # linear in v without an output transform: allowed
