@@ -800,7 +800,9 @@ KVA_API void kva_cascade_run_args_init(kva_cascade_run_args* args);
  * backend this includes every level's page indices). */
 KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan* plan,
                                    const kva_workspace* workspace, const kva_cascade_run_args* args);
-/* Device faults of every level (CUDA; see kva_read_faults): the first faulting level's report. */
+/* Device faults of every level (CUDA; see kva_read_faults): reads and clears every level's word and reports the
+ * first faulting level's; where no level faulted, the context's append fault word (as kva_read_faults), which
+ * otherwise stays set for the next read. kva_vbsr_read_faults does the same over the KV heads. */
 KVA_API kva_status kva_cascade_read_faults(kva_context* context, const kva_cascade_plan* plan,
                                            const kva_workspace* workspace, kva_fault_report* report, void* stream);
 

@@ -1757,6 +1757,47 @@ static void f_suite_errors(void) {
         kva_fault_report rep;
         F_ERR(kva_cascade_read_faults(ctx, &plan, &ws.ws, &rep, NULL), KVA_OK);
         H_CHECK(rep.faulted == 0, "faults reported after a clean run");
+        if (harness_backend_is_device() && last_with_pages > 0) {
+            /* an append fault pending in the context's word and a device page fault in a later level: the cascade
+               read reports the level's fault (not the append's as level 0's), the next read the append's */
+            const int32_t one_indptr[2] = {0, 1}, one_last[1] = {1}, one_idx[1] = {0}, bad_b[1] = {5}, pos0[1] = {0};
+            h_buf dip = f_i32_buf(one_indptr, 2), dlast = f_i32_buf(one_last, 1), dix = f_i32_buf(one_idx, 1);
+            h_buf db = f_i32_buf(bad_b, 1), dpos = f_i32_buf(pos0, 1);
+            h_buf ak = h_buf_alloc(edt, (size_t)(c.hkv * c.dqk)), av = h_buf_alloc(edt, (size_t)(c.hkv * c.dvo));
+            kva_tensor tak = kva_tensor_make(h_buf_dp(&ak), edt, 3, 1, c.hkv, c.dqk, 0);
+            kva_tensor tav = kva_tensor_make(h_buf_dp(&av), edt, 3, 1, c.hkv, c.dvo, 0);
+            kva_paged_kv pg = a.paged;
+            pg.indices = (const int32_t*)h_buf_dp(&dix);
+            pg.indptr = (const int32_t*)h_buf_dp(&dip);
+            pg.last_page_len = (const int32_t*)h_buf_dp(&dlast);
+            F_ERR(kva_append_paged_kv_cache(ctx, &tak, &tav, (const int32_t*)h_buf_dp(&db),
+                                            (const int32_t*)h_buf_dp(&dpos), 1, &pg, 1, NULL), KVA_OK);
+            const int32_t n = s.kv_indptr[last_with_pages][s.nb[last_with_pages]];
+            int32_t* bad = (int32_t*)malloc(sizeof(int32_t) * (size_t)n);
+            memcpy(bad, s.indices[last_with_pages], sizeof(int32_t) * (size_t)n);
+            bad[n - 1] = -3;
+            h_buf dbad = f_i32_buf(bad, n);
+            free(bad);
+            e = a;
+            e.kv_indices[last_with_pages] = (const int32_t*)h_buf_dp(&dbad);
+            F_ERR(kva_cascade_run(ctx, &plan, &ws.ws, &e), KVA_OK);
+            F_ERR(kva_cascade_read_faults(ctx, &plan, &ws.ws, &rep, NULL), KVA_OK);
+            H_CHECK(rep.faulted && rep.page_index == -3, "cascade faults: the level's bad page first (faulted %d, "
+                    "request %d, page %lld)", rep.faulted, rep.request, (long long)rep.page_index);
+            F_ERR(kva_cascade_read_faults(ctx, &plan, &ws.ws, &rep, NULL), KVA_OK);
+            H_CHECK(rep.faulted && rep.request == 0 && rep.page_index == -1, "cascade faults: then the pending append "
+                    "fault (faulted %d, request %d, page %lld)", rep.faulted, rep.request, (long long)rep.page_index);
+            F_ERR(kva_cascade_read_faults(ctx, &plan, &ws.ws, &rep, NULL), KVA_OK);
+            H_CHECK(!rep.faulted, "cascade faults: nothing left after both were read");
+            h_buf_free(&dip);
+            h_buf_free(&dlast);
+            h_buf_free(&dix);
+            h_buf_free(&db);
+            h_buf_free(&dpos);
+            h_buf_free(&ak);
+            h_buf_free(&av);
+            h_buf_free(&dbad);
+        }
         for (int l = 0; l < 3; ++l) h_buf_free(&didx[l]);
         h_buf_free(&kp);
         h_buf_free(&vp);

@@ -728,6 +728,15 @@ KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan*
     return KVA_OK;
 }
 
+/* After a composite's per-part reads of their workspace words (the first faulting part in *report): where none
+   faulted, the context's append fault word, as kva_read_faults would report it; otherwise it stays set for the next
+   read (one fault word per call, the workspace's first). */
+static kva_status kva__read_append_fault(kva_context* context, const kva_workspace* workspace,
+                                         kva_fault_report* report, void* stream) {
+    if (report->faulted) return KVA_OK;
+    return context->ops->read_faults(context, workspace, KVA__FAULTS_APPEND, report, stream);
+}
+
 KVA_API kva_status kva_cascade_read_faults(kva_context* context, const kva_cascade_plan* plan,
                                            const kva_workspace* workspace, kva_fault_report* report, void* stream) {
     static const char fn[] = "kva_cascade_read_faults";
@@ -739,10 +748,10 @@ KVA_API kva_status kva_cascade_read_faults(kva_context* context, const kva_casca
         kva_workspace sub = kva__sub_ws(workspace, plan->level_device_offset[l], plan->level_device_bytes[l],
                                         plan->level_host_offset[l], plan->level_host_bytes[l]);
         kva_fault_report r;
-        KVA_FORWARD(kva_read_faults(context, &sub, &r, stream));
+        KVA_FORWARD(context->ops->read_faults(context, &sub, KVA__FAULTS_WS, &r, stream));
         if (r.faulted && !report->faulted) *report = r;
     }
-    return KVA_OK;
+    return kva__read_append_fault(context, workspace, report, stream);
 }
 
 /* ============================================================================================== */
@@ -1225,8 +1234,8 @@ KVA_API kva_status kva_vbsr_read_faults(kva_context* context, const kva_vbsr_pla
     for (int32_t h = 0; h < plan->num_kv_heads; ++h) {
         kva_workspace sub = kva__vbsr_next_ws(workspace, kva__plan_data_ofc(&plan->head_plans[h]), &off, &hoff);
         kva_fault_report r;
-        KVA_FORWARD(kva_read_faults(context, &sub, &r, stream));
+        KVA_FORWARD(context->ops->read_faults(context, &sub, KVA__FAULTS_WS, &r, stream));
         if (r.faulted && !report->faulted) *report = r;
     }
-    return KVA_OK;
+    return kva__read_append_fault(context, workspace, report, stream);
 }

@@ -282,6 +282,9 @@ static inline float* kva__ws_partial_lse(const kva__plan_data* p, const kva_work
 /* ---------------------------------------------------------------------------------------------- */
 /* Backends                                                                                        */
 
+#define KVA__FAULTS_WS 1     /* read_faults: the workspace's fault word */
+#define KVA__FAULTS_APPEND 2 /* read_faults: the context's append fault word */
+
 typedef struct kva__backend_ops {
     const char* name;
     bool plans_on_host_memory; /* true: plan writes straight into workspace->device (CPU) */
@@ -306,7 +309,10 @@ typedef struct kva__backend_ops {
     kva_status (*append_paged_kv)(kva_context* ctx, const kva_tensor* append_k, const kva_tensor* append_v,
                                   const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
                                   const kva_paged_kv* paged, int32_t batch_size, void* stream);
-    kva_status (*read_faults)(kva_context* ctx, const kva_workspace* ws, kva_fault_report* report, void* stream);
+    /* which: KVA__FAULTS_WS (the workspace's word) | KVA__FAULTS_APPEND (the context's append word); reports and
+       clears one word per call, the workspace's first */
+    kva_status (*read_faults)(kva_context* ctx, const kva_workspace* ws, int which, kva_fault_report* report,
+                              void* stream);
     void (*destroy)(kva_context* ctx);
     /* Compile a validated user variant for this backend (fills the backend part of *v); KVA_ERR_JIT with the
        compiler log, KVA_ERR_UNSUPPORTED without a compiler. variant_release frees what compile made. */

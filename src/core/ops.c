@@ -422,5 +422,5 @@ KVA_API kva_status kva_read_faults(kva_context* context, const kva_workspace* wo
                                    void* stream) {
     KVA_RETURN_IF(!context || !workspace || !report, KVA_ERR_INVALID_ARGUMENT,
                   "kva_read_faults: context, workspace and report are required");
-    return context->ops->read_faults(context, workspace, report, stream);
+    return context->ops->read_faults(context, workspace, KVA__FAULTS_WS | KVA__FAULTS_APPEND, report, stream);
 }

@@ -73,9 +73,11 @@ static kva_status cpu_finish_plan(kva_context* ctx, kva__plan_data* plan, const 
     return KVA_OK; /* the planner wrote the int region straight into ws->device (host memory) */
 }
 
-static kva_status cpu_read_faults(kva_context* ctx, const kva_workspace* ws, kva_fault_report* report, void* stream) {
+static kva_status cpu_read_faults(kva_context* ctx, const kva_workspace* ws, int which, kva_fault_report* report,
+                                  void* stream) {
     (void)ctx;
     (void)ws;
+    (void)which;
     (void)stream;
     KVA_RETURN_IF(!report, KVA_ERR_INVALID_ARGUMENT, "read_faults: report is NULL");
     report->faulted = 0; /* the CPU backend validates page indices before running */

@@ -1005,8 +1005,8 @@ static kva_status kva__cuda_append(kva_context* ctx, const kva_tensor* append_k,
 /* ---------------------------------------------------------------------------------------------- */
 /* faults                                                                                          */
 
-static kva_status kva__cuda_read_faults(kva_context* ctx, const kva_workspace* ws, kva_fault_report* report,
-                                        void* stream) {
+static kva_status kva__cuda_read_faults(kva_context* ctx, const kva_workspace* ws, int which,
+                                        kva_fault_report* report, void* stream) {
     kva__cuda_state* st = kva__st(ctx);
     const kva__cu_api* cu = st->cu;
     CUstream s = (CUstream)stream;
@@ -1017,9 +1017,10 @@ static kva_status kva__cuda_read_faults(kva_context* ctx, const kva_workspace* w
     memset(&a, 0, sizeof a);
     memset(&b, 0, sizeof b);
     CUresult r = CUDA_SUCCESS;
-    const bool have_ws = ws->device && ws->device_bytes >= KVA__STATUS_BYTES;
+    const bool have_ws = (which & KVA__FAULTS_WS) && ws->device && ws->device_bytes >= KVA__STATUS_BYTES;
     if (status == KVA_OK && have_ws) r = cu->MemcpyDtoHAsync(&a, (CUdeviceptr)(uintptr_t)ws->device, sizeof a, s);
-    if (status == KVA_OK && r == CUDA_SUCCESS) r = cu->MemcpyDtoHAsync(&b, st->append_status, sizeof b, s);
+    if (status == KVA_OK && r == CUDA_SUCCESS && (which & KVA__FAULTS_APPEND))
+        r = cu->MemcpyDtoHAsync(&b, st->append_status, sizeof b, s);
     if (status == KVA_OK && r == CUDA_SUCCESS) r = cu->StreamSynchronize(s);
     /* Report (and clear) one fault word per call: a workspace fault first; an append fault then stays set and
        is reported by the next call, so neither is lost. */
