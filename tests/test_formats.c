@@ -1258,6 +1258,63 @@ static int f_all_poison(const h_buf* b) {
     return 1;
 }
 
+/* A 3-level cascade case's backend buffers (pools, q, o and lse poisoned, each level's page table) and run args
+   over them, for the error and fault suites. */
+typedef struct f_casc_io {
+    h_buf kp, vp, q, o, lse, didx[3];
+    kva_cascade_run_args a;
+} f_casc_io;
+
+/* the suites' 3-level cascade case: 6 requests with appended rows, causal, pages of 4, all tensors of dtype edt */
+static void f_casc_io_case(f_case* c, kva_dtype edt) {
+    f_default(c, F_CASCADE);
+    c->levels = 3;
+    c->batch = 6;
+    c->append = 1;
+    c->causal = 1;
+    c->ps = 4;
+    c->qdt = c->kvdt = c->odt = edt;
+}
+
+static void f_casc_io_make(const f_case* c, const f_casc* s, kva_dtype edt, f_casc_io* io) {
+    const int64_t rows = s->rows;
+    io->kp = h_buf_alloc(edt, (size_t)(s->pages * c->ps * c->hkv * c->dqk));
+    io->vp = h_buf_alloc(edt, (size_t)(s->pages * c->ps * c->hkv * c->dvo));
+    io->q = h_buf_alloc(edt, (size_t)(rows * c->hq * c->dqk));
+    io->o = h_buf_alloc(edt, (size_t)(rows * c->hq * c->dvo));
+    io->lse = h_buf_alloc(KVA_DTYPE_F32, (size_t)(rows * c->hq));
+    h_buf_poison(&io->o);
+    h_buf_poison(&io->lse);
+    h_buf_upload(&io->o);
+    h_buf_upload(&io->lse);
+    for (int l = 0; l < 3; ++l) io->didx[l] = f_i32_buf(s->indices[l], s->kv_indptr[l][s->nb[l]]);
+    kva_cascade_run_args* a = &io->a;
+    kva_cascade_run_args_init(a);
+    a->q = kva_tensor_make(h_buf_dp(&io->q), edt, 3, rows, c->hq, c->dqk, 0);
+    a->o = kva_tensor_make(h_buf_dp(&io->o), edt, 3, rows, c->hq, c->dvo, 0);
+    a->lse = kva_tensor_make(h_buf_dp(&io->lse), KVA_DTYPE_F32, 2, rows, c->hq, 0, 0);
+    kva_paged_kv_init(&a->paged, h_buf_dp(&io->kp), h_buf_dp(&io->vp), edt, KVA_LAYOUT_NHD, s->pages, c->ps, c->hkv,
+                      c->dqk, c->dvo);
+    for (int l = 0; l < 3; ++l) a->kv_indices[l] = (const int32_t*)h_buf_dp(&io->didx[l]);
+}
+
+static void f_casc_io_free(f_casc_io* io) {
+    for (int l = 0; l < 3; ++l) h_buf_free(&io->didx[l]);
+    h_buf_free(&io->kp);
+    h_buf_free(&io->vp);
+    h_buf_free(&io->q);
+    h_buf_free(&io->o);
+    h_buf_free(&io->lse);
+}
+
+/* the last of a 3-level cascade's levels whose page table has entries (-1: none) */
+static int f_casc_last_level_with_pages(const f_casc* s) {
+    int last = -1;
+    for (int l = 0; l < 3; ++l)
+        if (s->kv_indptr[l][s->nb[l]] > 0) last = l;
+    return last;
+}
+
 static void f_suite_errors(void) {
     if (harness_backend_is_device()) {
         /* The format checks are host-side and backend independent (the CPU run covers them); the cases here use
@@ -1569,13 +1626,7 @@ static void f_suite_errors(void) {
     /* ---- cascade ---- */
     {
         f_case c;
-        f_default(&c, F_CASCADE);
-        c.levels = 3;
-        c.batch = 6;
-        c.append = 1;
-        c.causal = 1;
-        c.ps = 4;
-        c.qdt = c.kvdt = c.odt = edt;
+        f_casc_io_case(&c, edt);
         f_casc s;
         f_casc_make(&c, 77, &s);
         kva_attention_desc desc;
@@ -1663,29 +1714,11 @@ static void f_suite_errors(void) {
         F_ERR(kva_cascade_plan_make(ctx, &desc, &p, &ws.ws, &plan, NULL), KVA_OK);
 
         const int64_t rows = s.rows;
-        h_buf kp = h_buf_alloc(edt, (size_t)(s.pages * c.ps * c.hkv * c.dqk));
-        h_buf vp = h_buf_alloc(edt, (size_t)(s.pages * c.ps * c.hkv * c.dvo));
-        h_buf q = h_buf_alloc(edt, (size_t)(rows * c.hq * c.dqk));
-        h_buf o = h_buf_alloc(edt, (size_t)(rows * c.hq * c.dvo));
-        h_buf lse = h_buf_alloc(KVA_DTYPE_F32, (size_t)(rows * c.hq));
-        h_buf_poison(&o);
-        h_buf_poison(&lse);
-        h_buf_upload(&o);
-        h_buf_upload(&lse);
-        h_buf didx[3];
-        for (int l = 0; l < 3; ++l) didx[l] = f_i32_buf(s.indices[l], s.kv_indptr[l][s.nb[l]]);
-        kva_cascade_run_args a;
-        kva_cascade_run_args_init(&a);
-        a.q = kva_tensor_make(h_buf_dp(&q), edt, 3, rows, c.hq, c.dqk, 0);
-        a.o = kva_tensor_make(h_buf_dp(&o), edt, 3, rows, c.hq, c.dvo, 0);
-        a.lse = kva_tensor_make(h_buf_dp(&lse), KVA_DTYPE_F32, 2, rows, c.hq, 0, 0);
-        kva_paged_kv_init(&a.paged, h_buf_dp(&kp), h_buf_dp(&vp), edt, KVA_LAYOUT_NHD, s.pages, c.ps, c.hkv,
-                          c.dqk, c.dvo);
-        for (int l = 0; l < 3; ++l) a.kv_indices[l] = (const int32_t*)h_buf_dp(&didx[l]);
+        f_casc_io io;
+        f_casc_io_make(&c, &s, edt, &io);
+        kva_cascade_run_args a = io.a;
         kva_cascade_run_args e = a;
-        int last_with_pages = -1;
-        for (int l = 0; l < 3; ++l)
-            if (s.kv_indptr[l][s.nb[l]] > 0) last_with_pages = l;
+        const int last_with_pages = f_casc_last_level_with_pages(&s);
         if (last_with_pages > 0) {
             e.kv_indices[last_with_pages] = NULL; /* a later level's table missing: level 0 must not run either */
             F_ERR(kva_cascade_run(ctx, &plan, &ws.ws, &e), KVA_ERR_INVALID_ARGUMENT);
@@ -1748,21 +1781,16 @@ static void f_suite_errors(void) {
             F_ERR(kva_cascade_run(ctx, &plan, &ws.ws, &e), KVA_ERR_PAGE_INDEX_OUT_OF_RANGE);
             free(bad);
         }
-        h_buf_download(&o);
-        h_buf_download(&lse);
-        H_CHECK(f_all_poison(&o) && f_all_poison(&lse) && h_buf_guards_ok(&o),
+        h_buf_download(&io.o);
+        h_buf_download(&io.lse);
+        H_CHECK(f_all_poison(&io.o) && f_all_poison(&io.lse) && h_buf_guards_ok(&io.o),
                 "a failed cascade run wrote to o or lse");
         for (int l = 0; l < 3; ++l) a.kv_num_indices[l] = s.kv_indptr[l][s.nb[l]]; /* exact lengths: accepted */
         F_ERR(kva_cascade_run(ctx, &plan, &ws.ws, &a), KVA_OK);
         kva_fault_report rep;
         F_ERR(kva_cascade_read_faults(ctx, &plan, &ws.ws, &rep, NULL), KVA_OK);
         H_CHECK(rep.faulted == 0, "faults reported after a clean run");
-        for (int l = 0; l < 3; ++l) h_buf_free(&didx[l]);
-        h_buf_free(&kp);
-        h_buf_free(&vp);
-        h_buf_free(&q);
-        h_buf_free(&o);
-        h_buf_free(&lse);
+        f_casc_io_free(&io);
         h_ws_free(&ws);
         f_casc_free(&s);
     }
@@ -1792,16 +1820,10 @@ static void f_suite_faults(void) {
     kva_context* ctx = h_context(3);
     const kva_dtype edt = KVA_DTYPE_F16;
     f_case c;
-    f_default(&c, F_CASCADE);
-    c.levels = 3;
-    c.batch = 6;
-    c.append = 1;
-    c.causal = 1;
-    c.ps = 4;
+    f_casc_io_case(&c, edt);
     c.hq = 8;
     c.hkv = 2;
-    c.dqk = c.dvo = 64;
-    c.qdt = c.kvdt = c.odt = edt;
+    c.dqk = c.dvo = 64; /* head dims a device backend takes */
     f_casc s;
     f_casc_make(&c, 78, &s);
     kva_attention_desc desc;
@@ -1814,25 +1836,10 @@ static void f_suite_faults(void) {
     h_ws_alloc(&ws, dev, host);
     kva_cascade_plan plan;
     F_ERR(kva_cascade_plan_make(ctx, &desc, &p, &ws.ws, &plan, NULL), KVA_OK);
-    const int64_t rows = s.rows;
-    h_buf kp = h_buf_alloc(edt, (size_t)(s.pages * c.ps * c.hkv * c.dqk));
-    h_buf vp = h_buf_alloc(edt, (size_t)(s.pages * c.ps * c.hkv * c.dvo));
-    h_buf q = h_buf_alloc(edt, (size_t)(rows * c.hq * c.dqk));
-    h_buf o = h_buf_alloc(edt, (size_t)(rows * c.hq * c.dvo));
-    h_buf lse = h_buf_alloc(KVA_DTYPE_F32, (size_t)(rows * c.hq));
-    h_buf didx[3];
-    for (int l = 0; l < 3; ++l) didx[l] = f_i32_buf(s.indices[l], s.kv_indptr[l][s.nb[l]]);
-    kva_cascade_run_args a;
-    kva_cascade_run_args_init(&a);
-    a.q = kva_tensor_make(h_buf_dp(&q), edt, 3, rows, c.hq, c.dqk, 0);
-    a.o = kva_tensor_make(h_buf_dp(&o), edt, 3, rows, c.hq, c.dvo, 0);
-    a.lse = kva_tensor_make(h_buf_dp(&lse), KVA_DTYPE_F32, 2, rows, c.hq, 0, 0);
-    kva_paged_kv_init(&a.paged, h_buf_dp(&kp), h_buf_dp(&vp), edt, KVA_LAYOUT_NHD, s.pages, c.ps, c.hkv, c.dqk,
-                      c.dvo);
-    for (int l = 0; l < 3; ++l) a.kv_indices[l] = (const int32_t*)h_buf_dp(&didx[l]);
-    int last_with_pages = -1;
-    for (int l = 0; l < 3; ++l)
-        if (s.kv_indptr[l][s.nb[l]] > 0) last_with_pages = l;
+    f_casc_io io;
+    f_casc_io_make(&c, &s, edt, &io);
+    const kva_cascade_run_args a = io.a;
+    const int last_with_pages = f_casc_last_level_with_pages(&s);
     H_CHECK(last_with_pages > 0, "the fault case has pages in a later level");
     kva_fault_report rep;
     kva_cascade_run_args e = a;
@@ -1880,12 +1887,7 @@ static void f_suite_faults(void) {
         h_buf_free(&av);
         h_buf_free(&dbad);
     }
-    for (int l = 0; l < 3; ++l) h_buf_free(&didx[l]);
-    h_buf_free(&kp);
-    h_buf_free(&vp);
-    h_buf_free(&q);
-    h_buf_free(&o);
-    h_buf_free(&lse);
+    f_casc_io_free(&io);
     h_ws_free(&ws);
     f_casc_free(&s);
 }
