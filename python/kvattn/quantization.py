@@ -16,12 +16,9 @@ from . import _tensor as T
 __all__ = ["packbits", "segment_packbits"]
 
 
-def _weights(bitorder: str):
-    if bitorder == "big":
-        return [128, 64, 32, 16, 8, 4, 2, 1]
-    if bitorder == "little":
-        return [1, 2, 4, 8, 16, 32, 64, 128]
-    raise ValueError("kvattn: bitorder must be 'big' or 'little', got %r" % (bitorder,))
+def _check_bitorder(bitorder: str) -> None:
+    if bitorder not in ("big", "little"):
+        raise ValueError("kvattn: bitorder must be 'big' or 'little', got %r" % (bitorder,))
 
 
 def _pack_torch(flat: Any, bitorder: str) -> Any:
@@ -48,7 +45,7 @@ def packbits(x: Any, bitorder: str = "big") -> Any:
     Returns:
         uint8 array of ``ceil(x.size / 8)`` bytes, same library/device as x.
     """
-    _weights(bitorder)
+    _check_bitorder(bitorder)
     if T.is_torch(x):
         return _pack_torch(x.reshape(-1), bitorder)
     return np.packbits(np.asarray(x).reshape(-1) != 0, bitorder=bitorder)
@@ -63,7 +60,7 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "big") -> Tuple[Any, A
     Memory: the output and about one byte per element of temporaries (torch); segments are packed one by one
     unless every segment but the last has a multiple of 8 elements (then the whole array at once).
     """
-    _weights(bitorder)
+    _check_bitorder(bitorder)
     is_t = T.is_torch(x) or T.is_torch(indptr)
     if is_t:
         torch = T._torch()

@@ -138,24 +138,12 @@ uint64_t kva__stamp_record(uint64_t addr, uint64_t graph_key) {
     return stamp;
 }
 
-int kva__stamp_current(uint64_t addr, uint64_t stamp) {
+int kva__stamp_current(uint64_t addr, uint64_t stamp, uint64_t graph_key) {
     int current = 1;
     pthread_mutex_lock(&kva__stamp_mu);
     for (int i = 0; i < KVA__STAMP_SLOTS; ++i)
         if (kva__stamps[i].stamp && kva__stamps[i].addr == addr) {
-            current = kva__stamps[i].stamp == stamp;
-            break;
-        }
-    pthread_mutex_unlock(&kva__stamp_mu);
-    return current;
-}
-
-int kva__stamp_graph_current(uint64_t addr, uint64_t graph_key) {
-    int current = 1;
-    pthread_mutex_lock(&kva__stamp_mu);
-    for (int i = 0; i < KVA__STAMP_SLOTS; ++i)
-        if (kva__stamps[i].stamp && kva__stamps[i].addr == addr) {
-            current = kva__stamps[i].graph_key == graph_key;
+            current = graph_key ? kva__stamps[i].graph_key == graph_key : kva__stamps[i].stamp == stamp;
             break;
         }
     pthread_mutex_unlock(&kva__stamp_mu);

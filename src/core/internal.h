@@ -104,13 +104,11 @@ struct kva_context {
    into the same workspace replaced. Record that a plan was just made into the workspace at device address addr;
    returns its stamp. */
 uint64_t kva__stamp_record(uint64_t addr, uint64_t graph_key);
-/* 0 if a later plan than the one with this stamp was made into the workspace at addr (as far as the table
-   remembers), else 1. */
-int kva__stamp_current(uint64_t addr, uint64_t stamp);
-/* graph_key of a graph-mode plan (kva__plan_graph_key), 0 for an eager one, is recorded with each stamp: 0 if the
-   latest plan made into the workspace at addr (as far as the table remembers) has another graph_key (an eager plan,
-   or a graph-mode plan whose work list this plan's run cannot read: other bounds, op, descriptor or context), else 1. */
-int kva__stamp_graph_current(uint64_t addr, uint64_t graph_key);
+/* Whether the plan (stamp, graph_key) may still run on the workspace at addr: 1 where the table no longer remembers
+   addr; an eager plan (graph_key 0) only while it is the latest plan made into it; a graph-mode plan while the latest
+   one there has its graph_key (itself or a re-plan whose work list it reads in the same layout: not an eager plan, nor
+   other bounds, op, descriptor or context). */
+int kva__stamp_current(uint64_t addr, uint64_t stamp, uint64_t graph_key);
 
 void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...) KVA_PRINTF(3, 4);
 
@@ -118,7 +116,7 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
 /* Plan data: the public kva_plan's opaque bytes. Everything a backend needs at run time.           */
 
 #define KVA__PLAN_MAGIC 0x6b76617474706c6eull /* "kvattpln" */
-#define KVA__PLAN_VERSION 5
+#define KVA__PLAN_VERSION 6
 #define KVA__WS_ALIGN 256          /* alignment of every region in the workspace */
 #define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
 #define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
@@ -234,6 +232,9 @@ typedef struct kva__plan_data {
     uint64_t ws_device_addr; /* the workspace the plan was written into (run must use the same) */
     uint64_t ws_host_addr;
     uint64_t stamp;           /* kva__stamp_record's stamp (0: none) */
+    uint64_t graph_key;       /* graph-mode plans: a nonzero key of the facts every re-plan shares (context, op,
+                                 descriptor shape, page size, workers, tile size, capacities, work-list layout);
+                                 0 for eager plans */
     uint64_t ws_scratch_addr; /* != 0: the partials live in the workspace's scratch region at this address
                                  (off_partial_* relative to it; device_bytes = int_region_end); run must pass it */
     size_t scratch_bytes;     /* bytes of it the plan uses */
@@ -242,11 +243,6 @@ typedef struct kva__plan_data {
 } kva__plan_data;
 
 _Static_assert(sizeof(kva__plan_data) <= sizeof(kva_plan), "kva__plan_data must fit in kva_plan");
-
-/* Nonzero key of the facts every graph-mode re-plan of a plan shares (context, op, descriptor shape, page size,
-   workers, tile size, capacities and the layout of the work list): a run of one of them may read the work list of
-   any other. */
-uint64_t kva__plan_graph_key(const kva__plan_data* pd);
 
 static inline kva__plan_data* kva__plan_data_of(kva_plan* plan) { return (kva__plan_data*)(void*)plan->opaque; }
 static inline const kva__plan_data* kva__plan_data_ofc(const kva_plan* plan) {

@@ -35,17 +35,15 @@ static kva_status kva__check_plan(const kva_context* ctx, const kva_plan* plan, 
                   KVA_ERR_PLAN_MISMATCH,
                   "run: the workspace (%p, %zu bytes) is not the one the plan was written into (%p, %zu bytes needed)",
                   ws->device, ws->device_bytes, (void*)(uintptr_t)pd->ws_device_addr, pd->device_bytes);
-    /* graph-mode plans are re-planned into their workspace under a captured graph by design (their kernels read the
-       counts from the workspace), so only eager plans are checked */
-    KVA_RETURN_IF(!pd->graph_mode && pd->stamp && !kva__stamp_current(pd->ws_device_addr, pd->stamp),
-                  KVA_ERR_PLAN_MISMATCH,
+    /* an eager plan runs only while it is the latest plan into its workspace; graph-mode plans are re-planned into
+       their workspace under a captured graph by design (their kernels read the counts from the workspace), so they
+       run while the latest plan there is such a re-plan (same graph_key) */
+    const int current = !pd->stamp || kva__stamp_current(pd->ws_device_addr, pd->stamp, pd->graph_key);
+    KVA_RETURN_IF(!current && !pd->graph_mode, KVA_ERR_PLAN_MISMATCH,
                   "run: a later plan was made into this workspace (%p), replacing this plan's work list; plan again, "
                   "or give each plan its own workspace (plans may share one scratch region)",
                   (void*)(uintptr_t)pd->ws_device_addr);
-    /* ... but only by plans of the same bounds, op, descriptor and context, whose work list this plan's run reads in
-       the same layout */
-    KVA_RETURN_IF(pd->graph_mode && pd->stamp && !kva__stamp_graph_current(pd->ws_device_addr, kva__plan_graph_key(pd)),
-                  KVA_ERR_PLAN_MISMATCH,
+    KVA_RETURN_IF(!current, KVA_ERR_PLAN_MISMATCH,
                   "run: a later plan into this workspace (%p) is not a graph-mode re-plan of this plan (an eager plan, "
                   "or other bounds, op, descriptor or context): its work list has another layout; plan again",
                   (void*)(uintptr_t)pd->ws_device_addr);

@@ -533,6 +533,27 @@ static int32_t kva__tile_q(kva_context* ctx, const kva__plan_data* pd, kva_op op
     return t;
 }
 
+/* pd->graph_key (nonzero): a run of one graph-mode re-plan may read the work list of any other with this key */
+static uint64_t kva__plan_graph_key(const kva__plan_data* pd) {
+    /* every field here follows from the context, the descriptor and the bounds alone (graph-mode plans choose their
+       workers, tile size and capacities from the bounds), never from the lengths of one batch; the partials are
+       written and read within one run, so where they live (device or scratch region) is not part of it */
+    const int64_t f[] = {(int64_t)pd->context_id,   pd->op,
+                         pd->backend,               pd->desc.num_qo_heads,
+                         pd->desc.num_kv_heads,     pd->desc.head_dim_qk,
+                         pd->desc.head_dim_vo,      pd->desc.mask_mode,
+                         pd->desc.window_left,      pd->page_size,
+                         pd->num_workers,           pd->tile_q,
+                         pd->kv_head_group,         pd->cluster_size,
+                         pd->cap_items,             pd->cap_merge,
+                         pd->cap_partials,          pd->max_batch_size,
+                         pd->max_total_qo_rows,     (int64_t)pd->off_counts,
+                         (int64_t)pd->off_worker_indptr, (int64_t)pd->off_worker_head,
+                         (int64_t)pd->off_requests, (int64_t)pd->off_items,
+                         (int64_t)pd->off_merge,    (int64_t)pd->int_region_end};
+    return kva__fnv(KVA__FNV_SEED, f, sizeof f) | 1u;
+}
+
 /* Builds the plan. ws == NULL: sizes only (pd gets the layout; nothing is written). */
 static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* desc, kva_op op,
                                   const kva_plan_params* params, const kva_workspace* ws, kva__plan_data* pd,
@@ -931,31 +952,14 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         memset(base, 0, KVA__STATUS_BYTES);
     }
     st = ctx->ops->finish_plan(ctx, pd, ws, stream);
-    if (st == KVA_OK) pd->stamp = kva__stamp_record(pd->ws_device_addr, pd->graph_mode ? kva__plan_graph_key(pd) : 0);
+    if (st == KVA_OK) {
+        pd->graph_key = pd->graph_mode ? kva__plan_graph_key(pd) : 0;
+        pd->stamp = kva__stamp_record(pd->ws_device_addr, pd->graph_key);
+    }
 
 done:
     kva__scratch_free(&s);
     return st;
-}
-
-uint64_t kva__plan_graph_key(const kva__plan_data* pd) {
-    /* every field here follows from the context, the descriptor and the bounds alone (graph-mode plans choose their
-       workers, tile size and capacities from the bounds), never from the lengths of one batch; the partials are
-       written and read within one run, so where they live (device or scratch region) is not part of it */
-    const int64_t f[] = {(int64_t)pd->context_id,   pd->op,
-                         pd->backend,               pd->desc.num_qo_heads,
-                         pd->desc.num_kv_heads,     pd->desc.head_dim_qk,
-                         pd->desc.head_dim_vo,      pd->desc.mask_mode,
-                         pd->desc.window_left,      pd->page_size,
-                         pd->num_workers,           pd->tile_q,
-                         pd->kv_head_group,         pd->cluster_size,
-                         pd->cap_items,             pd->cap_merge,
-                         pd->cap_partials,          pd->max_batch_size,
-                         pd->max_total_qo_rows,     (int64_t)pd->off_counts,
-                         (int64_t)pd->off_worker_indptr, (int64_t)pd->off_worker_head,
-                         (int64_t)pd->off_requests, (int64_t)pd->off_items,
-                         (int64_t)pd->off_merge,    (int64_t)pd->int_region_end};
-    return kva__fnv(KVA__FNV_SEED, f, sizeof f) | 1u;
 }
 
 kva_status kva__plan_layout(kva_context* ctx, const kva_attention_desc* desc, kva_op op,
