@@ -6,6 +6,7 @@
 # into build-dev (about 20 MB), the default when present:
 #     cmake --build build-cuda -j2 && SYNC_LEAN=1 bash scripts/sync_build_dev.sh     # here
 #     bash scripts/gpu_check.sh            # on the GPU machine, carry ["build-dev"]; results under $OUT (or ./gpu_out)
+# With no build carried (a fresh clone on a GPU machine) it configures and builds build-cuda first (step 0).
 # Steps (each with its own time limit; the whole script stays under ~8 minutes):
 #   1. device, driver, toolkit and torch versions
 #   2. the test suite binaries with KVA_TEST_BACKEND=cuda, then kva_cuda_selftest (graph replay after re-plan,
@@ -57,8 +58,20 @@ python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" 2>/d
 if [ -n "${KVA_COMMIT:-}" ]; then echo "commit (given): $KVA_COMMIT"; export KVA_COMMIT
 else git rev-parse --short HEAD 2>/dev/null && export KVA_COMMIT=$(git rev-parse --short HEAD 2>/dev/null); fi
 if [ ! -x "$BUILD/kva_cuda_selftest" ]; then
-    echo "no $BUILD/kva_cuda_selftest: build with cmake -S . -B $BUILD -DKVA_CUDA=ON and carry $BUILD"
-    exit 2
+    # nothing carried: build here (GPU_CHECK_BUILD=0 refuses instead). All cores; the prebuilt kernels for sm_80 and
+    # sm_90a take most of it. A carried build saves the device time.
+    if [ "${GPU_CHECK_BUILD:-1}" = 0 ]; then
+        echo "no $BUILD/kva_cuda_selftest: build with cmake -S . -B $BUILD -DKVA_CUDA=ON and carry $BUILD"
+        exit 2
+    fi
+    section "0. build ($BUILD, no build carried)"
+    if ! { cmake -S . -B "$BUILD" -DKVA_CUDA=ON -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
+           cmake --build "$BUILD" -j "$(nproc)" >> "$OUT/build.log" 2>&1; }; then
+        tail -40 "$OUT/build.log"
+        echo "build failed (log: $OUT/build.log)"
+        exit 2
+    fi
+    echo "built $BUILD in $(( $(date +%s) - START )) s"
 fi
 # NVRTC for variants outside the prebuilt set
 if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so.1[23] '; then
