@@ -159,6 +159,13 @@ def make_desc(num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, head_dim_v
     head_dim_qk, head_dim_vo = size_arg(head_dim_qk, "head_dim_qk"), size_arg(head_dim_vo, "head_dim_vo")
     if num_qo_heads % num_kv_heads:
         raise ValueError("kvattn: num_qo_heads=%d is not a multiple of num_kv_heads=%d" % (num_qo_heads, num_kv_heads))
+    if pos_encoding == "ROPE_LLAMA":
+        # the C descriptor reads 0 as "default" (rope_scale 1, rope_theta 1e4): a zero (or a value that rounds to 0
+        # in float32) must not silently become the default
+        for name, x in (("rope_scale", rope_scale), ("rope_theta", rope_theta)):
+            if not math.isfinite(f32(x)) or f32(x) <= 0:
+                raise ValueError("kvattn: %s=%r must be a positive finite number (as float32) with "
+                                 "pos_encoding_mode='ROPE_LLAMA'" % (name, x))
     d = F.kva_attention_desc()
     F.lib().kva_attention_desc_init(ctypes.byref(d), num_qo_heads, num_kv_heads, head_dim_qk, q_dtype)
     d.head_dim_vo = head_dim_vo

@@ -335,6 +335,31 @@ def test_single_scale_that_rounds_to_zero_in_float32_raises(rng):
         kvattn.single_decode_with_kv_cache(q, k, v, sm_scale=1e39)
 
 
+def test_rope_scale_and_theta_zero_raise_instead_of_meaning_default(rng):
+    """With fused RoPE a rope_scale / rope_theta of 0 (or one that rounds to 0 in float32) raises; the C descriptor
+    would read 0 as its default (1, 1e4) and the call would silently use another frequency table."""
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    for kw in (dict(rope_theta=0.0), dict(rope_scale=0.0), dict(rope_theta=1e-46), dict(rope_scale=-2.0),
+               dict(rope_theta=float("inf"))):
+        name = next(iter(kw))
+        with pytest.raises(ValueError, match=name):
+            w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", pos_encoding_mode="ROPE_LLAMA", **kw)
+        with pytest.raises(ValueError, match=name):
+            kvattn.single_decode_with_kv_cache(q[0], cache[0, 0], cache[0, 1], pos_encoding_mode="ROPE_LLAMA", **kw)
+        with pytest.raises(ValueError, match=name):
+            kvattn.single_prefill_with_kv_cache(q, cache[0, 0], cache[0, 1], pos_encoding_mode="ROPE_LLAMA", **kw)
+    # forward() re-plans with its per-call value: refused the same way, the plan stays usable
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", pos_encoding_mode="ROPE_LLAMA", rope_theta=500.0)
+    o = w.run(q, cache)
+    with pytest.raises(ValueError, match="rope_theta"):
+        w.forward(q, cache, rope_theta=0.0)
+    assert np.array_equal(w.run(q, cache), o)
+    # without fused RoPE the values have no effect and are not checked (as FlashInfer)
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", rope_theta=0.0)
+    assert np.isfinite(w.run(q, cache)).all()
+
+
 def test_plan_keeps_its_own_copy_of_host_page_table_metadata(rng):
     """A re-plan the wrapper makes by itself (a run on a smaller pool than planned) uses the plan-time indptr and
     last_page_len, not what the caller's persistent host buffers hold by then."""
