@@ -135,6 +135,7 @@ class _PrefillBase(BatchWrapperBase):
                                  "segment of ceil(qo_len * kv_len / 8) bytes per request, as "
                                  "segment_packbits(..., bitorder='little') makes)" % (int(packed.shape[0]), need_bytes))
         else:
+            custom_mask = T.check_bool_mask(custom_mask, "custom_mask")
             total_bits = int(bits.sum())
             n = 1
             for s in custom_mask.shape:

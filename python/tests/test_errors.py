@@ -486,3 +486,33 @@ def test_graph_prefill_row_bound_comes_from_a_plan_that_succeeded(rng):
     assert np.all(np.isfinite(o))
     with pytest.raises(ValueError, match="first plan had 5"):
         w.plan(np.array([0, 3, 6], np.int32), indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+
+
+def test_float_custom_mask_is_refused(rng):
+    """custom_mask is a bool mask (True = visible). A float mask is refused with TypeError: an additive mask
+    (0 = visible, -inf = masked) read as "nonzero = visible" would be inverted. Integer 0/1 masks still work."""
+    qo_lens, kv_lens = [3, 2], [5, 9]
+    cache, indptr, indices, last, _ = make_paged(rng, kv_lens, 4, 2, 16)
+    qo_indptr = np.array([0, 3, 5], dtype=np.int32)
+    vis = [rng.random((a, b)) < 0.5 for a, b in zip(qo_lens, kv_lens)]
+    flat = np.concatenate([m.reshape(-1) for m in vis])
+    additive = np.where(flat, 0.0, -np.inf).astype(np.float32)
+    w = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    with pytest.raises(TypeError, match="custom_mask must be a bool"):
+        w.plan(qo_indptr, indptr, indices, last, 2, 2, 16, 4, q_data_type="float32", custom_mask=additive)
+    wr = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    kv_indptr = np.array([0, 5, 14], dtype=np.int32)
+    with pytest.raises(TypeError, match="custom_mask must be a bool"):
+        wr.plan(qo_indptr, kv_indptr, 2, 2, 16, q_data_type="float32", custom_mask=additive)
+    q = rng.standard_normal((3, 2, 16)).astype(np.float32)
+    k = rng.standard_normal((5, 2, 16)).astype(np.float32)
+    with pytest.raises(TypeError, match="custom_mask must be a bool"):
+        kvattn.single_prefill_with_kv_cache(q, k, k, custom_mask=np.where(vis[0], 0.0, -np.inf))
+    # bool and integer (0/1) masks give the same result
+    w.plan(qo_indptr, indptr, indices, last, 2, 2, 16, 4, q_data_type="float32", custom_mask=flat)
+    qq = rng.standard_normal((5, 2, 16)).astype(np.float32)
+    o_bool = w.run(qq, cache)
+    w.plan(qo_indptr, indptr, indices, last, 2, 2, 16, 4, q_data_type="float32", custom_mask=flat.astype(np.int32))
+    assert np.array_equal(w.run(qq, cache), o_bool)
+    assert np.array_equal(kvattn.single_prefill_with_kv_cache(q, k, k, custom_mask=vis[0].astype(np.uint8)),
+                          kvattn.single_prefill_with_kv_cache(q, k, k, custom_mask=vis[0]))
