@@ -184,21 +184,37 @@ def make_desc(num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, head_dim_v
 # --------------------------------------------------------------------------------------------------
 # Arrays
 
+def _page_size_one(x: Any, layout: str) -> Any:
+    """x with a page dimension of size 1 inserted (NHD: before the heads, HND: after them): a cache without a page
+    dimension is a page-size-1 cache, as in FlashInfer (e.g. a token-granular [num_tokens, num_kv_heads, head_dim])."""
+    axis = x.ndim - 2 if layout == "NHD" else x.ndim - 1
+    return x.unsqueeze(axis) if T.is_torch(x) else np.expand_dims(x, axis)
+
+
 def split_paged_kv(paged_kv_cache: Any, layout: str) -> Tuple[Any, Any]:
-    """(k, v) 4-D views of a paged KV cache given as one 5-D tensor [P, 2, ...] or a (K, V) pair."""
+    """(k, v) 4-D views of a paged KV cache given as one 5-D tensor [P, 2, ...] or a (K, V) pair of 4-D tensors.
+    Without the page_size dimension (a 4-D [P, 2, H, D] tensor, 3-D [P, H, D] K and V) the page size is 1."""
     if isinstance(paged_kv_cache, (tuple, list)):
         if len(paged_kv_cache) != 2:
             raise ValueError("kvattn: paged_kv_cache as a tuple must be (k_cache, v_cache)")
         k, v = paged_kv_cache
-        if k.ndim != 4 or v.ndim != 4:
-            raise ValueError("kvattn: k_cache and v_cache must be 4-D [num_pages, %s], got shapes %s and %s" % (
-                "page_size, num_kv_heads, head_dim" if layout == "NHD" else "num_kv_heads, page_size, head_dim",
-                tuple(k.shape), tuple(v.shape)))
+        for name, x in (("k_cache", k), ("v_cache", v)):
+            if not (T.is_torch(x) or isinstance(x, np.ndarray)):
+                raise TypeError("kvattn: %s must be a NumPy array or a torch tensor, got %s" % (name, type(x).__name__))
+        if k.ndim not in (3, 4) or v.ndim != k.ndim:
+            raise ValueError("kvattn: k_cache and v_cache must be 4-D [num_pages, %s] (or both 3-D [num_pages, "
+                             "num_kv_heads, head_dim] for page_size 1), got shapes %s and %s" % (
+                                 "page_size, num_kv_heads, head_dim" if layout == "NHD"
+                                 else "num_kv_heads, page_size, head_dim", tuple(k.shape), tuple(v.shape)))
+        if k.ndim == 3:
+            k, v = _page_size_one(k, layout), _page_size_one(v, layout)
         return k, v
     x = paged_kv_cache
     if not (T.is_torch(x) or isinstance(x, np.ndarray)):
         raise TypeError("kvattn: paged_kv_cache must be an array or a (k_cache, v_cache) tuple, got %s"
                         % type(x).__name__)
+    if x.ndim == 4 and int(x.shape[1]) == 2:
+        x = _page_size_one(x, layout)
     if x.ndim != 5 or int(x.shape[1]) != 2:
         raise ValueError("kvattn: paged_kv_cache must be 5-D [num_pages, 2, %s] (or a (K, V) tuple), got shape %s"
                          % ("page_size, num_kv_heads, head_dim" if layout == "NHD"
