@@ -833,6 +833,10 @@ class BatchWrapperBase:
         st.desc = make_desc(st.num_qo_heads, st.num_kv_heads, st.head_dim_qk, st.head_dim_vo, st.q_dtype,
                             st.kv_dtype, st.o_dtype, mask_mode, st.window_left, st.logits_soft_cap, st.sm_scale,
                             st.pos_encoding, st.rope_scale, st.rope_theta)
+        # the values given to plan(): what a deprecated forward() call uses for a parameter it leaves out
+        st.planned = dict(window_left=st.window_left, logits_soft_cap=st.logits_soft_cap, sm_scale=st.sm_scale,
+                          rope_scale=st.rope_scale, rope_theta=st.rope_theta, pos_encoding=st.pos_encoding,
+                          causal=st.causal)
 
     # ---- deprecated forward(): per-call parameters ----
     def _forward_params(self, window_left: Any = None, logits_soft_cap: Any = None, sm_scale: Any = None,
@@ -844,25 +848,33 @@ class BatchWrapperBase:
             raise NotImplementedError("kvattn: use_fp16_qk_reduction=True is not supported (kvattn always "
                                       "accumulates QK in float32)")
         st = self._require_plan()
-        new = {}
-        if window_left is not None and norm_window(window_left) != st.window_left:
-            new["window_left"] = norm_window(window_left)
-        if logits_soft_cap is not None and f32(norm_cap(logits_soft_cap)) != f32(st.logits_soft_cap):
-            new["logits_soft_cap"] = norm_cap(logits_soft_cap)
-        if sm_scale is not None and f32(sm_scale) != f32(st.sm_scale):
-            new["sm_scale"] = f32(sm_scale)
-            if not math.isfinite(new["sm_scale"]) or new["sm_scale"] <= 0:  # as plan(): 0 would read as "default"
+        # Each call's parameters are its own: one left out (None) is the value given to plan(), not the value an
+        # earlier forward() call re-planned with (a forward(logits_soft_cap=c) does not cap the next forward()).
+        base = st.planned
+        want = dict(base)
+        if window_left is not None:
+            want["window_left"] = norm_window(window_left)
+        if logits_soft_cap is not None:
+            want["logits_soft_cap"] = norm_cap(logits_soft_cap)
+        if sm_scale is not None:
+            want["sm_scale"] = f32(sm_scale)
+            if not math.isfinite(want["sm_scale"]) or want["sm_scale"] <= 0:  # as plan(): 0 would read as "default"
                 raise ValueError("kvattn: sm_scale=%r must be a positive finite number" % (sm_scale,))
-        if rope_scale is not None and f32(rope_scale) != f32(st.rope_scale):
-            new["rope_scale"] = f32(rope_scale)
-        if rope_theta is not None and f32(rope_theta) != f32(st.rope_theta):
-            new["rope_theta"] = f32(rope_theta)
-        if pos_encoding_mode is not None and parse_pos_encoding(pos_encoding_mode) != st.pos_encoding:
-            new["pos_encoding"] = parse_pos_encoding(pos_encoding_mode)
-        if causal is not None and bool(causal) != st.causal and st.mask_mode != F.KVA_MASK_CUSTOM:
-            if st.op == F.KVA_OP_BATCH_DECODE:
+        if rope_scale is not None:
+            want["rope_scale"] = f32(rope_scale)
+        if rope_theta is not None:
+            want["rope_theta"] = f32(rope_theta)
+        if pos_encoding_mode is not None:
+            want["pos_encoding"] = parse_pos_encoding(pos_encoding_mode)
+        if causal is not None and st.mask_mode != F.KVA_MASK_CUSTOM:
+            if bool(causal) != base["causal"] and st.op == F.KVA_OP_BATCH_DECODE:
                 raise PlanMismatchError("kvattn: causal does not apply to batch decode")
-            new["causal"] = bool(causal)
+            want["causal"] = bool(causal)
+        new = {}
+        for key, val in want.items():
+            cur = getattr(st, key)
+            if (f32(val) != f32(cur)) if isinstance(val, float) else (val != cur):
+                new[key] = val
         if not new:
             return
         if C.is_capturing(st.dev):

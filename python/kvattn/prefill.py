@@ -300,7 +300,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
                 rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
                 return_lse: bool = False) -> Any:
-        """Deprecated FlashInfer entry point with per-call parameters (None = as planned); a parameter that
+        """Deprecated FlashInfer entry point with per-call parameters (None = as given to plan()); a parameter that
         differs from the plan makes a new plan with it."""
         self._forward_params(window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
                              rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode,
@@ -470,7 +470,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                 logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
                 rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
                 return_lse: bool = False) -> Any:
-        """Deprecated FlashInfer entry point with per-call parameters (None = as planned); a parameter that
+        """Deprecated FlashInfer entry point with per-call parameters (None = as given to plan()); a parameter that
         differs from the plan makes a new plan with it."""
         self._forward_params(window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
                              rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode,

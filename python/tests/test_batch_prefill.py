@@ -192,6 +192,32 @@ def test_ragged_forward_with_per_call_causal(rng):
         w.run(q, k, v, causal=False)
 
 
+
+def test_forward_parameters_apply_per_call(rng):
+    """A parameter a forward() call leaves out (None) is the one given to plan(), not the value an earlier forward()
+    re-planned with: forward(logits_soft_cap=c) followed by forward() is uncapped again, forward(causal=True) then
+    forward() is not causal (plan had causal=False). run() uses the plan as last (re-)made."""
+    qo_lens, kv_lens = [3, 4], [5, 6]
+    qo_indptr, kv_indptr = _qo_indptr(qo_lens), _qo_indptr(kv_lens)
+    q = rng.standard_normal((7, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((11, 2, 16)).astype(np.float32)
+    v = rng.standard_normal((11, 2, 16)).astype(np.float32)
+    w = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    w.begin_forward(qo_indptr, kv_indptr, 4, 2, 16, q_data_type="float32", sm_scale=0.3)
+
+    def check(o, **ref_kw):
+        for b in range(2):
+            rs, ks = slice(qo_indptr[b], qo_indptr[b + 1]), slice(kv_indptr[b], kv_indptr[b + 1])
+            ro, _ = attention(q[rs], k[ks], v[ks], **ref_kw)
+            assert_close(o[rs], ro, 2e-4, 2e-4)
+
+    check(w.forward(q, k, v, causal=True, logits_soft_cap=3.0), causal=True, logits_soft_cap=3.0, sm_scale=0.3)
+    check(w.run(q, k, v), causal=True, logits_soft_cap=3.0, sm_scale=0.3)  # run(): the plan as last made
+    check(w.forward(q, k, v), sm_scale=0.3)  # back to plan()'s values
+    check(w.forward(q, k, v, sm_scale=0.5, window_left=2), sm_scale=0.5, window_left=2)
+    check(w.forward(q, k, v, logits_soft_cap=4.0), sm_scale=0.3, logits_soft_cap=4.0)
+    check(w.forward_return_lse(q, k, v)[0], sm_scale=0.3)
+
 def test_prefill_split_kv_long(rng):
     """A long request split across workers (the merge path), with and without a fixed split size."""
     qo_lens, kv_lens = [2, 1], [900, 300]
