@@ -574,6 +574,43 @@ class BatchWrapperBase:
     def end_forward(self) -> None:
         """Deprecated FlashInfer no-op."""
 
+    # ---- the current plan's scalars under FlashInfer's attribute names (engines assert on them after plan()) ----
+    def _planned_value(self, key: str) -> Any:
+        st = self._state
+        if st is None or not st.valid:
+            raise AttributeError("kvattn: %s has no plan (call plan() first)" % type(self).__name__)
+        return st.user[key]
+
+    @property
+    def _sm_scale(self) -> Any:
+        """sm_scale as given to plan() (None = the default 1/sqrt(head_dim)), or to the last forward() that set it."""
+        return self._planned_value("sm_scale")
+
+    @property
+    def _logits_soft_cap(self) -> float:
+        """logits_soft_cap as given (None reads 0.0, as FlashInfer's plan stores it)."""
+        return self._planned_value("logits_soft_cap")
+
+    @property
+    def _window_left(self) -> int:
+        return self._planned_value("window_left")
+
+    @property
+    def _causal(self) -> bool:
+        return self._planned_value("causal")
+
+    @property
+    def _pos_encoding_mode(self) -> str:
+        return self._planned_value("pos_encoding")
+
+    @property
+    def _rope_scale(self) -> Any:
+        return self._planned_value("rope_scale")
+
+    @property
+    def _rope_theta(self) -> Any:
+        return self._planned_value("rope_theta")
+
     # ---- plan helpers ----
     def _set_state(self, st: Optional[PlanState]) -> None:
         """Install a new plan. The PlanState object of a wrapper stays the same (its fields are replaced), so
@@ -833,6 +870,11 @@ class BatchWrapperBase:
         st.desc = make_desc(st.num_qo_heads, st.num_kv_heads, st.head_dim_qk, st.head_dim_vo, st.q_dtype,
                             st.kv_dtype, st.o_dtype, mask_mode, st.window_left, st.logits_soft_cap, st.sm_scale,
                             st.pos_encoding, st.rope_scale, st.rope_theta)
+        # as given (FlashInfer's _sm_scale, _logits_soft_cap, ... attributes): engines compare them with their own
+        st.user = dict(sm_scale=sm_scale, logits_soft_cap=0.0 if logits_soft_cap is None else logits_soft_cap,
+                       window_left=-1 if window_left is None else window_left, causal=st.causal,
+                       pos_encoding=st.pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta)
+        st.plan_user = dict(st.user)
         # the values given to plan(): what a deprecated forward() call uses for a parameter it leaves out
         st.planned = dict(window_left=st.window_left, logits_soft_cap=st.logits_soft_cap, sm_scale=st.sm_scale,
                           rope_scale=st.rope_scale, rope_theta=st.rope_theta, pos_encoding=st.pos_encoding,
@@ -875,7 +917,17 @@ class BatchWrapperBase:
             cur = getattr(st, key)
             if (f32(val) != f32(cur)) if isinstance(val, float) else (val != cur):
                 new[key] = val
+        user = dict(st.plan_user)
+        for key, val in (("sm_scale", sm_scale), ("logits_soft_cap", logits_soft_cap), ("window_left", window_left),
+                         ("rope_scale", rope_scale), ("rope_theta", rope_theta)):
+            if val is not None:
+                user[key] = val
+        if pos_encoding_mode is not None:
+            user["pos_encoding"] = want["pos_encoding"]
+        if "causal" in want:
+            user["causal"] = want["causal"]
         if not new:
+            st.user = user
             return
         if C.is_capturing(st.dev):
             raise CaptureActiveError("kvattn: forward() with parameters %s that differ from the plan needs a new "
@@ -900,4 +952,5 @@ class BatchWrapperBase:
             if self._ws.plan_region.ptr != region:  # the old plan's memory was replaced: it cannot run any more
                 self._set_state(None)
             raise
+        st.user = user
         self._set_state(st)
