@@ -516,3 +516,27 @@ def test_float_custom_mask_is_refused(rng):
     assert np.array_equal(w.run(qq, cache), o_bool)
     assert np.array_equal(kvattn.single_prefill_with_kv_cache(q, k, k, custom_mask=vis[0].astype(np.uint8)),
                           kvattn.single_prefill_with_kv_cache(q, k, k, custom_mask=vis[0]))
+
+
+def test_prefill_workspace_size_checks_its_keywords_as_plan(rng):
+    """workspace_size(**kwargs) of the prefill wrappers: a keyword plan() does not take raises TypeError (it was
+    ignored), and plan() arguments kvattn does not support raise as plan() raises."""
+    kv_lens = [5, 9]
+    cache, indptr, indices, last, _ = make_paged(rng, kv_lens, 4, 2, 16)
+    qo_indptr = np.array([0, 2, 5], np.int32)
+    kv_indptr = np.array([0, 5, 14], np.int32)
+    w = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    r = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    fb, ib = w.workspace_size(qo_indptr, indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", num_pages=8)
+    assert fb > 0 and ib > 0
+    assert r.workspace_size(qo_indptr, kv_indptr, 4, 2, 16, q_data_type="float32")[1] > 0
+    with pytest.raises(TypeError, match="causl"):
+        w.workspace_size(qo_indptr, indptr, indices, last, 4, 2, 16, 4, causl=True)
+    with pytest.raises(TypeError, match="causl"):
+        r.workspace_size(qo_indptr, kv_indptr, 4, 2, 16, causl=True)
+    with pytest.raises(NotImplementedError, match="prefix_len_ptr"):
+        w.workspace_size(qo_indptr, indptr, indices, last, 4, 2, 16, 4, prefix_len_ptr=np.zeros(2, np.int32))
+    with pytest.raises(NotImplementedError, match="max_item_len_ptr"):
+        r.workspace_size(qo_indptr, kv_indptr, 4, 2, 16, max_item_len_ptr=np.zeros(2, np.int32))
+    with pytest.raises(NotImplementedError, match="v_indptr"):
+        r.workspace_size(qo_indptr, kv_indptr, 4, 2, 16, v_indptr=np.array([0, 4, 14], np.int32))
