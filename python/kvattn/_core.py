@@ -159,6 +159,13 @@ def make_desc(num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, head_dim_v
     head_dim_qk, head_dim_vo = size_arg(head_dim_qk, "head_dim_qk"), size_arg(head_dim_vo, "head_dim_vo")
     if num_qo_heads % num_kv_heads:
         raise ValueError("kvattn: num_qo_heads=%d is not a multiple of num_kv_heads=%d" % (num_qo_heads, num_kv_heads))
+    if pos_encoding == "ROPE_LLAMA":
+        # the C descriptor reads 0 as "default" (rope_scale 1, rope_theta 1e4): a zero (or a value that rounds to 0
+        # in float32) must not silently become the default
+        for name, x in (("rope_scale", rope_scale), ("rope_theta", rope_theta)):
+            if not math.isfinite(f32(x)) or f32(x) <= 0:
+                raise ValueError("kvattn: %s=%r must be a positive finite number (as float32) with "
+                                 "pos_encoding_mode='ROPE_LLAMA'" % (name, x))
     d = F.kva_attention_desc()
     F.lib().kva_attention_desc_init(ctypes.byref(d), num_qo_heads, num_kv_heads, head_dim_qk, q_dtype)
     d.head_dim_vo = head_dim_vo
@@ -177,21 +184,37 @@ def make_desc(num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, head_dim_v
 # --------------------------------------------------------------------------------------------------
 # Arrays
 
+def _page_size_one(x: Any, layout: str) -> Any:
+    """x with a page dimension of size 1 inserted (NHD: before the heads, HND: after them): a cache without a page
+    dimension is a page-size-1 cache, as in FlashInfer (e.g. a token-granular [num_tokens, num_kv_heads, head_dim])."""
+    axis = x.ndim - 2 if layout == "NHD" else x.ndim - 1
+    return x.unsqueeze(axis) if T.is_torch(x) else np.expand_dims(x, axis)
+
+
 def split_paged_kv(paged_kv_cache: Any, layout: str) -> Tuple[Any, Any]:
-    """(k, v) 4-D views of a paged KV cache given as one 5-D tensor [P, 2, ...] or a (K, V) pair."""
+    """(k, v) 4-D views of a paged KV cache given as one 5-D tensor [P, 2, ...] or a (K, V) pair of 4-D tensors.
+    Without the page_size dimension (a 4-D [P, 2, H, D] tensor, 3-D [P, H, D] K and V) the page size is 1."""
     if isinstance(paged_kv_cache, (tuple, list)):
         if len(paged_kv_cache) != 2:
             raise ValueError("kvattn: paged_kv_cache as a tuple must be (k_cache, v_cache)")
         k, v = paged_kv_cache
-        if k.ndim != 4 or v.ndim != 4:
-            raise ValueError("kvattn: k_cache and v_cache must be 4-D [num_pages, %s], got shapes %s and %s" % (
-                "page_size, num_kv_heads, head_dim" if layout == "NHD" else "num_kv_heads, page_size, head_dim",
-                tuple(k.shape), tuple(v.shape)))
+        for name, x in (("k_cache", k), ("v_cache", v)):
+            if not (T.is_torch(x) or isinstance(x, np.ndarray)):
+                raise TypeError("kvattn: %s must be a NumPy array or a torch tensor, got %s" % (name, type(x).__name__))
+        if k.ndim not in (3, 4) or v.ndim != k.ndim:
+            raise ValueError("kvattn: k_cache and v_cache must be 4-D [num_pages, %s] (or both 3-D [num_pages, "
+                             "num_kv_heads, head_dim] for page_size 1), got shapes %s and %s" % (
+                                 "page_size, num_kv_heads, head_dim" if layout == "NHD"
+                                 else "num_kv_heads, page_size, head_dim", tuple(k.shape), tuple(v.shape)))
+        if k.ndim == 3:
+            k, v = _page_size_one(k, layout), _page_size_one(v, layout)
         return k, v
     x = paged_kv_cache
     if not (T.is_torch(x) or isinstance(x, np.ndarray)):
         raise TypeError("kvattn: paged_kv_cache must be an array or a (k_cache, v_cache) tuple, got %s"
                         % type(x).__name__)
+    if x.ndim == 4 and int(x.shape[1]) == 2:
+        x = _page_size_one(x, layout)
     if x.ndim != 5 or int(x.shape[1]) != 2:
         raise ValueError("kvattn: paged_kv_cache must be 5-D [num_pages, 2, %s] (or a (K, V) tuple), got shape %s"
                          % ("page_size, num_kv_heads, head_dim" if layout == "NHD"
@@ -551,6 +574,43 @@ class BatchWrapperBase:
     def end_forward(self) -> None:
         """Deprecated FlashInfer no-op."""
 
+    # ---- the current plan's scalars under FlashInfer's attribute names (engines assert on them after plan()) ----
+    def _planned_value(self, key: str) -> Any:
+        st = self._state
+        if st is None or not st.valid:
+            raise AttributeError("kvattn: %s has no plan (call plan() first)" % type(self).__name__)
+        return st.user[key]
+
+    @property
+    def _sm_scale(self) -> Any:
+        """sm_scale as given to plan() (None = the default 1/sqrt(head_dim)), or to the last forward() that set it."""
+        return self._planned_value("sm_scale")
+
+    @property
+    def _logits_soft_cap(self) -> float:
+        """logits_soft_cap as given (None reads 0.0, as FlashInfer's plan stores it)."""
+        return self._planned_value("logits_soft_cap")
+
+    @property
+    def _window_left(self) -> int:
+        return self._planned_value("window_left")
+
+    @property
+    def _causal(self) -> bool:
+        return self._planned_value("causal")
+
+    @property
+    def _pos_encoding_mode(self) -> str:
+        return self._planned_value("pos_encoding")
+
+    @property
+    def _rope_scale(self) -> Any:
+        return self._planned_value("rope_scale")
+
+    @property
+    def _rope_theta(self) -> Any:
+        return self._planned_value("rope_theta")
+
     # ---- plan helpers ----
     def _set_state(self, st: Optional[PlanState]) -> None:
         """Install a new plan. The PlanState object of a wrapper stays the same (its fields are replaced), so
@@ -810,6 +870,15 @@ class BatchWrapperBase:
         st.desc = make_desc(st.num_qo_heads, st.num_kv_heads, st.head_dim_qk, st.head_dim_vo, st.q_dtype,
                             st.kv_dtype, st.o_dtype, mask_mode, st.window_left, st.logits_soft_cap, st.sm_scale,
                             st.pos_encoding, st.rope_scale, st.rope_theta)
+        # as given (FlashInfer's _sm_scale, _logits_soft_cap, ... attributes): engines compare them with their own
+        st.user = dict(sm_scale=sm_scale, logits_soft_cap=0.0 if logits_soft_cap is None else logits_soft_cap,
+                       window_left=-1 if window_left is None else window_left, causal=st.causal,
+                       pos_encoding=st.pos_encoding, rope_scale=rope_scale, rope_theta=rope_theta)
+        st.plan_user = dict(st.user)
+        # the values given to plan(): what a deprecated forward() call uses for a parameter it leaves out
+        st.planned = dict(window_left=st.window_left, logits_soft_cap=st.logits_soft_cap, sm_scale=st.sm_scale,
+                          rope_scale=st.rope_scale, rope_theta=st.rope_theta, pos_encoding=st.pos_encoding,
+                          causal=st.causal)
 
     # ---- deprecated forward(): per-call parameters ----
     def _forward_params(self, window_left: Any = None, logits_soft_cap: Any = None, sm_scale: Any = None,
@@ -821,26 +890,44 @@ class BatchWrapperBase:
             raise NotImplementedError("kvattn: use_fp16_qk_reduction=True is not supported (kvattn always "
                                       "accumulates QK in float32)")
         st = self._require_plan()
-        new = {}
-        if window_left is not None and norm_window(window_left) != st.window_left:
-            new["window_left"] = norm_window(window_left)
-        if logits_soft_cap is not None and f32(norm_cap(logits_soft_cap)) != f32(st.logits_soft_cap):
-            new["logits_soft_cap"] = norm_cap(logits_soft_cap)
-        if sm_scale is not None and f32(sm_scale) != f32(st.sm_scale):
-            new["sm_scale"] = f32(sm_scale)
-            if not math.isfinite(new["sm_scale"]) or new["sm_scale"] <= 0:  # as plan(): 0 would read as "default"
+        # Each call's parameters are its own: one left out (None) is the value given to plan(), not the value an
+        # earlier forward() call re-planned with (a forward(logits_soft_cap=c) does not cap the next forward()).
+        base = st.planned
+        want = dict(base)
+        if window_left is not None:
+            want["window_left"] = norm_window(window_left)
+        if logits_soft_cap is not None:
+            want["logits_soft_cap"] = norm_cap(logits_soft_cap)
+        if sm_scale is not None:
+            want["sm_scale"] = f32(sm_scale)
+            if not math.isfinite(want["sm_scale"]) or want["sm_scale"] <= 0:  # as plan(): 0 would read as "default"
                 raise ValueError("kvattn: sm_scale=%r must be a positive finite number" % (sm_scale,))
-        if rope_scale is not None and f32(rope_scale) != f32(st.rope_scale):
-            new["rope_scale"] = f32(rope_scale)
-        if rope_theta is not None and f32(rope_theta) != f32(st.rope_theta):
-            new["rope_theta"] = f32(rope_theta)
-        if pos_encoding_mode is not None and parse_pos_encoding(pos_encoding_mode) != st.pos_encoding:
-            new["pos_encoding"] = parse_pos_encoding(pos_encoding_mode)
-        if causal is not None and bool(causal) != st.causal and st.mask_mode != F.KVA_MASK_CUSTOM:
-            if st.op == F.KVA_OP_BATCH_DECODE:
+        if rope_scale is not None:
+            want["rope_scale"] = f32(rope_scale)
+        if rope_theta is not None:
+            want["rope_theta"] = f32(rope_theta)
+        if pos_encoding_mode is not None:
+            want["pos_encoding"] = parse_pos_encoding(pos_encoding_mode)
+        if causal is not None and st.mask_mode != F.KVA_MASK_CUSTOM:
+            if bool(causal) != base["causal"] and st.op == F.KVA_OP_BATCH_DECODE:
                 raise PlanMismatchError("kvattn: causal does not apply to batch decode")
-            new["causal"] = bool(causal)
+            want["causal"] = bool(causal)
+        new = {}
+        for key, val in want.items():
+            cur = getattr(st, key)
+            if (f32(val) != f32(cur)) if isinstance(val, float) else (val != cur):
+                new[key] = val
+        user = dict(st.plan_user)
+        for key, val in (("sm_scale", sm_scale), ("logits_soft_cap", logits_soft_cap), ("window_left", window_left),
+                         ("rope_scale", rope_scale), ("rope_theta", rope_theta)):
+            if val is not None:
+                user[key] = val
+        if pos_encoding_mode is not None:
+            user["pos_encoding"] = want["pos_encoding"]
+        if "causal" in want:
+            user["causal"] = want["causal"]
         if not new:
+            st.user = user
             return
         if C.is_capturing(st.dev):
             raise CaptureActiveError("kvattn: forward() with parameters %s that differ from the plan needs a new "
@@ -865,4 +952,5 @@ class BatchWrapperBase:
             if self._ws.plan_region.ptr != region:  # the old plan's memory was replaced: it cannot run any more
                 self._set_state(None)
             raise
+        st.user = user
         self._set_state(st)

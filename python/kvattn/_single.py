@@ -146,6 +146,7 @@ def single_attention(q: Any, k: Any, v: Any, *, decode: bool, kv_layout: str, po
                 raise TypeError("kvattn: packed_custom_mask must be a 1-D uint8 array of packed bits (a bool mask "
                                 "goes to custom_mask)")
         else:
+            custom_mask = T.check_bool_mask(custom_mask, "custom_mask")
             if tuple(int(s) for s in custom_mask.shape) not in ((qo_len, kv_len), (qo_len * kv_len,)):
                 raise ValueError("kvattn: custom_mask must have shape [qo_len, kv_len] = [%d, %d], got %s"
                                  % (qo_len, kv_len, tuple(custom_mask.shape)))

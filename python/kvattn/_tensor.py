@@ -286,6 +286,21 @@ def is_bool(x: Any) -> bool:
     return str(getattr(x, "dtype", "")) in ("bool", "torch.bool")
 
 
+def check_bool_mask(x: Any, what: str) -> Any:
+    """An element mask (True = visible) as given, or as a NumPy array for a sequence: TypeError for a floating (or
+    complex) array, which would be an additive mask (0 = visible, -inf = masked) that "nonzero = visible" inverts."""
+    if not (is_torch(x) or isinstance(x, np.ndarray)):
+        x = np.asarray(x)
+    if is_torch(x):
+        bad = x.dtype.is_floating_point or x.dtype.is_complex
+    else:
+        bad = x.dtype.kind not in "biu"
+    if bad:
+        raise TypeError("kvattn: %s must be a bool array (True = visible), got dtype %s; an additive float mask "
+                        "(0 / -inf) is not accepted: pass (mask == 0)" % (what, x.dtype))
+    return x
+
+
 def is_contiguous(x: Any) -> bool:
     if is_torch(x):
         return bool(x.is_contiguous())

@@ -215,7 +215,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
                 k_scale: Optional[float] = None, v_scale: Optional[float] = None, window_left: Optional[int] = None,
                 logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
                 rope_scale: Optional[float] = None, rope_theta: Optional[float] = None) -> Any:
-        """Deprecated FlashInfer entry point with per-call parameters (None = as planned). A parameter that
+        """Deprecated FlashInfer entry point with per-call parameters (None = as given to plan()). A parameter that
         differs from the plan makes a new plan with it (FlashInfer silently ignored some of them)."""
         self._forward_params(window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
                              rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode)

@@ -86,12 +86,23 @@ def _append_impl(append_key: Any, append_value: Any, batch_indices: Any, positio
                                               C.current_stream(dev)), "append_paged_kv_cache")
 
 
+def _check_batch_lens(indptr: Any, indptr_name: str, per_req: Any, per_req_name: str, exact: bool) -> None:
+    """ValueError unless indptr is 1-D with B + 1 >= 1 entries and per_req 1-D with B entries (at least B unless
+    exact); shapes only, no sync. A length-1 per_req would otherwise broadcast silently."""
+    ni = tuple(int(d) for d in (indptr.shape if T.is_torch(indptr) else np.shape(indptr)))
+    nr = tuple(int(d) for d in (per_req.shape if T.is_torch(per_req) else np.shape(per_req)))
+    if len(ni) != 1 or ni[0] < 1 or len(nr) != 1 or (nr[0] != ni[0] - 1 if exact else nr[0] < ni[0] - 1):
+        raise ValueError("kvattn: %s (shape %s) must be 1-D with batch_size + 1 elements and %s (shape %s) 1-D with "
+                         "%sbatch_size elements" % (indptr_name, ni, per_req_name, nr, "" if exact else "at least "))
+
+
 def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int, batch_indices: Any = None,
                                 positions: Any = None) -> Tuple[Any, Any]:
     """For each appended token j (``append_indptr[b] <= j < append_indptr[b+1]``): its request b and absolute
     position ``seq_lens[b] - append_len[b] + (j - append_indptr[b])``. Returns int32 ``(batch_indices,
     positions)`` of length nnz (written into the given arrays when passed)."""
     nnz = int(nnz)
+    _check_batch_lens(append_indptr, "append_indptr", seq_lens, "seq_lens", exact=False)
     if T.is_torch(append_indptr) or T.is_torch(seq_lens):
         torch = T._torch()
         ref = append_indptr if T.is_torch(append_indptr) else seq_lens
@@ -133,6 +144,7 @@ def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
     """KV length of each request: ``(num_pages - 1) * page_size + last_page_len``, 0 for a request without
     pages (int32; same library/device as the inputs)."""
     ps = _core.size_arg(page_size, "page_size")
+    _check_batch_lens(kv_indptr, "kv_indptr", kv_last_page_len, "kv_last_page_len", exact=True)
     if T.is_torch(kv_indptr) or T.is_torch(kv_last_page_len):
         torch = T._torch()
         dev = (kv_indptr if T.is_torch(kv_indptr) else kv_last_page_len).device

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional, Tuple
+import inspect
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -67,6 +68,16 @@ def _check_buf(dev: T.DeviceKey, name: str, b: Any, code: int) -> None:
                          % (name, T.device_str(T.device_of(b)), T.device_str(dev)))
     if T.is_bool(b) or T.dtype_of(b, name) != code or b.ndim != 1 or not T.is_contiguous(b):
         raise TypeError("kvattn: %s must be a contiguous 1-D %s buffer" % (name, T.dtype_name(code)))
+
+
+def _plan_kwargs(plan: Any, kwargs: Dict[str, Any], *names: str) -> Tuple[Any, ...]:
+    """workspace_size(**kwargs): TypeError for a keyword plan() does not take (a typo is not ignored); the values of
+    `names` (plan() arguments the size query passes on, so unsupported ones are refused as plan() refuses them)."""
+    params = inspect.signature(plan).parameters
+    for key in kwargs:
+        if key not in params:
+            raise TypeError("workspace_size() got an unexpected keyword argument %r" % key)
+    return tuple(kwargs.get(n, 0 if n == "token_pos_in_items_len" else None) for n in names)
 
 
 class _PrefillBase(BatchWrapperBase):
@@ -135,6 +146,7 @@ class _PrefillBase(BatchWrapperBase):
                                  "segment of ceil(qo_len * kv_len / 8) bytes per request, as "
                                  "segment_packbits(..., bitorder='little') makes)" % (int(packed.shape[0]), need_bytes))
         else:
+            custom_mask = T.check_bool_mask(custom_mask, "custom_mask")
             total_bits = int(bits.sum())
             n = 1
             for s in custom_mask.shape:
@@ -265,9 +277,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         st = self._build(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                          num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask, packed_custom_mask, causal,
                          pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale,
-                         rope_theta, q_data_type, kv_data_type, o_data_type, None, None, 0, None, None, None, None,
-                         None, None, fixed_split_size, disable_split_kv, kwargs.get("num_pages"), dry=True,
-                         variant=kwargs.get("variant"))
+                         rope_theta, q_data_type, kv_data_type, o_data_type, *_plan_kwargs(
+                             type(self).plan, kwargs, "prefix_len_ptr", "token_pos_in_items_ptr",
+                             "token_pos_in_items_len", "max_item_len_ptr", "seq_lens", "seq_lens_q", "block_tables",
+                             "max_token_per_sequence", "max_sequence_kv"), fixed_split_size, disable_split_kv,
+                         kwargs.get("num_pages"), dry=True, variant=kwargs.get("variant"))
         return _query_size(st)
 
     def run(self, q: Any, paged_kv_cache: Any, *args: Any, q_scale: Optional[float] = None,
@@ -299,7 +313,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                 logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
                 rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
                 return_lse: bool = False) -> Any:
-        """Deprecated FlashInfer entry point with per-call parameters (None = as planned); a parameter that
+        """Deprecated FlashInfer entry point with per-call parameters (None = as given to plan()); a parameter that
         differs from the plan makes a new plan with it."""
         self._forward_params(window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
                              rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode,
@@ -411,7 +425,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         st = self._build(qo_indptr, kv_indptr, num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, custom_mask,
                          packed_custom_mask, causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
                          logits_soft_cap, sm_scale, rope_scale, rope_theta, q_data_type, kv_data_type, o_data_type,
-                         None, None, 0, None, fixed_split_size, disable_split_kv, None, None, None, None, None, None,
+                         *_plan_kwargs(type(self).plan, kwargs, "prefix_len_ptr", "token_pos_in_items_ptr",
+                                       "token_pos_in_items_len", "max_item_len_ptr"),
+                         fixed_split_size, disable_split_kv,
+                         *_plan_kwargs(type(self).plan, kwargs, "seq_lens", "seq_lens_q", "max_token_per_sequence",
+                                       "max_sequence_kv", "v_indptr", "o_indptr"),
                          dry=True, variant=kwargs.get("variant"))
         return _query_size(st)
 
@@ -469,7 +487,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                 logits_soft_cap: Optional[float] = None, sm_scale: Optional[float] = None,
                 rope_scale: Optional[float] = None, rope_theta: Optional[float] = None,
                 return_lse: bool = False) -> Any:
-        """Deprecated FlashInfer entry point with per-call parameters (None = as planned); a parameter that
+        """Deprecated FlashInfer entry point with per-call parameters (None = as given to plan()); a parameter that
         differs from the plan makes a new plan with it."""
         self._forward_params(window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
                              rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode,

@@ -271,3 +271,53 @@ def test_decode_batch_of_zero_requests(rng):
     # the same wrapper then serves a real step
     res = _run_decode(rng, [3, 20], 16, 8, 2, 64)
     _check(*res, [3, 20], "NHD", np.float32)
+
+
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_page_size_one_cache_without_page_dim(rng, layout):
+    """A page-size-1 cache may omit the page dimension: a (K, V) tuple of 3-D [num_tokens, num_kv_heads, head_dim]
+    pools (a token-granular pool, planned with page_size=1) or one 4-D [num_tokens, 2, num_kv_heads, head_dim]
+    tensor; the decode, paged-prefill and append paths read it as [num_tokens, 1, ...]."""
+    hq, hkv, d, size = 6, 2, 16, 40
+    kbuf = rng.standard_normal((size, hkv, d)).astype(np.float32)
+    vbuf = rng.standard_normal((size, hkv, d)).astype(np.float32)
+    lens = [7, 0, 12, 3]
+    indptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    indices = rng.permutation(size)[:indptr[-1]].astype(np.int32)
+    last = np.ones(len(lens), np.int32)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float32)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(), kv_layout=layout)
+    w.plan(indptr, indices, last, hq, hkv, d, 1, q_data_type="float32")
+    atol, rtol = TOL["float32"]
+    o3, lse3 = w.run(q, (kbuf, vbuf), return_lse=True)
+    o4 = w.run(q, np.stack([kbuf, vbuf], axis=1))
+    for b in range(len(lens)):
+        sel = indices[indptr[b]:indptr[b + 1]]
+        ro, rl = attention(q[b:b + 1], kbuf[sel], vbuf[sel])
+        assert_close(o3[b], ro[0], atol, rtol, "o[%d]" % b)
+        assert_close(lse3[b], rl[0], atol, rtol, "lse[%d]" % b)
+    np.testing.assert_array_equal(o4, o3)
+    # paged prefill over the same pools
+    qo_indptr = np.array([0, 2, 3, 5, 6], np.int32)
+    qp = rng.standard_normal((6, hq, d)).astype(np.float32)
+    wp = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace(), kv_layout=layout)
+    wp.plan(qo_indptr, indptr, indices, last, hq, hkv, d, 1, q_data_type="float32", causal=True)
+    op = wp.run(qp, (kbuf, vbuf))
+    for b in range(len(lens)):
+        sel = indices[indptr[b]:indptr[b + 1]]
+        ro, _ = attention(qp[qo_indptr[b]:qo_indptr[b + 1]], kbuf[sel], vbuf[sel], causal=True)
+        assert_close(op[qo_indptr[b]:qo_indptr[b + 1]], ro, atol, rtol, "prefill o[%d]" % b)
+    # append into the 3-D pools: the last token of each non-empty request
+    nz = [b for b in range(len(lens)) if lens[b]]
+    new_k = rng.standard_normal((len(nz), hkv, d)).astype(np.float32)
+    new_v = rng.standard_normal((len(nz), hkv, d)).astype(np.float32)
+    kvattn.append_paged_kv_cache(new_k, new_v, np.array(nz, np.int32), np.array([lens[b] - 1 for b in nz], np.int32),
+                                 (kbuf, vbuf), indices, indptr, last, kv_layout=layout)
+    for i, b in enumerate(nz):
+        slot = indices[indptr[b + 1] - 1]
+        np.testing.assert_array_equal(kbuf[slot], new_k[i])
+        np.testing.assert_array_equal(vbuf[slot], new_v[i])
+    # the page dimension is not guessed for other page sizes
+    w.plan(indptr, indices, last, hq, hkv, d, 2, q_data_type="float32")
+    with pytest.raises(kvattn.PlanMismatchError, match="k_cache"):
+        w.run(q, (kbuf, vbuf))

@@ -192,8 +192,64 @@ def test_ragged_forward_with_per_call_causal(rng):
         w.run(q, k, v, causal=False)
 
 
+
+def test_forward_parameters_apply_per_call(rng):
+    """A parameter a forward() call leaves out (None) is the one given to plan(), not the value an earlier forward()
+    re-planned with: forward(logits_soft_cap=c) followed by forward() is uncapped again, forward(causal=True) then
+    forward() is not causal (plan had causal=False). run() uses the plan as last (re-)made."""
+    qo_lens, kv_lens = [3, 4], [5, 6]
+    qo_indptr, kv_indptr = _qo_indptr(qo_lens), _qo_indptr(kv_lens)
+    q = rng.standard_normal((7, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((11, 2, 16)).astype(np.float32)
+    v = rng.standard_normal((11, 2, 16)).astype(np.float32)
+    w = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    w.begin_forward(qo_indptr, kv_indptr, 4, 2, 16, q_data_type="float32", sm_scale=0.3)
+
+    def check(o, **ref_kw):
+        for b in range(2):
+            rs, ks = slice(qo_indptr[b], qo_indptr[b + 1]), slice(kv_indptr[b], kv_indptr[b + 1])
+            ro, _ = attention(q[rs], k[ks], v[ks], **ref_kw)
+            assert_close(o[rs], ro, 2e-4, 2e-4)
+
+    check(w.forward(q, k, v, causal=True, logits_soft_cap=3.0), causal=True, logits_soft_cap=3.0, sm_scale=0.3)
+    check(w.run(q, k, v), causal=True, logits_soft_cap=3.0, sm_scale=0.3)  # run(): the plan as last made
+    check(w.forward(q, k, v), sm_scale=0.3)  # back to plan()'s values
+    check(w.forward(q, k, v, sm_scale=0.5, window_left=2), sm_scale=0.5, window_left=2)
+    check(w.forward(q, k, v, logits_soft_cap=4.0), sm_scale=0.3, logits_soft_cap=4.0)
+    check(w.forward_return_lse(q, k, v)[0], sm_scale=0.3)
+
 def test_prefill_split_kv_long(rng):
     """A long request split across workers (the merge path), with and without a fixed split size."""
     qo_lens, kv_lens = [2, 1], [900, 300]
     for kw in ({}, dict(fixed_split_size=8), dict(disable_split_kv=True)):
         _paged(rng, qo_lens, kv_lens, 16, 4, 1, 16, causal=True, **kw)
+
+
+def test_plan_scalars_readable_under_flashinfer_attribute_names(rng):
+    """Engines assert on a wrapper's planned scalars after plan() (``_causal``, ``_window_left``,
+    ``_logits_soft_cap``, ``_sm_scale``): they hold the values as given (the exact Python float for sm_scale, 0.0
+    for a logits_soft_cap of None), follow forward()'s per-call values, and raise AttributeError before a plan."""
+    kv_lens, ps, hkv, d = [5, 9], 4, 2, 64
+    cache, indptr, indices, last, _ = make_paged(rng, kv_lens, ps, hkv, d)
+    qo_indptr = np.array([0, 2, 5], np.int32)
+    scale = 1.0 / 7.3  # not a float32 value: compared exactly
+    w = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    with pytest.raises(AttributeError):
+        w._sm_scale
+    w.plan(qo_indptr, indptr, indices, last, 4, hkv, d, ps, causal=True, sm_scale=scale, window_left=-1,
+           logits_soft_cap=None, q_data_type="float32")
+    assert w._causal is True and w._window_left == -1 and w._logits_soft_cap == 0.0 and w._sm_scale == scale
+    q = rng.standard_normal((5, 4, d)).astype(np.float32)
+    w.forward(q, cache, causal=False, logits_soft_cap=3.0)
+    assert w._causal is False and w._logits_soft_cap == 3.0 and w._sm_scale == scale
+    w.forward(q, cache)  # back to plan()'s values
+    assert w._causal is True and w._logits_soft_cap == 0.0
+    dw = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    dw.plan(indptr, indices, last, 4, hkv, d, ps, window_left=7, logits_soft_cap=2.5, q_data_type="float32")
+    assert dw._window_left == 7 and dw._logits_soft_cap == 2.5 and dw._sm_scale is None
+    rw = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    rw.plan(qo_indptr, np.array([0, 5, 14], np.int32), 4, hkv, d, causal=True, q_data_type="float32")
+    assert rw._causal is True and rw._window_left == -1
+    w.reset_workspace_buffer(workspace())  # drops the plan
+    with pytest.raises(AttributeError):
+        w._causal

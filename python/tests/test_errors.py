@@ -335,6 +335,31 @@ def test_single_scale_that_rounds_to_zero_in_float32_raises(rng):
         kvattn.single_decode_with_kv_cache(q, k, v, sm_scale=1e39)
 
 
+def test_rope_scale_and_theta_zero_raise_instead_of_meaning_default(rng):
+    """With fused RoPE a rope_scale / rope_theta of 0 (or one that rounds to 0 in float32) raises; the C descriptor
+    would read 0 as its default (1, 1e4) and the call would silently use another frequency table."""
+    cache, indptr, indices, last, q = _decode_setup(rng)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    for kw in (dict(rope_theta=0.0), dict(rope_scale=0.0), dict(rope_theta=1e-46), dict(rope_scale=-2.0),
+               dict(rope_theta=float("inf"))):
+        name = next(iter(kw))
+        with pytest.raises(ValueError, match=name):
+            w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", pos_encoding_mode="ROPE_LLAMA", **kw)
+        with pytest.raises(ValueError, match=name):
+            kvattn.single_decode_with_kv_cache(q[0], cache[0, 0], cache[0, 1], pos_encoding_mode="ROPE_LLAMA", **kw)
+        with pytest.raises(ValueError, match=name):
+            kvattn.single_prefill_with_kv_cache(q, cache[0, 0], cache[0, 1], pos_encoding_mode="ROPE_LLAMA", **kw)
+    # forward() re-plans with its per-call value: refused the same way, the plan stays usable
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", pos_encoding_mode="ROPE_LLAMA", rope_theta=500.0)
+    o = w.run(q, cache)
+    with pytest.raises(ValueError, match="rope_theta"):
+        w.forward(q, cache, rope_theta=0.0)
+    assert np.array_equal(w.run(q, cache), o)
+    # without fused RoPE the values have no effect and are not checked (as FlashInfer)
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", rope_theta=0.0)
+    assert np.isfinite(w.run(q, cache)).all()
+
+
 def test_plan_keeps_its_own_copy_of_host_page_table_metadata(rng):
     """A re-plan the wrapper makes by itself (a run on a smaller pool than planned) uses the plan-time indptr and
     last_page_len, not what the caller's persistent host buffers hold by then."""
@@ -461,3 +486,57 @@ def test_graph_prefill_row_bound_comes_from_a_plan_that_succeeded(rng):
     assert np.all(np.isfinite(o))
     with pytest.raises(ValueError, match="first plan had 5"):
         w.plan(np.array([0, 3, 6], np.int32), indptr, indices, last, 4, 2, 16, 4, q_data_type="float32")
+
+
+def test_float_custom_mask_is_refused(rng):
+    """custom_mask is a bool mask (True = visible). A float mask is refused with TypeError: an additive mask
+    (0 = visible, -inf = masked) read as "nonzero = visible" would be inverted. Integer 0/1 masks still work."""
+    qo_lens, kv_lens = [3, 2], [5, 9]
+    cache, indptr, indices, last, _ = make_paged(rng, kv_lens, 4, 2, 16)
+    qo_indptr = np.array([0, 3, 5], dtype=np.int32)
+    vis = [rng.random((a, b)) < 0.5 for a, b in zip(qo_lens, kv_lens)]
+    flat = np.concatenate([m.reshape(-1) for m in vis])
+    additive = np.where(flat, 0.0, -np.inf).astype(np.float32)
+    w = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    with pytest.raises(TypeError, match="custom_mask must be a bool"):
+        w.plan(qo_indptr, indptr, indices, last, 2, 2, 16, 4, q_data_type="float32", custom_mask=additive)
+    wr = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    kv_indptr = np.array([0, 5, 14], dtype=np.int32)
+    with pytest.raises(TypeError, match="custom_mask must be a bool"):
+        wr.plan(qo_indptr, kv_indptr, 2, 2, 16, q_data_type="float32", custom_mask=additive)
+    q = rng.standard_normal((3, 2, 16)).astype(np.float32)
+    k = rng.standard_normal((5, 2, 16)).astype(np.float32)
+    with pytest.raises(TypeError, match="custom_mask must be a bool"):
+        kvattn.single_prefill_with_kv_cache(q, k, k, custom_mask=np.where(vis[0], 0.0, -np.inf))
+    # bool and integer (0/1) masks give the same result
+    w.plan(qo_indptr, indptr, indices, last, 2, 2, 16, 4, q_data_type="float32", custom_mask=flat)
+    qq = rng.standard_normal((5, 2, 16)).astype(np.float32)
+    o_bool = w.run(qq, cache)
+    w.plan(qo_indptr, indptr, indices, last, 2, 2, 16, 4, q_data_type="float32", custom_mask=flat.astype(np.int32))
+    assert np.array_equal(w.run(qq, cache), o_bool)
+    assert np.array_equal(kvattn.single_prefill_with_kv_cache(q, k, k, custom_mask=vis[0].astype(np.uint8)),
+                          kvattn.single_prefill_with_kv_cache(q, k, k, custom_mask=vis[0]))
+
+
+def test_prefill_workspace_size_checks_its_keywords_as_plan(rng):
+    """workspace_size(**kwargs) of the prefill wrappers: a keyword plan() does not take raises TypeError (it was
+    ignored), and plan() arguments kvattn does not support raise as plan() raises."""
+    kv_lens = [5, 9]
+    cache, indptr, indices, last, _ = make_paged(rng, kv_lens, 4, 2, 16)
+    qo_indptr = np.array([0, 2, 5], np.int32)
+    kv_indptr = np.array([0, 5, 14], np.int32)
+    w = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    r = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    fb, ib = w.workspace_size(qo_indptr, indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", num_pages=8)
+    assert fb > 0 and ib > 0
+    assert r.workspace_size(qo_indptr, kv_indptr, 4, 2, 16, q_data_type="float32")[1] > 0
+    with pytest.raises(TypeError, match="causl"):
+        w.workspace_size(qo_indptr, indptr, indices, last, 4, 2, 16, 4, causl=True)
+    with pytest.raises(TypeError, match="causl"):
+        r.workspace_size(qo_indptr, kv_indptr, 4, 2, 16, causl=True)
+    with pytest.raises(NotImplementedError, match="prefix_len_ptr"):
+        w.workspace_size(qo_indptr, indptr, indices, last, 4, 2, 16, 4, prefix_len_ptr=np.zeros(2, np.int32))
+    with pytest.raises(NotImplementedError, match="max_item_len_ptr"):
+        r.workspace_size(qo_indptr, kv_indptr, 4, 2, 16, max_item_len_ptr=np.zeros(2, np.int32))
+    with pytest.raises(NotImplementedError, match="v_indptr"):
+        r.workspace_size(qo_indptr, kv_indptr, 4, 2, 16, v_indptr=np.array([0, 4, 14], np.int32))

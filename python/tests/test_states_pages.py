@@ -168,6 +168,19 @@ def test_get_seq_lens():
     assert lens.tolist() == [19, 0, 16]
 
 
+
+def test_page_helpers_refuse_per_request_arrays_of_the_wrong_length():
+    """A per-request array shorter than the batch (length 1 would broadcast) raises ValueError naming the arrays;
+    get_batch_indices_positions accepts a longer seq_lens buffer (it reads the first batch_size entries)."""
+    with pytest.raises(ValueError, match="kv_last_page_len"):
+        kvattn.get_seq_lens(np.array([0, 2, 3], np.int32), np.array([5], np.int32), 4)
+    with pytest.raises(ValueError, match="kv_last_page_len"):
+        kvattn.get_seq_lens(np.array([0, 2, 3], np.int32), np.array([1, 2, 3], np.int32), 4)
+    with pytest.raises(ValueError, match="seq_lens"):
+        kvattn.get_batch_indices_positions(np.array([0, 2, 3], np.int32), np.array([5], np.int32), 3)
+    bi, pos = kvattn.get_batch_indices_positions(np.array([0, 2, 3], np.int32), np.array([5, 4, 99], np.int32), 3)
+    assert bi.tolist() == [0, 0, 1] and pos.tolist() == [3, 4, 3]
+
 @pytest.mark.parametrize("bitorder", ["big", "little"])
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 77])
 def test_packbits_matches_numpy(rng, bitorder, n):
