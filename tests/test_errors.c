@@ -1016,6 +1016,13 @@ static void test_single(void) {
     d.q_dtype = KVA_DTYPE_E4M3;
     ERR(KVA_ERR_UNSUPPORTED, "single prefill: fp8 q", kva_single_prefill(F.ctx, &d, &b, &w.ws));
     ERR(KVA_ERR_INVALID_ARGUMENT, "single_workspace_size: qo_len -1", kva_single_workspace_size(F.ctx, &F.d, -1, 5, &db, &hb));
+    /* q as [heads, dim] whose head stride cannot be addressed: decode views it as [1, heads, dim] without overflowing
+       the one row's stride (a signed overflow under UBSan before), then refuses the head stride */
+    b = a;
+    b.q = kva_tensor_make(h_buf_dp(&F.q), KVA_DTYPE_F16, 2, HQ, D, 0, 0);
+    b.q.stride[0] = INT64_MAX / 2;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "single decode: 2-D q with a head stride addressing beyond 2^63 bytes",
+        kva_single_decode(F.ctx, &F.d, &b, &w.ws));
     h_ws_free(&w);
 }
 
