@@ -1458,6 +1458,13 @@ static void test_misc(void) {
     H_CHECK(st == KVA_ERR_INVALID_ARGUMENT && kva_last_error_message()[0] && memcmp(&pk, &pk0, sizeof pk) == 0,
             "paged_kv_init: page of 2^31 x 2^31 x 2^31 elements (strides overflow int64): %s: %s", kva_status_string(st),
             kva_last_error_message());
+    /* a shape of more than 2^63 elements: the contiguous strides saturate at INT64_MAX (which every call refuses over
+       more than one element) instead of overflowing into small or negative strides */
+    kva_tensor big = kva_tensor_make(h_buf_dp(&F.q), KVA_DTYPE_F16, 4, (int64_t)1 << 40, (int64_t)1 << 40,
+                                     (int64_t)1 << 40, 2);
+    H_CHECK(big.stride[3] == 1 && big.stride[2] == 2 && big.stride[1] == ((int64_t)1 << 41) && big.stride[0] == INT64_MAX,
+            "tensor_make: [2^40, 2^40, 2^40, 2] has strides %lld %lld %lld %lld (expected INT64_MAX, 2^41, 2, 1)",
+            (long long)big.stride[0], (long long)big.stride[1], (long long)big.stride[2], (long long)big.stride[3]);
     /* errors are per thread and cleared on request */
     kva_clear_last_error();
     H_CHECK(kva_last_error_status() == KVA_OK && kva_last_error_message()[0] == 0, "kva_clear_last_error resets status and message");
