@@ -1465,6 +1465,37 @@ static void test_misc(void) {
     H_CHECK(big.stride[3] == 1 && big.stride[2] == 2 && big.stride[1] == ((int64_t)1 << 41) && big.stride[0] == INT64_MAX,
             "tensor_make: [2^40, 2^40, 2^40, 2] has strides %lld %lld %lld %lld (expected INT64_MAX, 2^41, 2, 1)",
             (long long)big.stride[0], (long long)big.stride[1], (long long)big.stride[2], (long long)big.stride[3]);
+    /* cascade run of a plan with no query rows checks the pool as kva_run does (strides addressable) */
+    {
+        int32_t qo[2] = {0, 0}, kv[2] = {0, 1}, last[1] = {1};
+        kva_cascade_params cp;
+        kva_cascade_params_init(&cp);
+        cp.num_levels = 1;
+        cp.page_size = PS;
+        cp.num_pages = NPAGES;
+        cp.levels[0].batch_size = 1;
+        cp.levels[0].qo_indptr = qo;
+        cp.levels[0].kv_indptr = kv;
+        cp.levels[0].kv_last_page_len = last;
+        size_t db = 0, hb = 0;
+        st = kva_cascade_workspace_size(F.ctx, &F.d, &cp, &db, &hb);
+        h_ws w;
+        h_ws_alloc(&w, db, hb);
+        kva_cascade_plan plan;
+        if (st == KVA_OK) st = kva_cascade_plan_make(F.ctx, &F.d, &cp, &w.ws, &plan, NULL);
+        kva_cascade_run_args a;
+        kva_cascade_run_args_init(&a);
+        a.q = t3(h_buf_dp(&F.q), KVA_DTYPE_F16, 0, HQ, D);
+        a.o = t3(h_buf_dp(&F.o), KVA_DTYPE_F16, 0, HQ, D);
+        a.paged = F.args.paged;
+        a.kv_indices[0] = (const int32_t*)h_buf_dp(&F.idx_d);
+        if (st == KVA_OK) st = kva_cascade_run(F.ctx, &plan, &w.ws, &a);
+        H_CHECK(st == KVA_OK, "cascade of no rows: %s: %s", kva_status_string(st), kva_last_error_message());
+        a.paged.k_stride_page = INT64_MAX;
+        ERR(KVA_ERR_INVALID_ARGUMENT, "cascade run (no rows): paged page stride addressing beyond 2^63 bytes",
+            kva_cascade_run(F.ctx, &plan, &w.ws, &a));
+        h_ws_free(&w);
+    }
     /* errors are per thread and cleared on request */
     kva_clear_last_error();
     H_CHECK(kva_last_error_status() == KVA_OK && kva_last_error_message()[0] == 0, "kva_clear_last_error resets status and message");
