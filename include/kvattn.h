@@ -182,7 +182,8 @@ typedef struct kva_tensor {
                                      one place. Outputs must not overlap the inputs (not checked). */
 } kva_tensor;
 
-/* A contiguous row-major tensor of 1 to 4 dims (pass 0 for unused trailing dims). */
+/* A contiguous row-major tensor of 1 to 4 dims (pass 0 for unused trailing dims). A stride that does not fit int64
+ * (more than 2^63 elements) is set to INT64_MAX, which every call refuses over more than one element. */
 KVA_API kva_tensor kva_tensor_make(void* data, kva_dtype dtype, int32_t ndim, int64_t d0, int64_t d1, int64_t d2,
                                    int64_t d3);
 

@@ -1016,6 +1016,13 @@ static void test_single(void) {
     d.q_dtype = KVA_DTYPE_E4M3;
     ERR(KVA_ERR_UNSUPPORTED, "single prefill: fp8 q", kva_single_prefill(F.ctx, &d, &b, &w.ws));
     ERR(KVA_ERR_INVALID_ARGUMENT, "single_workspace_size: qo_len -1", kva_single_workspace_size(F.ctx, &F.d, -1, 5, &db, &hb));
+    /* q as [heads, dim] whose head stride cannot be addressed: decode views it as [1, heads, dim] without overflowing
+       the one row's stride (a signed overflow under UBSan before), then refuses the head stride */
+    b = a;
+    b.q = kva_tensor_make(h_buf_dp(&F.q), KVA_DTYPE_F16, 2, HQ, D, 0, 0);
+    b.q.stride[0] = INT64_MAX / 2;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "single decode: 2-D q with a head stride addressing beyond 2^63 bytes",
+        kva_single_decode(F.ctx, &F.d, &b, &w.ws));
     h_ws_free(&w);
 }
 
@@ -1451,6 +1458,44 @@ static void test_misc(void) {
     H_CHECK(st == KVA_ERR_INVALID_ARGUMENT && kva_last_error_message()[0] && memcmp(&pk, &pk0, sizeof pk) == 0,
             "paged_kv_init: page of 2^31 x 2^31 x 2^31 elements (strides overflow int64): %s: %s", kva_status_string(st),
             kva_last_error_message());
+    /* a shape of more than 2^63 elements: the contiguous strides saturate at INT64_MAX (which every call refuses over
+       more than one element) instead of overflowing into small or negative strides */
+    kva_tensor big = kva_tensor_make(h_buf_dp(&F.q), KVA_DTYPE_F16, 4, (int64_t)1 << 40, (int64_t)1 << 40,
+                                     (int64_t)1 << 40, 2);
+    H_CHECK(big.stride[3] == 1 && big.stride[2] == 2 && big.stride[1] == ((int64_t)1 << 41) && big.stride[0] == INT64_MAX,
+            "tensor_make: [2^40, 2^40, 2^40, 2] has strides %lld %lld %lld %lld (expected INT64_MAX, 2^41, 2, 1)",
+            (long long)big.stride[0], (long long)big.stride[1], (long long)big.stride[2], (long long)big.stride[3]);
+    /* cascade run of a plan with no query rows checks the pool as kva_run does (strides addressable) */
+    {
+        int32_t qo[2] = {0, 0}, kv[2] = {0, 1}, last[1] = {1};
+        kva_cascade_params cp;
+        kva_cascade_params_init(&cp);
+        cp.num_levels = 1;
+        cp.page_size = PS;
+        cp.num_pages = NPAGES;
+        cp.levels[0].batch_size = 1;
+        cp.levels[0].qo_indptr = qo;
+        cp.levels[0].kv_indptr = kv;
+        cp.levels[0].kv_last_page_len = last;
+        size_t db = 0, hb = 0;
+        st = kva_cascade_workspace_size(F.ctx, &F.d, &cp, &db, &hb);
+        h_ws w;
+        h_ws_alloc(&w, db, hb);
+        kva_cascade_plan plan;
+        if (st == KVA_OK) st = kva_cascade_plan_make(F.ctx, &F.d, &cp, &w.ws, &plan, NULL);
+        kva_cascade_run_args a;
+        kva_cascade_run_args_init(&a);
+        a.q = t3(h_buf_dp(&F.q), KVA_DTYPE_F16, 0, HQ, D);
+        a.o = t3(h_buf_dp(&F.o), KVA_DTYPE_F16, 0, HQ, D);
+        a.paged = F.args.paged;
+        a.kv_indices[0] = (const int32_t*)h_buf_dp(&F.idx_d);
+        if (st == KVA_OK) st = kva_cascade_run(F.ctx, &plan, &w.ws, &a);
+        H_CHECK(st == KVA_OK, "cascade of no rows: %s: %s", kva_status_string(st), kva_last_error_message());
+        a.paged.k_stride_page = INT64_MAX;
+        ERR(KVA_ERR_INVALID_ARGUMENT, "cascade run (no rows): paged page stride addressing beyond 2^63 bytes",
+            kva_cascade_run(F.ctx, &plan, &w.ws, &a));
+        h_ws_free(&w);
+    }
     /* errors are per thread and cleared on request */
     kva_clear_last_error();
     H_CHECK(kva_last_error_status() == KVA_OK && kva_last_error_message()[0] == 0, "kva_clear_last_error resets status and message");

@@ -656,9 +656,13 @@ KVA_API kva_status kva_cascade_run(kva_context* context, const kva_cascade_plan*
                   KVA_ERR_PLAN_MISMATCH, "%s: paged has %d heads of dims (%d, %d), the descriptor %d heads of (%d, %d)",
                   fn, (int)pk->num_heads, (int)pk->head_dim_qk, (int)pk->head_dim_vo, (int)d->num_kv_heads,
                   (int)d->head_dim_qk, (int)d->head_dim_vo);
-    KVA_RETURN_IF(pk->k_stride_page < 0 || pk->k_stride_token < 0 || pk->k_stride_head < 0 || pk->v_stride_page < 0 ||
-                      pk->v_stride_token < 0 || pk->v_stride_head < 0,
-                  KVA_ERR_INVALID_ARGUMENT, "%s: paged strides must be non-negative", fn);
+    {
+        /* the strides as every run checks them (non-negative, the pool addressable), here also for a plan of no rows;
+           paged.num_indices is not read (each level's length is kv_num_indices[l]) */
+        kva_paged_kv fields = *pk;
+        fields.num_indices = 0;
+        KVA_FORWARD(kva__check_paged_fields(fn, &fields));
+    }
     const bool host_visible = context->ops->plans_on_host_memory;
     for (int32_t l = 0; l < L; ++l) {
         const kva__plan_data* pd = kva__plan_data_ofc(&plan->levels[l]);

@@ -234,7 +234,11 @@ static kva_status kva__single(kva_context* ctx, const kva_attention_desc* desc, 
                     t->stride[k] = t->stride[k - 1];
                 }
                 t->shape[0] = 1;
-                t->stride[0] = t->shape[1] * t->stride[1];
+                /* the one row's stride addresses nothing: the contiguous value where it is representable (huge or
+                   negative extents are refused by the tensor checks below, without overflowing here) */
+                t->stride[0] = t->shape[1] > 0 && t->stride[1] >= 0 && t->stride[1] <= INT64_MAX / t->shape[1]
+                                   ? t->shape[1] * t->stride[1]
+                                   : 0;
                 t->ndim = want + 1;
             }
         }

@@ -17,7 +17,9 @@ KVA_API kva_tensor kva_tensor_make(void* data, kva_dtype dtype, int32_t ndim, in
     int64_t s = 1;
     for (int i = ndim - 1; i >= 0; --i) {
         t.stride[i] = s;
-        s *= t.shape[i] > 0 ? t.shape[i] : 1;
+        const int64_t n = t.shape[i] > 0 ? t.shape[i] : 1;
+        /* more than 2^63 elements have no contiguous strides: saturate (the tensor checks refuse such a view) */
+        s = s > INT64_MAX / n ? INT64_MAX : s * n;
     }
     return t;
 }
