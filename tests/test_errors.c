@@ -684,6 +684,23 @@ static void test_run(void) {
     ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: plan with a corrupted magic", kva_run(F.ctx, &bad, ws, &a));
     ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run (named): plan with a corrupted magic",
          kva_batch_prefill_paged_run(F.ctx, &bad, ws, &a));
+    /* one bit changed anywhere in the plan's bytes (layout offsets, counts, descriptor, backend facts), not only its
+       magic: refused, nothing written (a changed offset once sent the CPU run to a misaligned workspace address) */
+    for (int w = 1; w < 66; w += 3) {
+        bad = F.plan;
+        bad.opaque[w] ^= 1ull << (w % 61);
+        char what[96];
+        snprintf(what, sizeof what, "run: plan with bit %d of word %d flipped", w % 61, w);
+        ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, what, kva_run(F.ctx, &bad, ws, &a));
+        kva_plan_info inf;
+        snprintf(what, sizeof what, "plan_get_info: plan with bit %d of word %d flipped", w % 61, w);
+        ERR(KVA_ERR_INVALID_ARGUMENT, what, kva_plan_get_info(&bad, &inf));
+    }
+    bad = F.plan; /* a byte copy of the plan is the plan */
+    {
+        kva_status st = kva_run(F.ctx, &bad, ws, &a);
+        H_CHECK(st == KVA_OK, "run: a copy of the plan runs: %s: %s", kva_status_string(st), kva_last_error_message());
+    }
     memset(&bad, 0, sizeof bad);
     ERR2(KVA_ERR_PLAN_MISMATCH, KVA_ERR_PLAN_MISMATCH, "run: zeroed plan", kva_run(F.ctx, &bad, ws, &a));
     kva_plan_info info;

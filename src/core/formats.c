@@ -290,7 +290,7 @@ KVA_API kva_status kva_bsr_run(kva_context* context, const kva_bsr_plan* plan, c
     KVA_RETURN_IF(plan->magic != KVA__BSR_MAGIC, KVA_ERR_PLAN_MISMATCH,
                   "%s: the plan was not made by kva_bsr_plan_make (bad magic) or was corrupted", fn);
     const kva__plan_data* pd = kva__plan_data_ofc(&plan->plan);
-    KVA_RETURN_IF(pd->magic != KVA__PLAN_MAGIC || (kva_op)pd->op != KVA_OP_BATCH_PREFILL_PAGED ||
+    KVA_RETURN_IF(!kva__plan_intact(pd) || (kva_op)pd->op != KVA_OP_BATCH_PREFILL_PAGED ||
                       pd->total_qo_rows != plan->num_qo_rows || pd->page_size != plan->block_cols ||
                       pd->batch_size != plan->num_block_rows,
                   KVA_ERR_PLAN_MISMATCH, "%s: the plan is inconsistent (corrupted?)", fn);
@@ -576,7 +576,7 @@ static kva_status kva__cascade_check_plan(const char* fn, const kva_context* ctx
     const kva__plan_data* pd0 = kva__plan_data_ofc(&plan->levels[0]);
     for (int32_t l = 0; l < plan->num_levels; ++l) {
         const kva__plan_data* pd = kva__plan_data_ofc(&plan->levels[l]);
-        KVA_RETURN_IF(pd->magic != KVA__PLAN_MAGIC || pd->version != KVA__PLAN_VERSION ||
+        KVA_RETURN_IF(!kva__plan_intact(pd) ||
                           (kva_op)pd->op != KVA_OP_BATCH_PREFILL_PAGED || pd->total_qo_rows != plan->total_qo_rows,
                       KVA_ERR_PLAN_MISMATCH, "%s: level %d's plan is corrupted", fn, (int)l);
         KVA_RETURN_IF(pd->context_id != ctx->id, KVA_ERR_PLAN_MISMATCH,
@@ -1083,7 +1083,7 @@ static kva_status kva__vbsr_check_plan(const char* fn, const kva_context* ctx, c
     const kva__plan_data* pd0 = kva__plan_data_ofc(&plan->head_plans[0]);
     for (int32_t h = 0; h < plan->num_kv_heads; ++h) {
         const kva__plan_data* pd = kva__plan_data_ofc(&plan->head_plans[h]);
-        KVA_RETURN_IF(pd->magic != KVA__PLAN_MAGIC || pd->version != KVA__PLAN_VERSION ||
+        KVA_RETURN_IF(!kva__plan_intact(pd) ||
                           (kva_op)pd->op != KVA_OP_BATCH_PREFILL_PAGED || pd->total_qo_rows != plan->num_qo_rows ||
                           pd->page_size != 1 || pd->desc.num_kv_heads != 1,
                       KVA_ERR_PLAN_MISMATCH, "%s: head_plans[%d] is not this plan's (changed or corrupted?)", fn,

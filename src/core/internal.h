@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kvattn.h"
 
@@ -116,7 +117,7 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
 /* Plan data: the public kva_plan's opaque bytes. Everything a backend needs at run time.           */
 
 #define KVA__PLAN_MAGIC 0x6b76617474706c6eull /* "kvattpln" */
-#define KVA__PLAN_VERSION 6
+#define KVA__PLAN_VERSION 7
 #define KVA__WS_ALIGN 256          /* alignment of every region in the workspace */
 #define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
 #define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
@@ -240,9 +241,29 @@ typedef struct kva__plan_data {
     size_t scratch_bytes;     /* bytes of it the plan uses */
 
     uint64_t backend_data[16]; /* backend-specific plan facts (e.g. chosen kernel ids) */
+    uint64_t seal;             /* kva__plan_hash of every byte before it, set last by kva_plan_make: a plan whose
+                                  bytes changed after (a stray write into the caller's kva_plan) is refused by run */
 } kva__plan_data;
 
 _Static_assert(sizeof(kva__plan_data) <= sizeof(kva_plan), "kva__plan_data must fit in kva_plan");
+
+/* Word-wise hash of the plan's bytes before `seal` (about 70 multiply-xor steps: cheap enough for every run). */
+static inline uint64_t kva__plan_hash(const kva__plan_data* pd) {
+    const unsigned char* b = (const unsigned char*)(const void*)pd;
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i + 8 <= offsetof(kva__plan_data, seal); i += 8) {
+        uint64_t w;
+        memcpy(&w, b + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+static inline void kva__plan_seal(kva__plan_data* pd) { pd->seal = kva__plan_hash(pd); }
+/* A plan made by kva_plan_make of this version, its bytes unchanged since (magic, version, seal). */
+static inline int kva__plan_intact(const kva__plan_data* pd) {
+    return pd->magic == KVA__PLAN_MAGIC && pd->version == KVA__PLAN_VERSION && pd->seal == kva__plan_hash(pd);
+}
 
 static inline kva__plan_data* kva__plan_data_of(kva_plan* plan) { return (kva__plan_data*)(void*)plan->opaque; }
 static inline const kva__plan_data* kva__plan_data_ofc(const kva_plan* plan) {

@@ -27,8 +27,9 @@ static kva_status kva__check_plan(const kva_context* ctx, const kva_plan* plan, 
     KVA_RETURN_IF(!plan, KVA_ERR_INVALID_ARGUMENT, "run: plan is NULL");
     KVA_RETURN_IF(!ws, KVA_ERR_INVALID_ARGUMENT, "run: workspace is NULL");
     const kva__plan_data* pd = kva__plan_data_ofc(plan);
-    KVA_RETURN_IF(pd->magic != KVA__PLAN_MAGIC || pd->version != KVA__PLAN_VERSION, KVA_ERR_PLAN_MISMATCH,
-                  "run: the plan was not made by kva_plan_make (bad magic or version) or was corrupted");
+    KVA_RETURN_IF(!kva__plan_intact(pd), KVA_ERR_PLAN_MISMATCH,
+                  "run: the plan was not made by kva_plan_make (bad magic or version) or its bytes changed since "
+                  "(corrupted)");
     KVA_RETURN_IF(pd->context_id != ctx->id, KVA_ERR_PLAN_MISMATCH,
                   "run: the plan was made by another context (plans are tied to their context's backend and workers)");
     KVA_RETURN_IF(pd->ws_device_addr != (uint64_t)(uintptr_t)ws->device || ws->device_bytes < pd->device_bytes,

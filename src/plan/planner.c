@@ -1049,14 +1049,15 @@ KVA_API kva_status kva_plan_make(kva_context* context, const kva_attention_desc*
     if (st != KVA_OK) return st;
     memset(plan, 0, sizeof *plan);
     memcpy(plan->opaque, &pd, sizeof pd);
+    kva__plan_seal(kva__plan_data_of(plan));
     return KVA_OK;
 }
 
 KVA_API kva_status kva_plan_get_info(const kva_plan* plan, kva_plan_info* info) {
     KVA_RETURN_IF(!plan || !info, KVA_ERR_INVALID_ARGUMENT, "kva_plan_get_info: plan or info is NULL");
     const kva__plan_data* pd = kva__plan_data_ofc(plan);
-    KVA_RETURN_IF(pd->magic != KVA__PLAN_MAGIC || pd->version != KVA__PLAN_VERSION, KVA_ERR_INVALID_ARGUMENT,
-                  "kva_plan_get_info: not a plan made by kva_plan_make (bad magic or version)");
+    KVA_RETURN_IF(!kva__plan_intact(pd), KVA_ERR_INVALID_ARGUMENT,
+                  "kva_plan_get_info: not a plan made by kva_plan_make (bad magic or version) or its bytes changed since");
     memset(info, 0, sizeof *info);
     info->op = (kva_op)pd->op;
     info->batch_size = pd->batch_size;
