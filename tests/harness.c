@@ -528,6 +528,7 @@ void h_case_default(h_case* c, h_op op) {
     c->threads = 3;
     c->k_scale = 1.0f;
     c->v_scale = 1.0f;
+    c->kv_amp = 1.0f;
     c->hidx = 1;
     c->seed = 1;
     if (op == H_OP_DECODE || op == H_OP_SINGLE_DECODE) c->max_qo = 1;
@@ -551,6 +552,7 @@ static const h_field h_fields[] = {
     HFLD("empty", HF_INT, empty_pct),
     HFLD("eqkv", HF_INT, equal_kv),
     HFLD("zqo", HF_INT, zero_qo_pct),
+    HFLD("lqo", HF_INT, long_qo_pct),
     HFLD("hq", HF_INT, hq),
     HFLD("hkv", HF_INT, hkv),
     HFLD("dqk", HF_INT, dqk),
@@ -581,6 +583,7 @@ static const h_field h_fields[] = {
     HFLD("pool", HF_INT, pool),
     HFLD("ks", HF_FLOAT, k_scale),
     HFLD("vs", HF_FLOAT, v_scale),
+    HFLD("amp", HF_FLOAT, kv_amp),
     HFLD("api", HF_INT, api),
     HFLD("hidx", HF_INT, hidx),
     HFLD("alias", HF_INT, alias),
@@ -719,11 +722,12 @@ void h_case_fixup(h_case* c) {
     if (c->threads < 1) c->threads = 1;
     if (c->pool == 1 && c->dqk != c->dvo) c->pool = 2;
     if (c->pos == KVA_POS_ROPE_LLAMA && (c->dqk & 1)) c->pos = KVA_POS_NONE;
-    if (!h_is_fp8(c->kv_dt)) c->k_scale = c->v_scale = 1.0f;
+    if (!(c->kv_amp > 0.0f)) c->kv_amp = 1.0f;
     switch (c->op) {
     case H_OP_DECODE:
         c->max_qo = 1;
         c->zero_qo_pct = 0;
+        c->long_qo_pct = 0;
         /* batch decode takes no custom mask (plan: KVA_ERR_UNSUPPORTED, pinned in test_errors) */
         if (c->mask == KVA_MASK_CUSTOM) c->mask = KVA_MASK_NONE;
         break;
@@ -829,6 +833,16 @@ void h_case_random(h_case* c, h_op op, h_rng* r) {
     if (op == H_OP_APPEND) c->max_qo = (int32_t)h_rng_range(r, 1, 40);
     /* from the seed, not the stream (the cases drawn after this one stay as they were) */
     c->scratch = (op == H_OP_DECODE || op == H_OP_PREFILL || op == H_OP_RAGGED) && (c->seed >> 5) % 3 == 0;
+    /* more query rows than keys (a causal mask leaves the first rows without a key: o = 0, lse = -inf) */
+    c->long_qo_pct = (op == H_OP_PREFILL || op == H_OP_RAGGED || op == H_OP_SINGLE_PREFILL) && (c->seed >> 9) % 5 == 0 ? 30 : 0;
+    /* the KV scales apply to every KV dtype (kvattn.h); 16/32-bit KV keeps scale 1 on half the cases, the serving
+       default. fp8 KV near saturation: values up to the format's largest, scales of about 1 / amplitude */
+    if (!h_is_fp8(c->kv_dt) && (c->seed >> 11) % 2 == 0) c->k_scale = c->v_scale = 1.0f;
+    if (op <= H_OP_SINGLE_PREFILL && h_is_fp8(c->kv_dt) && (c->seed >> 12) % 4 == 0) {
+        c->kv_amp = c->kv_dt == KVA_DTYPE_E4M3 ? 240.0f : 24000.0f;
+        c->k_scale /= c->kv_amp;
+        c->v_scale /= c->kv_amp;
+    }
     /* keep the float64 reference cheap: work ~ B * qo * kv * hq * (dqk + dvo) */
     for (;;) {
         double qo = op == H_OP_DECODE || op == H_OP_SINGLE_DECODE ? 1 : c->max_qo;
