@@ -448,7 +448,7 @@ static int att_check(const h_case* c, att* a, h_buf* o, h_buf* lse, int lse_want
                     if (shown++ < 6)
                         h_note(__FILE__, __LINE__, "%s: o[row %lld (request %d, i %lld, qo %d, kv %d), head %d, d %d] = %.7g, ref %.7g (tol %.2g)",
                                what, (long long)row, b, (long long)(row - a->qo_indptr[b]), a->qo[b], a->kv[b], h, d,
-                               got, a->o_ref[ri], t.atol * (a->mag_ref[ri] > 1 ? a->mag_ref[ri] : 1) + t.rtol * fabs(a->o_ref[ri]));
+                               got, a->o_ref[ri], t.atol * (a->mag_ref[ri] > 0 && a->mag_ref[ri] < 1e-4 ? 1e-4 : a->mag_ref[ri]) + t.rtol * fabs(a->o_ref[ri]));
                     ok = 0;
                 }
             }
