@@ -178,6 +178,8 @@ typedef struct h_case {
     int32_t empty_pct;  /* percent of empty requests (kv = 0 pages) / rows with empty states */
     int32_t equal_kv;   /* 1: every non-empty request of a paged/ragged op has exactly max_kv tokens */
     int32_t zero_qo_pct; /* prefill: percent of requests with qo_len = 0 */
+    int32_t long_qo_pct; /* prefill: percent of requests whose qo_len is drawn up to max_qo even past kv_len (with a
+                            causal mask their first rows see no key) */
     int32_t hq, hkv, dqk, dvo;
     kva_dtype q_dt, kv_dt, o_dt;
     int32_t page_size;
@@ -201,6 +203,8 @@ typedef struct h_case {
     int32_t qpad, opad;   /* extra elements per q / o row (row stride > heads * dim) */
     int32_t pool;         /* 0: separate pools, 1: halves of one [P,2,...] pool, 2: padded strides */
     float k_scale, v_scale;
+    float kv_amp;         /* K and V drawn as kv_amp * N(0,1), saturated at the KV dtype's largest finite value (fp8 near
+                             saturation: pair it with k_scale, v_scale of about 1 / kv_amp) */
     int32_t api;          /* 0: kva_plan/kva_run, 1: the named wrappers */
     int32_t hidx;         /* pass the host copy of the page table to plan */
     int32_t alias;        /* merge_state: 0 separate out, 1 out = a, 2 out = b */

@@ -101,6 +101,8 @@ static void gen_lengths(const h_case* c, h_rng* r, int32_t B, int32_t* qo, int32
         case H_OP_SINGLE_DECODE: q = 1; break;
         default: {
             int32_t hi = k > 0 ? (k < c->max_qo ? k : c->max_qo) : (c->max_qo < 3 ? c->max_qo : 3);
+            /* drawn only when asked for, so the cases without it keep their lengths */
+            if (c->long_qo_pct > 0 && h_rng_range(r, 0, 99) < c->long_qo_pct) hi = c->max_qo;
             if (hi < 1) hi = 1;
             q = (int32_t)h_rng_range(r, 1, hi);
             if (h_rng_range(r, 0, 99) < c->zero_qo_pct) q = 0;
@@ -120,6 +122,17 @@ static kva_dtype f32_or(kva_dtype dev) { return h_backend_device() ? dev : KVA_D
 
 /* Random value of dtype stored at element i of buffer b; returns the stored value. */
 static double put_rand(h_buf* b, size_t i, h_rng* r) { return h_buf_set(b, i, h_rng_normalish(r)); }
+
+/* The same times amp, saturated at the largest finite value of the buffer's dtype (K/V of h_case.kv_amp). */
+static double put_rand_amp(h_buf* b, size_t i, h_rng* r, double amp) {
+    double x = amp * h_rng_normalish(r);
+    if (amp != 1.0) {
+        double top = b->dtype == KVA_DTYPE_E4M3 ? 448.0 : b->dtype == KVA_DTYPE_E5M2 ? 57344.0
+                     : b->dtype == KVA_DTYPE_F16 ? 65504.0 : INFINITY;
+        x = x > top ? top : x < -top ? -top : x;
+    }
+    return h_buf_set(b, i, x);
+}
 
 /* K/V strides for the pool mode: s[0] page, s[1] token, s[2] head. pool = 2 pads every stride by an odd number
  * of elements, rounded up to a multiple of quantum (1: keep them odd; attention cases pass
@@ -195,7 +208,7 @@ static void att_build(const h_case* c, h_rng* r, int32_t B, att* a) {
     /* K/V, reference copies gathered per request [total_kv][H][D] (scaled) */
     a->k_ref = (double*)xcalloc((size_t)(a->total_kv * H * dqk), sizeof(double));
     a->v_ref = (double*)xcalloc((size_t)(a->total_kv * H * dvo), sizeof(double));
-    const double ks = c->k_scale, vs = c->v_scale;
+    const double ks = c->k_scale, vs = c->v_scale, amp = c->kv_amp;
     if (op_is_paged(c->op)) {
         a->num_entries = a->kv_indptr[B];
         a->num_pages = a->num_entries * 2 + h_rng_range(r, 1, a->num_entries + 3);
@@ -226,9 +239,9 @@ static void att_build(const h_case* c, h_rng* r, int32_t B, att* a) {
                     int64_t kb = page * a->k_s[0] + t * a->k_s[1] + h * a->k_s[2];
                     int64_t vb = v_base + page * a->v_s[0] + t * a->v_s[1] + h * a->v_s[2];
                     for (int32_t d = 0; d < dqk; ++d)
-                        a->k_ref[((a->kv_off[b] + j) * H + h) * dqk + d] = ks * put_rand(&a->kp, (size_t)(kb + d), r);
+                        a->k_ref[((a->kv_off[b] + j) * H + h) * dqk + d] = ks * put_rand_amp(&a->kp, (size_t)(kb + d), r, amp);
                     for (int32_t d = 0; d < dvo; ++d)
-                        a->v_ref[((a->kv_off[b] + j) * H + h) * dvo + d] = vs * put_rand(vbuf, (size_t)(vb + d), r);
+                        a->v_ref[((a->kv_off[b] + j) * H + h) * dvo + d] = vs * put_rand_amp(vbuf, (size_t)(vb + d), r, amp);
                 }
             }
         memset(&a->paged, 0, sizeof a->paged);
@@ -275,9 +288,9 @@ static void att_build(const h_case* c, h_rng* r, int32_t B, att* a) {
         for (int64_t j = 0; j < a->total_kv; ++j)
             for (int32_t h = 0; h < H; ++h) {
                 for (int32_t d = 0; d < dqk; ++d)
-                    a->k_ref[(j * H + h) * dqk + d] = ks * put_rand(&a->k, (size_t)(j * a->k_s[1] + h * a->k_s[2] + d), r);
+                    a->k_ref[(j * H + h) * dqk + d] = ks * put_rand_amp(&a->k, (size_t)(j * a->k_s[1] + h * a->k_s[2] + d), r, amp);
                 for (int32_t d = 0; d < dvo; ++d)
-                    a->v_ref[(j * H + h) * dvo + d] = vs * put_rand(&a->v, (size_t)(j * a->v_s[1] + h * a->v_s[2] + d), r);
+                    a->v_ref[(j * H + h) * dvo + d] = vs * put_rand_amp(&a->v, (size_t)(j * a->v_s[1] + h * a->v_s[2] + d), r, amp);
             }
         h_buf_upload(&a->k);
         h_buf_upload(&a->v);
@@ -435,7 +448,7 @@ static int att_check(const h_case* c, att* a, h_buf* o, h_buf* lse, int lse_want
                     if (shown++ < 6)
                         h_note(__FILE__, __LINE__, "%s: o[row %lld (request %d, i %lld, qo %d, kv %d), head %d, d %d] = %.7g, ref %.7g (tol %.2g)",
                                what, (long long)row, b, (long long)(row - a->qo_indptr[b]), a->qo[b], a->kv[b], h, d,
-                               got, a->o_ref[ri], t.atol * (a->mag_ref[ri] > 1 ? a->mag_ref[ri] : 1) + t.rtol * fabs(a->o_ref[ri]));
+                               got, a->o_ref[ri], t.atol * (a->mag_ref[ri] > 0 && a->mag_ref[ri] < 1e-4 ? 1e-4 : a->mag_ref[ri]) + t.rtol * fabs(a->o_ref[ri]));
                     ok = 0;
                 }
             }
@@ -1663,6 +1676,10 @@ static void suite_decode(void) {
         "op=decode B=1 kv=30000 hq=16 hkv=8 dqk=64 dvo=64 qt=bf16 kvt=e4m3 ot=bf16 ps=16",
         "op=decode B=5 kv=600 hq=12 hkv=4 dqk=64 dvo=64 qt=bf16 kvt=e4m3 ot=bf16 ps=3 layout=HND graph=1 lse=1",
         "op=decode B=2 kv=3000 hq=28 hkv=4 dqk=64 dvo=64 qt=f16 kvt=e4m3 ot=f16 ps=16 cap=20 pos=alibi",
+        /* fp8 KV near saturation (values up to 448 / 57344 with scales of about 1 / amplitude), scales on 16-bit KV */
+        "op=decode B=4 kv=1200 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=e4m3 ot=bf16 ps=16 amp=300 ks=0.003 vs=0.004",
+        "op=decode B=4 kv=1200 hq=16 hkv=2 dqk=128 dvo=128 qt=f16 kvt=e5m2 ot=f32 ps=16 amp=30000 ks=3e-5 vs=4e-5",
+        "op=decode B=4 kv=900 hq=16 hkv=4 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=16 ks=0.6 vs=0.02",
     };
     go_strings(shapes, sizeof shapes / sizeof shapes[0]);
 }
@@ -1688,6 +1705,24 @@ static void suite_prefill(void) {
     c.hq = 32;
     c.hkv = 4;
     go(c);
+    /* more query rows than keys (lqo): under a causal mask the first rows of such a request see no key (o = 0,
+       lse = -inf); with a window, RoPE at negative query positions, ALiBi, a custom mask, split KV and graph mode */
+    static const char* const longq[] = {
+        "op=prefill B=4 qo=40 kv=12 lqo=100 hq=8 hkv=2 mask=causal ps=3 lse=1",
+        "op=prefill B=3 qo=64 kv=20 lqo=100 hq=4 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 mask=causal win=4 pos=rope fsplit=8",
+        "op=prefill B=3 qo=30 kv=9 lqo=100 hq=6 hkv=2 mask=none pos=alibi ps=1 graph=1",
+        "op=prefill B=5 qo=30 kv=9 lqo=100 zqo=20 empty=20 hq=4 hkv=2 mask=custom kvt=e4m3 ks=0.5 vs=2 layout=HND",
+    };
+    go_strings(longq, sizeof longq / sizeof longq[0]);
+    /* KV scales on 16-bit KV (they apply to every KV dtype), small values (the tolerance follows their size), and fp8
+       KV near saturation (values up to 448 / 57344, scales of about 1 / amplitude) */
+    static const char* const scaled[] = {
+        "op=prefill B=3 qo=20 kv=200 hq=4 hkv=2 qt=bf16 kvt=bf16 ot=bf16 mask=causal ks=0.3 vs=3",
+        "op=prefill B=3 qo=20 kv=200 hq=4 hkv=2 qt=f16 kvt=f16 ot=f32 mask=causal ks=1.5 vs=0.01",
+        "op=prefill B=3 qo=16 kv=300 hq=8 hkv=2 qt=bf16 kvt=e4m3 ot=bf16 mask=causal amp=300 ks=0.003 vs=0.004",
+        "op=prefill B=3 qo=16 kv=300 hq=8 hkv=2 qt=f16 kvt=e5m2 ot=f16 mask=causal amp=30000 ks=3e-5 vs=4e-5 ps=1",
+    };
+    go_strings(scaled, sizeof scaled / sizeof scaled[0]);
     /* long queries at D 128, 16-bit: 128-row tiles (the Hopper mainloop on sm_90, whose paged K/V goes through TMA
        at page sizes 16-128 dividing 128 or multiples of 128, page-aligned tiles only); graph mode keeps the
        paged tensor maps; split chunks off page boundaries take cp.async */
@@ -1731,6 +1766,10 @@ static void suite_ragged(void) {
         "op=ragged B=2 qo=300 kv=300 hq=2 hkv=2 dqk=64 dvo=64 mask=none win=0",
         "op=ragged B=2 qo=260 kv=400 hq=3 hkv=3 dqk=128 dvo=128 mask=causal win=5 lse=1",
         "op=prefill B=2 qo=200 kv=300 hq=2 hkv=1 dqk=64 dvo=64 ps=7 mask=custom win=2",
+        /* ... and tall tiles of more query rows than keys */
+        "op=ragged B=3 qo=200 kv=40 lqo=100 hq=4 hkv=4 dqk=64 dvo=64 mask=causal win=10 lse=1",
+        "op=ragged B=4 qo=24 kv=5 lqo=100 hq=8 hkv=1 dqk=64 dvo=64 mask=causal score=sigmoid sb=0.5",
+        "op=ragged B=4 qo=48 kv=16 lqo=100 hq=4 hkv=2 dqk=80 dvo=80 mask=causal pos=rope qt=f32 kvt=f32 ot=f32 lse=1",
     };
     go_strings(tall, sizeof tall / sizeof tall[0]);
 }
@@ -1789,6 +1828,11 @@ static void suite_single(void) {
         c.mask = (kva_mask_mode)m;
         go(c);
     }
+    c = b;
+    c.max_kv = 9; /* qo_len up to 64 over 9 keys: the first rows see no key */
+    c.long_qo_pct = 100;
+    c.mask = KVA_MASK_CAUSAL;
+    go(c);
     c = b;
     c.max_kv = 1500;
     c.max_qo = 16;
