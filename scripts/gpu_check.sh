@@ -86,7 +86,7 @@ if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
 section "2a. test suite with KVA_TEST_BACKEND=cuda"
 export KVA_TEST_BACKEND=cuda
 if [ "${GPU_CHECK_OPS:-1}" = 1 ] && [ -x "$BUILD/tests/test_ops" ]; then
-    for suite in decode split merge append single prefill ragged fuzz long ref; do
+    for suite in decode split merge append single prefill ragged fuzz edge long ref; do
         echo "--- test_ops --suite $suite"
         limit=75
         [ "$suite" = fuzz ] && limit=420   # many distinct variants: NVRTC compiles the ones outside the AOT set (cold cache)

@@ -2330,6 +2330,34 @@ static void suite_long(void) {
     if (h_backend_device()) go_strings(hg2, sizeof hg2 / sizeof hg2[0]);
 }
 
+/* serving edge shapes across ops (about 16 s on 2 CPU cores): more query rows than keys under the causal mask
+   (rows that see no key: o = 0, lse = -inf), fp8 KV near saturation with small scales, small-valued outputs (v scale
+   0.02), 64 query heads on one KV head over pages of 2, single-key requests on pages of 1024, a batch of 95 % empty
+   requests, window 0, ALiBi and RoPE with long KV; device backends run them through their own kernels */
+static void suite_edge(void) {
+    static const char* const cases[] = {
+        "op=prefill B=4 qo=64 kv=20 lqo=100 hq=8 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 mask=causal ps=16 lse=1",
+        "op=ragged B=3 qo=300 kv=40 lqo=100 hq=4 hkv=4 dqk=64 dvo=64 qt=f16 kvt=f16 ot=f16 mask=causal win=10 lse=1",
+        "op=single_prefill qo=200 kv=9 lqo=100 hq=8 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=f32 mask=causal pos=rope lse=1",
+        "op=prefill B=3 qo=160 kv=30 lqo=100 hq=16 hkv=2 dqk=256 dvo=256 qt=bf16 kvt=e4m3 ot=bf16 mask=causal ps=1 ks=0.5 vs=2 fsplit=16",
+        "op=prefill B=4 qo=100 kv=60 lqo=100 hq=12 hkv=4 dqk=64 dvo=64 qt=f16 kvt=e5m2 ot=f16 mask=custom ps=7 layout=HND ks=0.8 vs=1.2",
+        "op=decode B=4 kv=1200 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=e4m3 ot=bf16 ps=16 amp=300 ks=0.003 vs=0.004 lse=1",
+        "op=decode B=4 kv=3000 hq=16 hkv=2 dqk=256 dvo=256 qt=f16 kvt=e5m2 ot=f32 ps=7 layout=HND pool=2 amp=30000 ks=3e-5 vs=4e-5",
+        "op=prefill B=3 qo=128 kv=900 hq=8 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=e4m3 ot=bf16 mask=causal ps=16 amp=400 ks=0.0025 vs=0.0025 lse=1",
+        "op=decode B=4 kv=900 hq=16 hkv=4 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=16 ks=0.6 vs=0.02 lse=1",
+        "op=prefill B=3 qo=64 kv=500 hq=8 hkv=2 dqk=64 dvo=64 qt=bf16 kvt=bf16 ot=bf16 mask=causal ps=32 ks=0.3 vs=3",
+        "op=decode B=3 kv=2000 hq=64 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=2 layout=HND pool=2",
+        "op=decode B=8 kv=1 hq=32 hkv=4 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=1024 lse=1",
+        "op=prefill B=8 qo=64 kv=1500 empty=100 hq=8 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 mask=causal graph=1 lse=1",
+        "op=decode B=60 kv=20000 empty=95 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1",
+        "op=ragged B=5 qo=300 kv=1200 hq=8 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 mask=causal win=0 lse=1",
+        "op=decode B=4 kv=3000 hq=16 hkv=2 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=16 cap=5 scale=1 lse=1",
+        "op=prefill B=2 qo=200 kv=8000 hq=8 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=f32 mask=causal pos=alibi slopes=1 lse=1",
+        "op=decode B=3 kv=30000 hq=16 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 pos=rope rs=8 rt=500000 lse=1",
+    };
+    go_strings(cases, sizeof cases / sizeof cases[0]);
+}
+
 static void suite_fuzz(void) {
     h_rng r;
     h_rng_seed(&r, h_opt.seed);
@@ -2493,6 +2521,7 @@ int main(int argc, char** argv) {
     SUITE("append", suite_append);
     SUITE("split", suite_split);
     SUITE("fuzz", suite_fuzz);
+    SUITE("edge", suite_edge);
     if (strcmp(s, "long") == 0) {
         suite_long();
         any = 1;
