@@ -17,8 +17,10 @@
 #      dirty and clean L2; GPU_CHECK_INTERLEAVED=0 skips it) -> $OUT/decode_interleaved.md; the tables are printed last
 # GPU_CHECK_TESTS=0 / GPU_CHECK_SANITIZE=0 / GPU_CHECK_BENCH=0 skip steps 2 / 3 / 4 (e.g. two calls, one for the
 # tests and sanitizers and one for the benchmark, each well inside a call's time limit). Within step 2,
-# GPU_CHECK_OPS=0 skips the test_ops suites and GPU_CHECK_REST=0 everything else (the whole of step 2 takes close to
-# the 10 minutes of one call: run the two halves in two calls).
+# GPU_CHECK_OPS=0 skips the test_ops suites and GPU_CHECK_REST=0 everything else (the whole of step 2 takes more than
+# the 10 minutes of one call: run the two halves in two calls; on an H200 the test_ops half alone reached the long
+# suite at ~9 minutes in session 36, so GPU_CHECK_SUITES="..." picks the plain-CUDA test_ops suites of one call, e.g.
+# GPU_CHECK_SUITES=long in a call of its own; default: decode split merge append single prefill ragged fuzz edge long ref).
 set -u
 if [ -z "${BUILD:-}" ]; then
     if [ -x build-dev/kva_cuda_selftest ]; then BUILD=build-dev; else BUILD=build-cuda; fi
@@ -86,7 +88,7 @@ if [ "${GPU_CHECK_TESTS:-1}" = 1 ]; then
 section "2a. test suite with KVA_TEST_BACKEND=cuda"
 export KVA_TEST_BACKEND=cuda
 if [ "${GPU_CHECK_OPS:-1}" = 1 ] && [ -x "$BUILD/tests/test_ops" ]; then
-    for suite in decode split merge append single prefill ragged fuzz edge long ref; do
+    for suite in ${GPU_CHECK_SUITES:-decode split merge append single prefill ragged fuzz edge long ref}; do
         echo "--- test_ops --suite $suite"
         limit=75
         [ "$suite" = fuzz ] && limit=420   # many distinct variants: NVRTC compiles the ones outside the AOT set (cold cache)
