@@ -305,7 +305,8 @@ typedef struct kva_workspace {
     size_t scratch_bytes;
 } kva_workspace;
 
-/* A plan: plain data, caller-owned, may be copied. Filled by kva_plan_make. */
+/* A plan: plain data, caller-owned, may be copied byte for byte. Filled by kva_plan_make, which seals it with a hash
+   of its bytes: run refuses (KVA_ERR_PLAN_MISMATCH) a plan whose bytes changed since. */
 typedef struct kva_plan {
     uint64_t opaque[160];
 } kva_plan;
