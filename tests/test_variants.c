@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -969,6 +970,73 @@ static void cache_damage(const char* dir, const kva_variant_spec* s) {
     kva_context_destroy(ctx);
 }
 
+/* CPU backend: a complete entry in a cache directory the user may read but not write is a hit (the checked object is
+   loaded through a private copy in a private temporary directory); it used to be compiled again on every create,
+   because the private copy was written into the cache directory. Root writes into any directory, so the check runs
+   in a child process, as user 65534 when the test runs as root. The child's verdict is its exit status. */
+static int cache_readonly_child(const kva_variant_spec* s) {
+    if (geteuid() == 0 && (setgid(65534) != 0 || setuid(65534) != 0)) return 77;
+    char dir[] = "/tmp/kvattn-variant-rocache-XXXXXX";
+    if (!mkdtemp(dir)) return 77;
+    kva_context_options o;
+    kva_context_options_init(&o);
+    o.backend = KVA_BACKEND_CPU;
+    o.num_threads = 1;
+    o.jit_cache_dir = dir;
+    o.log_fn = count_compiles;
+    o.log_level = KVA_LOG_INFO;
+    kva_context* ctx = NULL;
+    int fail = 0;
+    char entry[1200];
+    if (kva_context_create(&o, &ctx) != KVA_OK) {
+        printf("FAIL read-only cache: context: %s\n", kva_last_error_message());
+        fail = 1;
+    }
+    for (int pass = 0; pass < 2 && !fail; ++pass) {
+        if (pass == 1 && chmod(dir, 0500) != 0) fail = 1; /* warm, now read-only */
+        n_compiles = 0;
+        kva_variant* v = NULL;
+        kva_status st = kva_variant_create(ctx, s, &v);
+        if (st != KVA_OK || n_compiles != (pass == 0 ? 1 : 0)) {
+            printf("FAIL read-only cache: %s create: %s with %d compiles (want OK, %d): %s\n",
+                   pass == 0 ? "cold" : "warm read-only", kva_status_string(st), n_compiles, pass == 0 ? 1 : 0,
+                   kva_last_error_message());
+            fail = 1;
+        }
+        kva_variant_destroy(v);
+    }
+    kva_context_destroy(ctx);
+    int temps = 0;
+    if (!fail && count_entries(dir, &temps) != 1) fail = 1;
+    if (temps) {
+        printf("FAIL read-only cache: %d temporary files left in the cache directory\n", temps);
+        fail = 1;
+    }
+    chmod(dir, 0700);
+    while (find_entry(dir, NULL, entry, sizeof entry)) unlink(entry);
+    rmdir(dir);
+    return fail;
+}
+
+static void cache_readonly(const kva_variant_spec* s) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int rc = cache_readonly_child(s);
+        fflush(stdout);
+        _exit(rc);
+    }
+    int status = 0;
+    if (!H_CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork for the read-only cache check")) return;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+        printf("SKIP: read-only cache check (no user to drop to, or no temporary directory)\n");
+        return;
+    }
+    H_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "a complete entry in a read-only cache directory is loaded without a compile (child status 0x%x)",
+            (unsigned)status);
+}
+
 static void suite_cache(void) {
     char dir[] = "/tmp/kvattn-variant-cache-XXXXXX";
     if (!H_CHECK(mkdtemp(dir) != NULL, "mkdtemp")) return;
@@ -1034,6 +1102,7 @@ static void suite_cache(void) {
             kva_context_destroy(c2);
         }
         cache_damage(dir, &s);
+        cache_readonly(&s);
     }
     /* clean the directory */
     DIR* dd = opendir(dir);

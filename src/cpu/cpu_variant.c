@@ -6,10 +6,10 @@
  * (sizes, hashes): on a hit the whole entry is read and checked (footer, object hash, text byte for byte) before
  * anything is loaded, so a truncated, corrupted or foreign entry (or another text with a colliding hash) is
  * compiled again instead of being mapped into the process. The checked bytes are loaded from a private copy
- * (written, dlopen'ed, unlinked), so what runs is what was checked and two live variants never share a handle
- * through a path. Without a usable (or, on a miss, writable) cache directory the object is built in a private
- * temporary directory and removed once loaded. The compiler's output goes to a log file whose text an error
- * carries; nothing is printed. */
+ * (written, dlopen'ed, unlinked; in a private temporary directory when the cache is read-only), so what runs is
+ * what was checked and two live variants never share a handle through a path. Without a usable (or, on a miss,
+ * writable) cache directory the object is built in a private temporary directory and removed once loaded. The
+ * compiler's output goes to a log file whose text an error carries; nothing is printed. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -275,6 +275,15 @@ static int kva__entry_seal(const char* path, const unsigned char* obj, size_t n,
     return ok;
 }
 
+/* A new private directory under $TMPDIR (else /tmp) into dir: 0, else -1 (the path does not fit) or the errno of
+   mkdtemp. */
+static int kva__private_dir(char* dir, size_t size) {
+    const char* tmpd = getenv("TMPDIR");
+    int k = snprintf(dir, size, "%s/kvattn-XXXXXX", tmpd && *tmpd ? tmpd : "/tmp");
+    if (k < 0 || (size_t)k >= size) return -1;
+    return mkdtemp(dir) ? 0 : errno;
+}
+
 static kva_status kva__cpu_variant_bind(kva_variant* v, void* dl, const char* ident);
 
 /* Loads the n checked object bytes through a private file in dir (written, dlopen'ed, unlinked). */
@@ -380,7 +389,17 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
         size_t n = 0;
         unsigned char* entry = kva__jit_file_safe(final_so) ? kva__read_file(final_so, KVA__VX_MAX_ENTRY, &n) : NULL;
         size_t obj_n = entry ? kva__entry_check(entry, n, t.p, t.n) : 0;
-        if (obj_n > 0 && kva__load_object(v, dir, hash, entry, obj_n, ident) == KVA_OK) {
+        kva_status hit = KVA_ERR_JIT;
+        if (obj_n > 0 && access(dir, W_OK | X_OK) == 0) {
+            hit = kva__load_object(v, dir, hash, entry, obj_n, ident);
+        } else if (obj_n > 0) { /* a read-only cache: the private copy goes to a private temporary directory */
+            char pdir[1024];
+            if (kva__private_dir(pdir, sizeof pdir) == 0) {
+                hit = kva__load_object(v, pdir, hash, entry, obj_n, ident);
+                rmdir(pdir);
+            }
+        }
+        if (hit == KVA_OK) {
             free(entry);
             free(t.p);
             kva__log(ctx, KVA_LOG_DEBUG, "kvattn: variant %s from the cache %s", v->name, final_so);
@@ -394,13 +413,12 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
         if (access(dir, W_OK | X_OK) != 0) cached = 0; /* readable, not writable: compile privately */
     }
     if (!cached) {
-        const char* tmpd = getenv("TMPDIR");
-        int k = snprintf(dir, sizeof dir, "%s/kvattn-XXXXXX", tmpd && *tmpd ? tmpd : "/tmp");
-        if (k < 0 || (size_t)k >= sizeof dir || !mkdtemp(dir)) {
+        int e = kva__private_dir(dir, sizeof dir);
+        if (e != 0) {
             free(t.p);
             return kva__set_error(KVA_ERR_JIT, "kva_variant_create: no cache directory and no temporary directory "
                                                "(%s) for compiling variant %s",
-                                  k < 0 || (size_t)k >= sizeof dir ? "$TMPDIR too long" : strerror(errno), v->name);
+                                  e < 0 ? "$TMPDIR too long" : strerror(e), v->name);
         }
     }
     kva__log(ctx, KVA_LOG_INFO, "kvattn: compiling variant %s with %s (cache %s)...", v->name, cc,
