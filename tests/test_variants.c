@@ -896,11 +896,12 @@ static int count_entries(const char* dir, int* temps) {
     return n;
 }
 
-static int n_compiles; /* "compiling variant" log lines (cold compiles) */
+static int n_compiles;    /* "compiling variant" log lines (cold compiles) */
+static int n_entry_warns; /* warnings about a cache entry that is not used */
 static void count_compiles(void* user, kva_log_level level, const char* message) {
     (void)user;
-    (void)level;
     if (strstr(message, "compiling variant")) ++n_compiles;
+    if (level == KVA_LOG_WARN && strstr(message, "cache entry")) ++n_entry_warns;
 }
 
 /* A cache entry (not a dot file) of dir whose name is not `skip`, into out; 0 if none. */
@@ -919,7 +920,9 @@ static int find_entry(const char* dir, const char* skip, char* out, size_t size)
 }
 
 /* CPU backend: a truncated or corrupted shared object in the cache is detected before it is loaded (it used to be
-   dlopen'ed: SIGBUS on a truncated file, a patched object ran) and compiled again; the entry is then whole. */
+   dlopen'ed: SIGBUS on a truncated file, a patched object ran) and compiled again; the entry is then whole. So is an
+   entry that is group-writable, a symbolic link (here to a complete copy of the entry) or a directory, with a
+   warning (those used to be compiled again without one). */
 static void cache_damage(const char* dir, const kva_variant_spec* s) {
     char path[1200];
     if (!H_CHECK(find_entry(dir, NULL, path, sizeof path), "a cache entry in %s", dir)) return;
@@ -932,11 +935,21 @@ static void cache_damage(const char* dir, const kva_variant_spec* s) {
     o.log_level = KVA_LOG_INFO;
     kva_context* ctx = NULL;
     if (!H_CHECK(kva_context_create(&o, &ctx) == KVA_OK, "context: %s", kva_last_error_message())) return;
+    static const char* const what[6] = {"truncated", "object byte", "text byte", "group-writable", "symlink",
+                                        "directory"};
+    char copy[1300];
+    snprintf(copy, sizeof copy, "%s.copy", dir);
     struct stat sb;
-    for (int damage = 0; damage < 3; ++damage) {
+    for (int damage = 0; damage < 6; ++damage) {
         if (stat(path, &sb) != 0 || !H_CHECK(sb.st_size > 64, "entry size")) break;
         if (damage == 0) {
             H_CHECK(truncate(path, sb.st_size / 2) == 0, "truncate");
+        } else if (damage == 3) {
+            H_CHECK(chmod(path, 0620) == 0, "chmod");
+        } else if (damage == 4) { /* a complete entry, but through a link */
+            H_CHECK(rename(path, copy) == 0 && symlink(copy, path) == 0, "symlink");
+        } else if (damage == 5) {
+            H_CHECK(unlink(path) == 0 && mkdir(path, 0700) == 0, "directory");
         } else {
             FILE* f = fopen(path, "r+b");
             if (!H_CHECK(f != NULL, "open entry")) break;
@@ -949,17 +962,24 @@ static void cache_damage(const char* dir, const kva_variant_spec* s) {
             fclose(f);
         }
         n_compiles = 0;
+        n_entry_warns = 0;
         kva_variant* v = NULL;
         kva_alibi_slopes(0, NULL); /* a failing call before: the create that recovers from the miss keeps its error */
         kva_status st = kva_variant_create(ctx, s, &v);
-        H_CHECK(st == KVA_OK && n_compiles == 1, "damaged cache entry (%s): create %s with %d compiles (want OK, 1): %s",
-                damage == 0 ? "truncated" : damage == 1 ? "object byte" : "text byte", kva_status_string(st),
-                n_compiles, kva_last_error_message());
+        H_CHECK(st == KVA_OK && n_compiles == 1 && n_entry_warns >= 1,
+                "damaged cache entry (%s): create %s with %d compiles, %d warnings (want OK, 1, >= 1): %s",
+                what[damage], kva_status_string(st), n_compiles, n_entry_warns, kva_last_error_message());
         H_CHECK(kva_last_error_status() == KVA_ERR_INVALID_ARGUMENT,
                 "damaged cache entry (%s): the last error after a create that succeeded is the earlier one (%s: %s)",
-                damage == 0 ? "truncated" : damage == 1 ? "object byte" : "text byte",
-                kva_status_string(kva_last_error_status()), kva_last_error_message());
+                what[damage], kva_status_string(kva_last_error_status()), kva_last_error_message());
         kva_variant_destroy(v);
+        unlink(copy);
+        if (damage == 5) { /* the directory stays (never removed): every create compiles; a file in its place again */
+            H_CHECK(rmdir(path) == 0, "rmdir");
+            st = kva_variant_create(ctx, s, &v);
+            H_CHECK(st == KVA_OK, "create after the directory is gone: %s", kva_last_error_message());
+            kva_variant_destroy(v);
+        }
         n_compiles = 0;
         v = NULL;
         st = kva_variant_create(ctx, s, &v);

@@ -387,7 +387,12 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
         snprintf(final_so, sizeof final_so, "%s/%s.so", dir, hash);
         kva__error_save(); /* a cache entry that does not load is a miss, not this call's failure */
         size_t n = 0;
-        unsigned char* entry = kva__jit_file_safe(final_so) ? kva__read_file(final_so, KVA__VX_MAX_ENTRY, &n) : NULL;
+        struct stat esb;
+        const int safe = kva__jit_file_safe(final_so);
+        if (!safe && lstat(final_so, &esb) == 0)
+            kva__log(ctx, KVA_LOG_WARN, "kvattn: cache entry %s is not a regular file of this user writable by it "
+                     "alone; not loaded, compiling again", final_so);
+        unsigned char* entry = safe ? kva__read_file(final_so, KVA__VX_MAX_ENTRY, &n) : NULL;
         size_t obj_n = entry ? kva__entry_check(entry, n, t.p, t.n) : 0;
         kva_status hit = KVA_ERR_JIT;
         if (obj_n > 0 && access(dir, W_OK | X_OK) == 0) {
