@@ -1057,6 +1057,63 @@ static void cache_readonly(const kva_variant_spec* s) {
             (unsigned)status);
 }
 
+/* CPU backend: temporary files of the cache directory left by a process that died (here: every name the old
+   numbering, ".<hash>.<pid>.<n>.c" / ".load.so" with a per-process counter n, gave this process for its first 1024
+   compiles, as a restarted server with the same pid would find them) are neither reused nor removed: a create used
+   to fail with "cannot write ... (File exists)" and delete the dead process's file. */
+static void cache_stale_temps(const char* entry_dir, const kva_variant_spec* s) {
+    char entry[1200], dir[] = "/tmp/kvattn-variant-stale-XXXXXX";
+    if (!H_CHECK(find_entry(entry_dir, NULL, entry, sizeof entry), "a cache entry in %s", entry_dir)) return;
+    if (!H_CHECK(mkdtemp(dir) != NULL, "mkdtemp")) return;
+    const char* base = strrchr(entry, '/') + 1;
+    const int hash_len = (int)(strlen(base) - 3); /* "<hash>.so" */
+    enum { N_STALE = 1024 };
+    int planted = 0;
+    for (int n = 0; n < N_STALE; ++n)
+        for (int k = 0; k < 2; ++k) {
+            char p[1400];
+            snprintf(p, sizeof p, "%s/.%.*s.%ld.%d.%s", dir, hash_len, base, (long)getpid(), n, k ? "load.so" : "c");
+            FILE* f = fopen(p, "wb");
+            if (f && fclose(f) == 0) ++planted;
+        }
+    H_CHECK(planted == 2 * N_STALE, "stale temporary files planted (%d)", planted);
+    kva_context_options o;
+    kva_context_options_init(&o);
+    o.backend = h_opt.backend;
+    o.num_threads = 1;
+    o.jit_cache_dir = dir;
+    o.log_fn = count_compiles;
+    o.log_level = KVA_LOG_INFO;
+    kva_context* ctx = NULL;
+    if (H_CHECK(kva_context_create(&o, &ctx) == KVA_OK, "context: %s", kva_last_error_message())) {
+        for (int pass = 0; pass < 2; ++pass) { /* cold (compile and load), then warm (load) */
+            n_compiles = 0;
+            kva_variant* v = NULL;
+            kva_status st = kva_variant_create(ctx, s, &v);
+            H_CHECK(st == KVA_OK && n_compiles == 1 - pass,
+                    "%s create beside stale temporary files: %s with %d compiles (want OK, %d): %s",
+                    pass ? "warm" : "cold", kva_status_string(st), n_compiles, 1 - pass, kva_last_error_message());
+            kva_variant_destroy(v);
+        }
+        kva_context_destroy(ctx);
+    }
+    int temps = 0;
+    int entries = count_entries(dir, &temps);
+    H_CHECK(entries == 1 && temps == 2 * N_STALE,
+            "one entry stored and the stale files left alone (%d entries, %d dot files, want 1, %d)", entries, temps,
+            2 * N_STALE);
+    DIR* dd = opendir(dir);
+    struct dirent* e;
+    while (dd && (e = readdir(dd)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[1400];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (dd) closedir(dd);
+    rmdir(dir);
+}
+
 static void suite_cache(void) {
     char dir[] = "/tmp/kvattn-variant-cache-XXXXXX";
     if (!H_CHECK(mkdtemp(dir) != NULL, "mkdtemp")) return;
@@ -1123,6 +1180,7 @@ static void suite_cache(void) {
         }
         cache_damage(dir, &s);
         cache_readonly(&s);
+        cache_stale_temps(dir, &s);
     }
     /* clean the directory */
     DIR* dd = opendir(dir);

@@ -167,11 +167,25 @@ static int kva__write_all(int fd, const char* data, size_t n) {
     return 1;
 }
 
-static int kva__write_file(const char* path, const char* data, size_t n) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+/* Writes the n bytes of data to a new file "<dir>/.<hash>.XXXXXX<suffix>" (a fresh random XXXXXX; created 0600
+   and exclusively, so a file of that name left by a process that died, or made by another one, is never reused or
+   removed) whose name goes to path. 0 on failure (errno kept), with nothing left behind. */
+static int kva__write_unique(char* path, size_t size, const char* dir, const char* hash, const char* suffix,
+                             const char* data, size_t n) {
+    int k = snprintf(path, size, "%s/.%s.XXXXXX%s", dir, hash, suffix);
+    if (k < 0 || (size_t)k >= size) {
+        errno = ENAMETOOLONG;
+        return 0;
+    }
+    int fd = mkostemps(path, (int)strlen(suffix), O_CLOEXEC);
     if (fd < 0) return 0;
     int ok = kva__write_all(fd, data, n);
     if (close(fd) != 0) ok = 0;
+    if (!ok) {
+        int e = errno;
+        unlink(path);
+        errno = e;
+    }
     return ok;
 }
 
@@ -289,15 +303,9 @@ static kva_status kva__cpu_variant_bind(kva_variant* v, void* dl, const char* id
 /* Loads the n checked object bytes through a private file in dir (written, dlopen'ed, unlinked). */
 static kva_status kva__load_object(kva_variant* v, const char* dir, const char* hash, const unsigned char* obj,
                                    size_t n, const char* ident) {
-    static unsigned counter = 0;
-    unsigned k = __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED);
     char path[1200];
-    snprintf(path, sizeof path, "%s/.%s.%ld.%u.load.so", dir, hash, (long)getpid(), k);
-    if (!kva__write_file(path, (const char*)obj, n)) {
-        int e = errno;
-        unlink(path);
-        return kva__set_error(KVA_ERR_JIT, "kva_variant_create: cannot write %s (%s)", path, strerror(e));
-    }
+    if (!kva__write_unique(path, sizeof path, dir, hash, ".load.so", (const char*)obj, n))
+        return kva__set_error(KVA_ERR_JIT, "kva_variant_create: cannot write %s (%s)", path, strerror(errno));
     void* dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     const char* err = dl ? NULL : dlerror();
     kva_status st = KVA_OK;
@@ -428,18 +436,19 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
     }
     kva__log(ctx, KVA_LOG_INFO, "kvattn: compiling variant %s with %s (cache %s)...", v->name, cc,
              cached ? dir : "disabled");
-    static unsigned counter = 0;
-    unsigned n = __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED);
+    /* the source's unique name ".<hash>.XXXXXX.c" is the stem of the object's and the log's while it exists */
     char src[1200], tmp_so[1200], log[1200];
-    snprintf(src, sizeof src, "%s/.%s.%ld.%u.c", dir, hash, (long)getpid(), n);
-    snprintf(tmp_so, sizeof tmp_so, "%s/.%s.%ld.%u.so.tmp", dir, hash, (long)getpid(), n);
-    snprintf(log, sizeof log, "%s/.%s.%ld.%u.log", dir, hash, (long)getpid(), n);
+    const int wrote = kva__write_unique(src, sizeof src, dir, hash, ".c", t.p, t.n);
+    const int werr = errno;
+    const int stem = wrote ? (int)strlen(src) - 2 : 0;
+    snprintf(tmp_so, sizeof tmp_so, "%.*s.so.tmp", stem, src);
+    snprintf(log, sizeof log, "%.*s.log", stem, src);
     kva_status st = KVA_OK;
     int code = -1, spawn_err = 0;
     unsigned char* obj = NULL;
     size_t obj_n = 0;
-    if (!kva__write_file(src, t.p, t.n)) {
-        st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: cannot write %s (%s)", src, strerror(errno));
+    if (!wrote) {
+        st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: cannot write %s (%s)", src, strerror(werr));
     } else if (!kva__run_cc(cc, src, tmp_so, log, &code, &spawn_err) || code != 0) {
         char* text = kva__read_log(log);
         st = kva__set_error(KVA_ERR_JIT, "kva_variant_create: compiling variant %s with %s failed (%s %d%s%s):\n%s",
@@ -456,9 +465,11 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
             kva__log(ctx, KVA_LOG_WARN, "kvattn: variant %s: could not store %s in the cache (%s)", v->name, final_so,
                      strerror(errno));
     }
-    unlink(src);
-    unlink(log);
-    unlink(tmp_so);
+    if (wrote) {
+        unlink(src);
+        unlink(log);
+        unlink(tmp_so);
+    }
     free(t.p);
     if (st == KVA_OK) st = kva__load_object(v, dir, hash, obj, obj_n, ident);
     free(obj);
