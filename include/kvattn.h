@@ -162,6 +162,9 @@ typedef struct kva_context_options {
 KVA_API void kva_context_options_init(kva_context_options* options);
 KVA_API kva_status kva_context_create(const kva_context_options* options, kva_context** out_context);
 KVA_API kva_status kva_context_destroy(kva_context* context); /* NULL is allowed */
+/* fork(): a CPU context made before fork() also works in the child (which has none of its worker threads: its calls
+ * run on the calling thread alone) and is destroyed there as usual; do not fork while another thread is inside a
+ * call on the context. */
 KVA_API kva_backend kva_context_backend(const kva_context* context);
 /* Number of workers W the planner balances over (CPU threads, or persistent CTAs on a GPU). */
 KVA_API int32_t kva_context_num_workers(const kva_context* context);

@@ -3,11 +3,12 @@
  * functions, tensor and paged-KV helpers, contexts and their log callback, thread-local errors, and "the library
  * never prints" (stdout and stderr are redirected to a file around a series of calls that must leave it empty).
  */
-#define _POSIX_C_SOURCE 200809L /* mkstemp, dup, lseek */
+#define _POSIX_C_SOURCE 200809L /* mkstemp, dup, lseek, fork */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -250,6 +251,62 @@ static void test_thread_local_errors(void) {
     kva_context_destroy(c);
 }
 
+/* CPU backend: a context made before fork() works in the child, which has none of its worker threads: calls run on
+   the calling thread (same results) and destroy frees it. The child used to wait forever for the workers (a watchdog
+   alarm turns a hang into a failure here). */
+static void test_fork_child(void) {
+    if (h_opt.backend != KVA_BACKEND_CPU) return;
+    enum { ROWS = 8192, HEADS = 4, DIM = 8 }; /* above the CPU backend's threshold for a threaded merge */
+    float* va = (float*)malloc(sizeof(float) * ROWS * HEADS * DIM * 4);
+    float* sa = (float*)malloc(sizeof(float) * ROWS * HEADS * 4);
+    if (!H_CHECK(va && sa, "host memory")) return;
+    float *vb = va + ROWS * HEADS * DIM, *vo = vb + ROWS * HEADS * DIM, *vc = vo + ROWS * HEADS * DIM;
+    float *sb = sa + ROWS * HEADS, *so = sb + ROWS * HEADS, *sc = so + ROWS * HEADS;
+    for (int i = 0; i < ROWS * HEADS * DIM; ++i) {
+        va[i] = (float)(i % 7) - 3.0f;
+        vb[i] = (float)(i % 5) * 0.5f;
+    }
+    for (int i = 0; i < ROWS * HEADS; ++i) {
+        sa[i] = (float)(i % 9) * 0.25f;
+        sb[i] = (float)(i % 4) - 1.0f;
+    }
+    kva_context_options o;
+    kva_context_options_init(&o);
+    o.backend = KVA_BACKEND_CPU;
+    o.num_threads = 2;
+    kva_context* c = NULL;
+    if (!H_CHECK(kva_context_create(&o, &c) == KVA_OK, "context: %s", kva_last_error_message())) return;
+    kva_tensor tva = kva_tensor_make(va, KVA_DTYPE_F32, 3, ROWS, HEADS, DIM, 0);
+    kva_tensor tvb = kva_tensor_make(vb, KVA_DTYPE_F32, 3, ROWS, HEADS, DIM, 0);
+    kva_tensor tsa = kva_tensor_make(sa, KVA_DTYPE_F32, 2, ROWS, HEADS, 0, 0);
+    kva_tensor tsb = kva_tensor_make(sb, KVA_DTYPE_F32, 2, ROWS, HEADS, 0, 0);
+    kva_tensor tvo = kva_tensor_make(vo, KVA_DTYPE_F32, 3, ROWS, HEADS, DIM, 0);
+    kva_tensor tso = kva_tensor_make(so, KVA_DTYPE_F32, 2, ROWS, HEADS, 0, 0);
+    kva_tensor tvc = kva_tensor_make(vc, KVA_DTYPE_F32, 3, ROWS, HEADS, DIM, 0);
+    kva_tensor tsc = kva_tensor_make(sc, KVA_DTYPE_F32, 2, ROWS, HEADS, 0, 0);
+    H_CHECK(kva_merge_state(c, &tva, &tsa, &tvb, &tsb, &tvo, &tso, NULL) == KVA_OK, "merge in the parent: %s",
+            kva_last_error_message());
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(120); /* watchdog only */
+        int bad = kva_merge_state(c, &tva, &tsa, &tvb, &tsb, &tvc, &tsc, NULL) != KVA_OK ||
+                  memcmp(vc, vo, sizeof(float) * ROWS * HEADS * DIM) != 0 ||
+                  memcmp(sc, so, sizeof(float) * ROWS * HEADS) != 0;
+        bad |= kva_context_destroy(c) != KVA_OK;
+        _exit(bad);
+    }
+    int status = 0;
+    if (H_CHECK(pid > 0 && waitpid(pid, &status, 0) == pid, "fork"))
+        H_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+                "a CPU context made before fork() merges in the child as in the parent and is destroyed there (child "
+                "%s %d)", WIFSIGNALED(status) ? "killed by signal" : "exit status",
+                WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    kva_context_destroy(c);
+    free(va);
+    free(sa);
+}
+
 /* A small but complete session (contexts, errors, plan, run, merges, append), all with stdout/stderr redirected. */
 static int quiet_session(void) {
     int ok = 1;
@@ -359,6 +416,7 @@ int main(int argc, char** argv) {
     test_inits();
     test_contexts();
     test_thread_local_errors();
+    test_fork_child();
     test_never_prints();
     return h_finish();
 }

@@ -3,8 +3,11 @@
  * num_threads - 1 pthreads are created at init; the calling thread acts as thread 0 of every job.
  * A job is published by bumping a generation counter; workers spin briefly on it (cheap back-to-back
  * calls, e.g. one run per layer) and then sleep on a condition variable. Completion is an atomic
- * countdown; the caller spins briefly, then sleeps. Nothing is allocated per job. */
+ * countdown; the caller spins briefly, then sleeps. Nothing is allocated per job.
+ * In the child of a fork() (which has none of the workers) the pool runs every job on the calling thread and its
+ * destruction only frees memory (the workers' mutex and condition variables are the parent's). */
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "cpu_internal.h"
 
@@ -25,6 +28,7 @@ typedef struct kva__cpu_worker {
 struct kva__cpu_pool {
     int num_threads;
     int num_started;
+    pid_t pid; /* the process whose threads these are */
     pthread_t* threads;
     kva__cpu_worker* workers;
     pthread_mutex_t mu;
@@ -72,6 +76,7 @@ kva_status kva__cpu_pool_create(int32_t num_threads, kva__cpu_pool** out) {
     kva__cpu_pool* pool = (kva__cpu_pool*)calloc(1, sizeof(*pool));
     if (!pool) return kva__set_error(KVA_ERR_OUT_OF_MEMORY, "CPU backend: cannot allocate the thread pool");
     pool->num_threads = num_threads;
+    pool->pid = getpid();
     atomic_init(&pool->gen, 0);
     atomic_init(&pool->pending, 0);
     atomic_init(&pool->stop, 0);
@@ -117,6 +122,12 @@ kva_status kva__cpu_pool_create(int32_t num_threads, kva__cpu_pool** out) {
 
 void kva__cpu_pool_destroy(kva__cpu_pool* pool) {
     if (!pool) return;
+    if (getpid() != pool->pid) { /* a fork's child: no workers to stop or join, and their waits are not ours */
+        free(pool->threads);
+        free(pool->workers);
+        free(pool);
+        return;
+    }
     if (pool->num_started > 0) {
         pthread_mutex_lock(&pool->mu);
         atomic_store_explicit(&pool->stop, 1, memory_order_release);
@@ -135,8 +146,8 @@ void kva__cpu_pool_destroy(kva__cpu_pool* pool) {
 
 void kva__cpu_pool_run(kva__cpu_pool* pool, int n, kva__cpu_job_fn fn, void* arg) {
     if (n > pool->num_threads) n = pool->num_threads;
-    if (n <= 1 || pool->num_started < pool->num_threads - 1) {
-        /* single thread (or a pool that could not start every thread: run every tid here) */
+    if (n <= 1 || pool->num_started < pool->num_threads - 1 || getpid() != pool->pid) {
+        /* single thread (or a pool that could not start every thread, or a fork's child: run every tid here) */
         if (n <= 1) {
             fn(arg, 0);
         } else {
