@@ -896,6 +896,13 @@ static int count_entries(const char* dir, int* temps) {
     return n;
 }
 
+static int n_dir_warns; /* warnings naming kva_context_options.jit_cache_dir */
+static char dir_warn_path[64];
+static void count_dir_warns(void* user, kva_log_level level, const char* message) {
+    (void)user;
+    if (level == KVA_LOG_WARN && strstr(message, "cache directory") && strstr(message, dir_warn_path)) ++n_dir_warns;
+}
+
 static int n_compiles;    /* "compiling variant" log lines (cold compiles) */
 static int n_entry_warns; /* warnings about a cache entry that is not used */
 static void count_compiles(void* user, kva_log_level level, const char* message) {
@@ -1114,6 +1121,37 @@ static void cache_stale_temps(const char* entry_dir, const kva_variant_spec* s) 
     rmdir(dir);
 }
 
+/* CPU backend: a cache directory the caller names that cannot be used (here a regular file) leaves variants working,
+   compiled privately, with a warning that names it (it used to be passed over silently); the file is untouched. */
+static void cache_dir_unusable(const kva_variant_spec* s) {
+    char file[] = "/tmp/kvattn-variant-notadir-XXXXXX";
+    int fd = mkstemp(file);
+    if (!H_CHECK(fd >= 0, "mkstemp")) return;
+    close(fd);
+    snprintf(dir_warn_path, sizeof dir_warn_path, "%s", file);
+    kva_context_options o;
+    kva_context_options_init(&o);
+    o.backend = KVA_BACKEND_CPU;
+    o.num_threads = 1;
+    o.jit_cache_dir = file;
+    o.log_fn = count_dir_warns;
+    o.log_level = KVA_LOG_WARN;
+    kva_context* ctx = NULL;
+    if (H_CHECK(kva_context_create(&o, &ctx) == KVA_OK, "context: %s", kva_last_error_message())) {
+        n_dir_warns = 0;
+        kva_variant* v = NULL;
+        kva_status st = kva_variant_create(ctx, s, &v);
+        H_CHECK(st == KVA_OK && n_dir_warns == 1,
+                "cache directory that is a file: create %s with %d warnings naming it (want OK, 1): %s",
+                kva_status_string(st), n_dir_warns, kva_last_error_message());
+        kva_variant_destroy(v);
+        kva_context_destroy(ctx);
+    }
+    struct stat sb;
+    H_CHECK(stat(file, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size == 0, "the file is left as it was");
+    unlink(file);
+}
+
 static void suite_cache(void) {
     char dir[] = "/tmp/kvattn-variant-cache-XXXXXX";
     if (!H_CHECK(mkdtemp(dir) != NULL, "mkdtemp")) return;
@@ -1181,6 +1219,7 @@ static void suite_cache(void) {
         cache_damage(dir, &s);
         cache_readonly(&s);
         cache_stale_temps(dir, &s);
+        cache_dir_unusable(&s);
     }
     /* clean the directory */
     DIR* dd = opendir(dir);

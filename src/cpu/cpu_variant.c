@@ -390,6 +390,10 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
 
     char dir[1024];
     int cached = kva__jit_cache_dir(ctx->jit_cache_dir, dir, sizeof dir);
+    const char* asked = ctx->jit_cache_dir[0] ? ctx->jit_cache_dir : getenv("KVATTN_CACHE_DIR");
+    if (!cached && asked && *asked) /* a directory the caller named: say why it is not used */
+        kva__log(ctx, KVA_LOG_WARN, "kvattn: cache directory %s is not used (it must be a directory of this user, "
+                 "creatable, writable by the user alone); variant %s is compiled privately", asked, v->name);
     char final_so[1200];
     if (cached) {
         snprintf(final_so, sizeof final_so, "%s/%s.so", dir, hash);
