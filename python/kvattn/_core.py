@@ -574,42 +574,22 @@ class BatchWrapperBase:
     def end_forward(self) -> None:
         """Deprecated FlashInfer no-op."""
 
-    # ---- the current plan's scalars under FlashInfer's attribute names (engines assert on them after plan()) ----
+    # ---- the current plan's scalars under FlashInfer's attribute names (engines assert on them after plan()):
+    # the values as given to plan() or the last forward() that set them (sm_scale None = the default
+    # 1/sqrt(head_dim); logits_soft_cap None reads 0.0, as FlashInfer's plan stores it); AttributeError before a plan
     def _planned_value(self, key: str) -> Any:
         st = self._state
         if st is None or not st.valid:
             raise AttributeError("kvattn: %s has no plan (call plan() first)" % type(self).__name__)
         return st.user[key]
 
-    @property
-    def _sm_scale(self) -> Any:
-        """sm_scale as given to plan() (None = the default 1/sqrt(head_dim)), or to the last forward() that set it."""
-        return self._planned_value("sm_scale")
-
-    @property
-    def _logits_soft_cap(self) -> float:
-        """logits_soft_cap as given (None reads 0.0, as FlashInfer's plan stores it)."""
-        return self._planned_value("logits_soft_cap")
-
-    @property
-    def _window_left(self) -> int:
-        return self._planned_value("window_left")
-
-    @property
-    def _causal(self) -> bool:
-        return self._planned_value("causal")
-
-    @property
-    def _pos_encoding_mode(self) -> str:
-        return self._planned_value("pos_encoding")
-
-    @property
-    def _rope_scale(self) -> Any:
-        return self._planned_value("rope_scale")
-
-    @property
-    def _rope_theta(self) -> Any:
-        return self._planned_value("rope_theta")
+    _sm_scale = property(lambda self: self._planned_value("sm_scale"))
+    _logits_soft_cap = property(lambda self: self._planned_value("logits_soft_cap"))
+    _window_left = property(lambda self: self._planned_value("window_left"))
+    _causal = property(lambda self: self._planned_value("causal"))
+    _pos_encoding_mode = property(lambda self: self._planned_value("pos_encoding"))
+    _rope_scale = property(lambda self: self._planned_value("rope_scale"))
+    _rope_theta = property(lambda self: self._planned_value("rope_theta"))
 
     # ---- plan helpers ----
     def _set_state(self, st: Optional[PlanState]) -> None:
