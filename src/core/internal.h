@@ -449,6 +449,20 @@ uint64_t kva__fnv(uint64_t h, const void* data, size_t n);
 int kva__jit_cache_dir(const char* configured, char* out, size_t size);
 /* A regular file owned by this user, not writable by group or others, not a symlink? (cache entries) */
 int kva__jit_file_safe(const char* path);
+/* All n bytes to fd (retrying short writes and EINTR); 0 on a failed or empty write. */
+int kva__jit_write_all(int fd, const void* data, size_t n);
+/* A new file "<dir>/.<hash>.XXXXXX<suffix>" with a fresh random XXXXXX, created 0600, exclusively and close-on-exec
+   (a file of that name left by a process that died, or made by another one, is never reused or removed); its name
+   goes to path. The descriptor, or -1 (errno set; ENAMETOOLONG when the name does not fit in size). */
+int kva__jit_open_unique(char* path, size_t size, const char* dir, const char* hash, const char* suffix);
+/* The nparts byte ranges, in order, to a new file named as kva__jit_open_unique does. 1, or 0 on failure with nothing
+   left behind (errno kept). */
+int kva__jit_write_unique(char* path, size_t size, const char* dir, const char* hash, const char* suffix, int nparts,
+                          const void* const* parts, const size_t* lens);
+/* Atomic publication of a cache entry: the parts to a unique temporary file in dir, renamed over final_path (readers
+   see the old entry or the whole new one). 1, or 0 with nothing left behind. */
+int kva__jit_publish(const char* dir, const char* hash, const char* final_path, int nparts, const void* const* parts,
+                     const size_t* lens);
 
 /* Planner (src/plan/planner.c): pure C. Fills *pd (counts and layout) without writing any workspace. */
 kva_status kva__plan_layout(kva_context* ctx, const kva_attention_desc* desc, kva_op op,

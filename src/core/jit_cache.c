@@ -1,7 +1,8 @@
 /* jit_cache.c - the on-disk cache directory shared by the run-time compilers (NVRTC kernels of the CUDA backend,
  * shared objects of user variants on the CPU backend) and the hash that keys its entries. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* mkostemps */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,5 +71,54 @@ int kva__jit_cache_dir(const char* configured, char* out, size_t size) {
     if (!kva__mkdirs(path)) return 0;
     if (!kva__dir_safe(path)) return 0;
     snprintf(out, size, "%s", path);
+    return 1;
+}
+
+int kva__jit_write_all(int fd, const void* data, size_t n) {
+    const char* p = (const char*)data;
+    size_t off = 0;
+    while (off < n) {
+        ssize_t w = write(fd, p + off, n - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return 0;
+        off += (size_t)w;
+    }
+    return 1;
+}
+
+int kva__jit_open_unique(char* path, size_t size, const char* dir, const char* hash, const char* suffix) {
+    int k = snprintf(path, size, "%s/.%s.XXXXXX%s", dir, hash, suffix);
+    if (k < 0 || (size_t)k >= size) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return mkostemps(path, (int)strlen(suffix), O_CLOEXEC);
+}
+
+int kva__jit_write_unique(char* path, size_t size, const char* dir, const char* hash, const char* suffix, int nparts,
+                          const void* const* parts, const size_t* lens) {
+    int fd = kva__jit_open_unique(path, size, dir, hash, suffix);
+    if (fd < 0) return 0;
+    int ok = 1;
+    for (int i = 0; i < nparts && ok; ++i) ok = kva__jit_write_all(fd, parts[i], lens[i]);
+    if (close(fd) != 0) ok = 0;
+    if (!ok) {
+        int e = errno;
+        unlink(path);
+        errno = e;
+    }
+    return ok;
+}
+
+int kva__jit_publish(const char* dir, const char* hash, const char* final_path, int nparts, const void* const* parts,
+                     const size_t* lens) {
+    char tmp[1200];
+    if (!kva__jit_write_unique(tmp, sizeof tmp, dir, hash, ".tmp", nparts, parts, lens)) return 0;
+    if (rename(tmp, final_path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        errno = e;
+        return 0;
+    }
     return 1;
 }

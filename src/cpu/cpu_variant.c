@@ -156,37 +156,11 @@ static void kva__cpu_variant_text(const kva_variant* v, kva__text* t) {
                          "}\n");
 }
 
-/* All n bytes to fd; 0 on a failed or empty write. */
-static int kva__write_all(int fd, const char* data, size_t n) {
-    size_t off = 0;
-    while (off < n) {
-        ssize_t w = write(fd, data + off, n - off);
-        if (w <= 0) return 0;
-        off += (size_t)w;
-    }
-    return 1;
-}
-
-/* Writes the n bytes of data to a new file "<dir>/.<hash>.XXXXXX<suffix>" (a fresh random XXXXXX; created 0600
-   and exclusively, so a file of that name left by a process that died, or made by another one, is never reused or
-   removed) whose name goes to path. 0 on failure (errno kept), with nothing left behind. */
+/* The n bytes of data to a new file "<dir>/.<hash>.XXXXXX<suffix>" (kva__jit_write_unique). */
 static int kva__write_unique(char* path, size_t size, const char* dir, const char* hash, const char* suffix,
                              const char* data, size_t n) {
-    int k = snprintf(path, size, "%s/.%s.XXXXXX%s", dir, hash, suffix);
-    if (k < 0 || (size_t)k >= size) {
-        errno = ENAMETOOLONG;
-        return 0;
-    }
-    int fd = mkostemps(path, (int)strlen(suffix), O_CLOEXEC);
-    if (fd < 0) return 0;
-    int ok = kva__write_all(fd, data, n);
-    if (close(fd) != 0) ok = 0;
-    if (!ok) {
-        int e = errno;
-        unlink(path);
-        errno = e;
-    }
-    return ok;
+    const void* parts[1] = {data};
+    return kva__jit_write_unique(path, size, dir, hash, suffix, 1, parts, &n);
 }
 
 static char* kva__read_log(const char* path) {
@@ -284,7 +258,7 @@ static int kva__entry_seal(const char* path, const unsigned char* obj, size_t n,
     f.text_hash = kva__fnv(KVA__FNV_SEED, text, tn);
     int fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return 0;
-    int ok = fchmod(fd, 0600) == 0 && kva__write_all(fd, text, tn) && kva__write_all(fd, (const char*)&f, sizeof f);
+    int ok = fchmod(fd, 0600) == 0 && kva__jit_write_all(fd, text, tn) && kva__jit_write_all(fd, &f, sizeof f);
     if (close(fd) != 0) ok = 0;
     return ok;
 }

@@ -337,16 +337,9 @@ static int kva__vcheck_hit(const char* file, const char* ident) {
 }
 
 static void kva__vcheck_store(const char* dir, const char* hash, const char* file, const char* ident) {
-    static unsigned counter = 0;
-    char tmp[1200];
-    snprintf(tmp, sizeof tmp, "%s/.%s.%ld.%u.tmp", dir, hash, (long)getpid(),
-             __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
-    if (fd < 0) return;
-    size_t il = strlen(ident);
-    int ok = write(fd, ident, il) == (ssize_t)il;
-    if (close(fd) != 0) ok = 0;
-    if (!ok || rename(tmp, file) != 0) unlink(tmp);
+    const void* parts[1] = {ident};
+    const size_t lens[1] = {strlen(ident)};
+    kva__jit_publish(dir, hash, file, 1, parts, lens); /* a failed store only means a later check runs again */
 }
 
 kva_status kva__cuda_variant_check_compile(const kva_variant* v, const char* arch, const char* cache_dir) {
@@ -650,25 +643,20 @@ out:
 
 static void kva__cache_write(const char* dir, const char* hash, const char* ident, const char* src, const void* data,
                              size_t size) {
-    static unsigned counter = 0;
-    char tmp[1200], dst[1200];
-    snprintf(dst, sizeof dst, "%s/%s.cubin", dir, hash);
-    snprintf(tmp, sizeof tmp, "%s/.%s.%ld.%u.tmp", dir, hash, (long)getpid(),
-             __atomic_fetch_add(&counter, 1u, __ATOMIC_RELAXED));
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
-    if (fd < 0) return;
+    char dst[1200];
+    if (snprintf(dst, sizeof dst, "%s/%s.cubin", dir, hash) >= (int)sizeof dst) return;
     kva__cache_hdr h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, KVA__CACHE_MAGIC, 8);
-    h.ident_len = (uint32_t)strlen(ident);
-    h.src_len = (uint32_t)strlen(src);
+    const size_t il = strlen(ident), sl = strlen(src);
+    if (il >= ((size_t)1 << 31) || sl >= ((size_t)1 << 31)) return;
+    h.ident_len = (uint32_t)il;
+    h.src_len = (uint32_t)sl;
     h.payload_size = size;
     h.payload_hash = kva__fnv(0xcbf29ce484222325ull, data, size);
-    int ok = strlen(src) < ((size_t)1 << 31) && write(fd, &h, sizeof h) == (ssize_t)sizeof h &&
-             write(fd, ident, h.ident_len) == (ssize_t)h.ident_len && write(fd, src, h.src_len) == (ssize_t)h.src_len &&
-             write(fd, data, size) == (ssize_t)size;
-    if (close(fd) != 0) ok = 0;
-    if (!ok || rename(tmp, dst) != 0) unlink(tmp);
+    const void* parts[4] = {&h, ident, src, data};
+    const size_t lens[4] = {sizeof h, il, sl, size};
+    kva__jit_publish(dir, hash, dst, 4, parts, lens); /* a failed store only means a later compile */
 }
 
 kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const kva__kkey* k, const char* arch,
