@@ -770,10 +770,10 @@ void h_case_fixup(h_case* c) {
 static int h_pick(h_rng* r, const int* a, int n) { return a[h_rng_range(r, 0, n - 1)]; }
 
 void h_case_random(h_case* c, h_op op, h_rng* r) {
-    static const int groups[] = {1, 2, 3, 4, 5, 7, 8};
+    static const int groups[] = {1, 2, 3, 4, 5, 7, 8, 6, 16};
     static const int dims_cpu[] = {64, 128, 256, 80, 32};
     static const int dims_gpu[] = {64, 128, 256};
-    static const int pss[] = {1, 3, 16, 16, 5, 32};
+    static const int pss[] = {1, 3, 16, 16, 5, 32, 64, 128};
     static const kva_dtype qdts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16};
     static const kva_dtype kvdts[] = {KVA_DTYPE_F32, KVA_DTYPE_F16, KVA_DTYPE_BF16, KVA_DTYPE_E4M3, KVA_DTYPE_E5M2};
     /* what the CUDA backend implements (q f16/bf16, KV f16/bf16/fp8; o any float): fuzz cases it would only skip
@@ -788,14 +788,14 @@ void h_case_random(h_case* c, h_op op, h_rng* r) {
     c->empty_pct = h_rng_range(r, 0, 3) == 0 ? 25 : 0;
     c->zero_qo_pct = h_rng_range(r, 0, 4) == 0 ? 20 : 0;
     c->hkv = (int32_t)h_rng_range(r, 1, 3);
-    c->hq = c->hkv * h_pick(r, groups, 7);
+    c->hq = c->hkv * h_pick(r, groups, 9);
     int cpu = h_opt.backend == KVA_BACKEND_CPU;
     c->dqk = cpu ? h_pick(r, dims_cpu, 5) : h_pick(r, dims_gpu, 3);
     c->dvo = h_rng_range(r, 0, 5) == 0 && cpu ? h_pick(r, dims_cpu, 5) : c->dqk;
     c->q_dt = cpu ? qdts[h_rng_range(r, 0, 2)] : qdts_gpu[h_rng_range(r, 0, 1)];
     c->o_dt = h_rng_range(r, 0, 1) ? c->q_dt : qdts[h_rng_range(r, 0, 2)];
     c->kv_dt = h_rng_range(r, 0, 1) ? c->q_dt : cpu ? kvdts[h_rng_range(r, 0, 4)] : kvdts_gpu[h_rng_range(r, 0, 3)];
-    c->page_size = h_pick(r, pss, 6);
+    c->page_size = h_pick(r, pss, 8);
     c->layout = h_rng_range(r, 0, 1) ? KVA_LAYOUT_HND : KVA_LAYOUT_NHD;
     int64_t m = h_rng_range(r, 0, 5);
     c->mask = m < 3 ? KVA_MASK_NONE : m < 5 ? KVA_MASK_CAUSAL : KVA_MASK_CUSTOM;
