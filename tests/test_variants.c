@@ -12,12 +12,14 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -1066,8 +1068,9 @@ static void cache_readonly(const kva_variant_spec* s) {
 
 /* CPU backend: temporary files of the cache directory left by a process that died (here: every name the old
    numbering, ".<hash>.<pid>.<n>.c" / ".load.so" with a per-process counter n, gave this process for its first 1024
-   compiles, as a restarted server with the same pid would find them) are neither reused nor removed: a create used
-   to fail with "cannot write ... (File exists)" and delete the dead process's file. */
+   compiles, as a restarted server with the same pid would find them) are neither reused nor, while recent, removed: a
+   create used to fail with "cannot write ... (File exists)" and delete the dead process's file. Temporary files last
+   written more than an hour ago are removed by a cache miss (kva__jit_sweep). */
 static void cache_stale_temps(const char* entry_dir, const kva_variant_spec* s) {
     char entry[1200], dir[] = "/tmp/kvattn-variant-stale-XXXXXX";
     if (!H_CHECK(find_entry(entry_dir, NULL, entry, sizeof entry), "a cache entry in %s", entry_dir)) return;
@@ -1084,6 +1087,17 @@ static void cache_stale_temps(const char* entry_dir, const kva_variant_spec* s) 
             if (f && fclose(f) == 0) ++planted;
         }
     H_CHECK(planted == 2 * N_STALE, "stale temporary files planted (%d)", planted);
+    /* two more, last written two hours ago (a compile killed long since): a cache miss removes them */
+    char old_tmp[2][1400];
+    for (int k = 0; k < 2; ++k) {
+        snprintf(old_tmp[k], sizeof old_tmp[k], "%s/.%.*s.old%03d.%s", dir, hash_len, base, k, k ? "load.so" : "c");
+        FILE* f = fopen(old_tmp[k], "wb");
+        if (f) fclose(f);
+        struct timespec ts[2];
+        ts[0].tv_sec = ts[1].tv_sec = time(NULL) - 7200;
+        ts[0].tv_nsec = ts[1].tv_nsec = 0;
+        H_CHECK(utimensat(AT_FDCWD, old_tmp[k], ts, 0) == 0, "back-dated %s", old_tmp[k]);
+    }
     kva_context_options o;
     kva_context_options_init(&o);
     o.backend = h_opt.backend;
@@ -1107,8 +1121,9 @@ static void cache_stale_temps(const char* entry_dir, const kva_variant_spec* s) 
     int temps = 0;
     int entries = count_entries(dir, &temps);
     H_CHECK(entries == 1 && temps == 2 * N_STALE,
-            "one entry stored and the stale files left alone (%d entries, %d dot files, want 1, %d)", entries, temps,
-            2 * N_STALE);
+            "one entry stored, the recent temporary files left alone and the two-hour-old ones removed (%d entries, "
+            "%d dot files, want 1, %d)", entries, temps, 2 * N_STALE);
+    H_CHECK(access(old_tmp[0], F_OK) != 0 && access(old_tmp[1], F_OK) != 0, "the two-hour-old temporary files are gone");
     DIR* dd = opendir(dir);
     struct dirent* e;
     while (dd && (e = readdir(dd)) != NULL) {

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <dirent.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -121,4 +123,34 @@ int kva__jit_publish(const char* dir, const char* hash, const char* final_path, 
         return 0;
     }
     return 1;
+}
+
+/* ".<32 hex digits>." then at least 4 more bytes: the temporary names of kva__jit_open_unique (and of earlier
+   versions, ".<hash>.<pid>.<n>.<suffix>"); cache entries themselves ("<hash>.cubin", "<hash>.so") never start with '.' */
+static int kva__jit_temp_name(const char* name) {
+    if (name[0] != '.') return 0;
+    for (int i = 1; i <= 32; ++i) {
+        const char c = name[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return 0;
+    }
+    return name[33] == '.' && strlen(name) >= 38;
+}
+
+int kva__jit_sweep(const char* dir, long max_age_s) {
+    DIR* d = opendir(dir);
+    if (!d) return 0;
+    const time_t now = time(NULL);
+    int removed = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        if (!kva__jit_temp_name(e->d_name)) continue;
+        char path[1400];
+        if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
+        struct stat sb;
+        if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_uid != geteuid()) continue;
+        if (now - sb.st_mtime < max_age_s) continue; /* another process may be writing it */
+        if (unlink(path) == 0) ++removed;
+    }
+    closedir(d);
+    return removed;
 }

@@ -5,7 +5,8 @@
  *     triple), the full cross product with KVATTN_JIT_TEST_FULL=1, either narrowed by KVATTN_JIT_TEST_MATCH="a|b"
  *     (kernel names containing a substring);
  *   - the selection function (supported / unsupported, tile sizes, shared memory) and the head-group plan's heads per unit;
- *   - the on-disk cache (cold miss, hit, corrupt entry, unsafe directory refused, 0700 directory);
+ *   - the on-disk cache (cold miss, hit, corrupt entry, unsafe directory refused, 0700 directory, stale temporary
+ *     files swept);
  *   - the kernels' fast division by the page size.
  * Prints "N passed, N failed" last.
  */
@@ -14,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_internal.h"
@@ -429,6 +432,63 @@ static void test_cache(void) {
     st = kva__jit_cached(NULL, dir, &k, "sm_90a", &c2, &s2, &hit);
     CHECK(st == KVA_OK && hit == 1, "rewritten entry hits");
     CHECK(stat(file, &sb) == 0 && (sb.st_mode & 0077) == 0, "cache file mode %o", (unsigned)(sb.st_mode & 0777));
+    /* stale temporary files: only this user's regular files with a temporary name, older than the limit, go */
+    {
+        static const char* const names[] = {
+            ".0123456789abcdef0123456789abcdef.Ab3xYz.tmp",     /* old temporary: removed */
+            ".0123456789abcdef0123456789abcdef.4242.7.tmp",     /* old, the former <pid>.<n> naming: removed */
+            ".fedcba9876543210fedcba9876543210.Qw12Er.load.so", /* old: removed */
+            ".0123456789abcdef0123456789abcdef.Zz9Yy8.c",       /* fresh: another process may be writing it */
+            "0123456789abcdef0123456789abcdef.cubin",           /* an entry, however old */
+            ".notahash.Ab3xYz.tmp",                             /* another name */
+            ".0123456789ABCDEF0123456789abcdef.Ab3xYz.tmp",     /* upper-case digits: not a kvattn hash */
+        };
+        const int want_gone[] = {1, 1, 1, 0, 0, 0, 0};
+        const int n = (int)(sizeof names / sizeof names[0]);
+        char p[1400];
+        for (int i = 0; i < n; ++i) {
+            snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+            FILE* tf = fopen(p, "wb");
+            if (tf) fclose(tf);
+            if (i != 3) {
+                struct timespec ts[2];
+                ts[0].tv_sec = ts[1].tv_sec = time(NULL) - 2 * KVA__JIT_STALE_S;
+                ts[0].tv_nsec = ts[1].tv_nsec = 0;
+                utimensat(AT_FDCWD, p, ts, 0);
+            }
+        }
+        /* an old link with a temporary name (to a file outside) and an old directory: left alone */
+        char target[1200], lnk[1400], sub[1400];
+        snprintf(target, sizeof target, "%s/outside", base);
+        FILE* tf = fopen(target, "wb");
+        if (tf) fclose(tf);
+        snprintf(lnk, sizeof lnk, "%s/.00000000000000000000000000000000.link00.tmp", dir);
+        CHECK(symlink(target, lnk) == 0, "symlink planted");
+        snprintf(sub, sizeof sub, "%s/.11111111111111111111111111111111.dir000.tmp", dir);
+        CHECK(mkdir(sub, 0700) == 0, "directory planted");
+        struct timespec ts[2];
+        ts[0].tv_sec = ts[1].tv_sec = time(NULL) - 2 * KVA__JIT_STALE_S;
+        ts[0].tv_nsec = ts[1].tv_nsec = 0;
+        utimensat(AT_FDCWD, lnk, ts, AT_SYMLINK_NOFOLLOW);
+        utimensat(AT_FDCWD, sub, ts, 0);
+        const int removed = kva__jit_sweep(dir, KVA__JIT_STALE_S);
+        CHECK(removed == 3, "sweep removed %d files, want 3", removed);
+        for (int i = 0; i < n; ++i) {
+            snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+            const int gone = access(p, F_OK) != 0;
+            CHECK(gone == want_gone[i], "%s: %s", names[i], gone ? "removed" : "kept");
+        }
+        struct stat lsb;
+        CHECK(lstat(lnk, &lsb) == 0 && S_ISLNK(lsb.st_mode) && access(target, F_OK) == 0,
+              "an old link with a temporary name and its target are kept");
+        CHECK(stat(sub, &lsb) == 0 && S_ISDIR(lsb.st_mode), "an old directory with a temporary name is kept");
+        st = kva__jit_cached(NULL, dir, &k, "sm_90a", &c2, &s2, &hit);
+        CHECK(st == KVA_OK && hit == 1, "the entry still hits after the sweep");
+        free(c2);
+        c2 = NULL;
+        CHECK(kva__jit_sweep(dir, KVA__JIT_STALE_S) == 0, "a second sweep removes nothing");
+        CHECK(kva__jit_sweep("/nonexistent/kvattn-cache", KVA__JIT_STALE_S) == 0, "a missing directory: nothing");
+    }
     free(c1);
     free(c2);
     /* variant keys: equal only with equal source text (a colliding var_hash must not share a kernel) */
