@@ -742,3 +742,158 @@ def test_get_batch_indices_positions_into_buffers():
     np.testing.assert_array_equal(bi[:7], [0, 0, 2, 2, 2, 2, 2])
     np.testing.assert_array_equal(pos[:7], [8, 9, 0, 1, 2, 3, 4])
     assert np.all(bi[7:] == -1) and np.all(pos[7:] == -1)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Edge cases from FlashInfer's issue history
+
+def test_strided_q_and_kv_from_fused_qkv(rng):
+    """q (and ragged k / v) as views of one fused qkv projection [tokens, Hq + 2 Hkv, D]: strided rows, contiguous
+    head dim (FlashInfer accepts strided q everywhere and strided ragged k / v)."""
+    qo_lens, hkv, g, d = [5, 0, 12], 2, 3, 64
+    hq = hkv * g
+    qo_indptr = _qo_indptr(qo_lens)
+    n = int(qo_indptr[-1])
+    qkv = rng.standard_normal((n, hq + 2 * hkv, d)).astype(np.float16)
+    q, k, v = qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:]
+    assert not q.flags["C_CONTIGUOUS"]
+    w = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    w.plan(qo_indptr, qo_indptr, hq, hkv, d, causal=True)
+    o, lse = w.run(q, k, v, return_lse=True)
+    for b in range(len(qo_lens)):
+        rs = slice(qo_indptr[b], qo_indptr[b + 1])
+        if rs.stop == rs.start:
+            continue
+        ro, rl = attention(q[rs], k[rs], v[rs], causal=True)
+        assert_close(o[rs], ro, *_tol(np.float16), what="fused qkv o[%d]" % b)
+        assert_close(lse[rs], rl, *_tol(np.float16), what="fused qkv lse[%d]" % b)
+    # decode: one token per request, q taken from the fused buffer
+    kv_lens, ps = [7, 30, 16], 16
+    paged, kp, vp, indptr, indices, last = _pool(rng, kv_lens, ps, hkv, d, np.float16, "NHD", "5d")
+    qd = qkv[:3, :hq]
+    wd = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    wd.plan(indptr, indices, last, hq, hkv, d, ps)
+    od, ld = wd.run(qd, paged, return_lse=True)
+    _check_rows(od, ld, qd, kp, vp, indptr, indices, kv_lens, "NHD", np.float16, "fused qkv decode")
+
+
+@pytest.mark.parametrize("feature", [dict(window_left=3), dict(window_left=3, causal=True),
+                                     dict(pos_encoding_mode="ALIBI"), dict(logits_soft_cap=3.0, window_left=0)],
+                         ids=lambda f: ",".join("%s=%s" % kv for kv in f.items()))
+def test_custom_mask_combined_with_features(rng, feature):
+    """A custom mask with a sliding window / ALiBi / soft cap: the mask restricts what the window leaves (FlashInfer's
+    default variant applies the custom mask and the window together), and replaces causal."""
+    qo_lens, kv_lens, hkv, g, d = [4, 9, 0, 2], [10, 9, 3, 2], 1, 4, 64
+    qo_indptr, kv_indptr = _qo_indptr(qo_lens), _qo_indptr(kv_lens)
+    q = rng.standard_normal((int(qo_indptr[-1]), hkv * g, d)).astype(np.float32)
+    k = rng.standard_normal((int(kv_indptr[-1]), hkv, d)).astype(np.float32)
+    v = rng.standard_normal((int(kv_indptr[-1]), hkv, d)).astype(np.float32)
+    masks = _random_masks(rng, qo_lens, kv_lens)
+    w = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    w.plan(qo_indptr, kv_indptr, hkv * g, hkv, d, packed_custom_mask=_pack_little(masks), q_data_type="float32",
+           **feature)
+    o, lse = w.run(q, k, v, return_lse=True)
+    kw = _ref_kw(feature)
+    kw.pop("causal", None)
+    for b in range(len(qo_lens)):
+        rs, ks = slice(qo_indptr[b], qo_indptr[b + 1]), slice(kv_indptr[b], kv_indptr[b + 1])
+        if rs.stop == rs.start:
+            continue
+        ro, rl = attention(q[rs], k[ks], v[ks], mask=masks[b], **kw)
+        assert_close(o[rs], ro, *_tol(np.float32), what="mask + %s o[%d]" % (feature, b))
+        assert_close(lse[rs], rl, *_tol(np.float32), what="mask + %s lse[%d]" % (feature, b))
+
+
+def test_prefill_empty_requests_everywhere_and_kv_len_zero(rng):
+    """qo_indptr with empty requests first, in the middle and last; a ragged request with queries but no keys
+    (non-causal) gets o = 0, lse = -inf."""
+    qo_lens, kv_lens, hkv, g, d = [0, 2, 0, 3, 4, 0], [4, 5, 0, 0, 6, 0], 2, 2, 64
+    qo_indptr, kv_indptr = _qo_indptr(qo_lens), _qo_indptr(kv_lens)
+    q = rng.standard_normal((int(qo_indptr[-1]), hkv * g, d)).astype(np.float32)
+    k = rng.standard_normal((int(kv_indptr[-1]), hkv, d)).astype(np.float32)
+    v = rng.standard_normal((int(kv_indptr[-1]), hkv, d)).astype(np.float32)
+    w = kvattn.BatchPrefillWithRaggedKVCacheWrapper(workspace())
+    w.plan(qo_indptr, kv_indptr, hkv * g, hkv, d, q_data_type="float32")
+    o, lse = w.run(q, k, v, return_lse=True)
+    for b in range(len(qo_lens)):
+        rs, ks = slice(qo_indptr[b], qo_indptr[b + 1]), slice(kv_indptr[b], kv_indptr[b + 1])
+        if rs.stop == rs.start:
+            continue
+        ro, rl = attention(q[rs], k[ks], v[ks])
+        assert_close(o[rs], ro, *_tol(np.float32), what="empty-mix o[%d]" % b)
+        assert_close(lse[rs], rl, *_tol(np.float32), what="empty-mix lse[%d]" % b)
+    assert np.all(o[2:5] == 0) and np.all(np.isneginf(lse[2:5]))
+    # the paged form: requests without pages (equal indptr entries) in a prefill batch
+    paged, kp, vp, indptr, indices, last = _pool(rng, kv_lens, 4, hkv, d, np.float32, "NHD", "5d")
+    wp = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    wp.plan(qo_indptr, indptr, indices, last, hkv * g, hkv, d, 4, q_data_type="float32")
+    op, lp = wp.run(q, paged, return_lse=True)
+    _check_rows(op, lp, q, kp, vp, indptr, indices, kv_lens, "NHD", np.float32, "paged empty-mix",
+                qo_indptr=qo_indptr)
+
+
+def test_extreme_logits(rng):
+    """Logits of magnitude ~1e4 (all of one row very negative, others mixed): no finite mask sentinel may leak in
+    (FlashInfer's old -5e4 sentinel gave wrong results here)."""
+    kv_lens, ps, hkv, g, d = [20, 33], 8, 1, 2, 64
+    paged, kp, vp, indptr, indices, last = _pool(rng, kv_lens, ps, hkv, d, np.float32, "NHD", "5d")
+    q = rng.standard_normal((2, hkv * g, d)).astype(np.float32) * 300
+    # request 0: every key points against the query of head 0, so all its logits are about -1e4 or below
+    pg = indices[indptr[0]:indptr[1]]
+    kpos = np.abs(rng.standard_normal((len(pg), ps, 1, d))).astype(np.float32)
+    paged[pg, 0] = -np.sign(q[0, 0])[None, None, None, :] * kpos * 10
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    w.plan(indptr, indices, last, hkv * g, hkv, d, ps, q_data_type="float32", sm_scale=1.0)
+    o, lse = w.run(q, paged, return_lse=True)
+    assert lse[0, 0] < -1e4
+    _check_rows(o, lse, q, paged[:, 0], paged[:, 1], indptr, indices, kv_lens, "NHD", np.float32, "extreme logits",
+                sm_scale=1.0)
+
+
+def test_paged_prefill_reads_indices_at_run_time_and_replans_across_pools(rng):
+    """The paged prefill wrapper reads the plan's indices array at run time too; a later step's plan over a smaller
+    pool (another model's cache, a resized pool) runs correctly on it."""
+    qo_lens, kv_lens, ps, hkv, g, d = [3, 1, 8], [3, 20, 64], 16, 2, 2, 64
+    paged, kp, vp, indptr, indices, last = _pool(rng, kv_lens, ps, hkv, d, np.float32, "NHD", "5d")
+    qo_indptr = _qo_indptr(qo_lens)
+    q = rng.standard_normal((12, hkv * g, d)).astype(np.float32)
+    idx = indices.copy()
+    w = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+    w.plan(qo_indptr, indptr, idx, last, hkv * g, hkv, d, ps, causal=True, q_data_type="float32")
+    idx[:] = idx[::-1]  # same pages, other order, rewritten after plan
+    o = w.run(q, paged)
+    _check_rows(o, None, q, kp, vp, indptr, idx, kv_lens, "NHD", np.float32, "prefill indices after plan",
+                qo_indptr=qo_indptr, causal=True)
+    # next step: a smaller pool with its own page table
+    small_lens = [2, 5]
+    paged2, kp2, vp2, indptr2, indices2, last2 = _pool(rng, small_lens, ps, hkv, d, np.float32, "NHD", "tuple")
+    assert paged2[0].shape[0] < paged.shape[0]
+    qo2 = _qo_indptr([2, 5])
+    q2 = rng.standard_normal((7, hkv * g, d)).astype(np.float32)
+    w.plan(qo2, indptr2, indices2, last2, hkv * g, hkv, d, ps, causal=True, q_data_type="float32")
+    o2, l2 = w.run(q2, paged2, return_lse=True)
+    _check_rows(o2, l2, q2, kp2, vp2, indptr2, indices2, small_lens, "NHD", np.float32, "smaller pool",
+                qo_indptr=qo2, causal=True)
+
+
+@pytest.mark.parametrize("split", [dict(), dict(fixed_split_size=3), dict(disable_split_kv=True)],
+                         ids=["auto", "fixed3", "nosplit"])
+def test_long_sequences_split_kv(rng, split):
+    """Long KV (the scheduler splits it into chunks whose partial states are merged) for decode and paged prefill,
+    with FlashInfer's fixed_split_size (pages) / disable_split_kv."""
+    ps, hkv, g, d = 64, 2, 8, 128
+    kv_lens = [900, 1, 63, 64, 65, 700]
+    paged, kp, vp, indptr, indices, last = _pool(rng, kv_lens, ps, hkv, d, np.float16, "HND", "5d")
+    q = rng.standard_normal((len(kv_lens), hkv * g, d)).astype(np.float16)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(64 << 20), "HND", use_tensor_cores=True)
+    w.plan(indptr, indices, last, hkv * g, hkv, d, ps, **split)
+    o, lse = w.run(q, paged, return_lse=True)
+    _check_rows(o, lse, q, kp, vp, indptr, indices, kv_lens, "HND", np.float16, "long decode %s" % split)
+    qo_lens = [130, 1, 0, 64, 2, 9]
+    qo_indptr = _qo_indptr(qo_lens)
+    qp = rng.standard_normal((int(qo_indptr[-1]), hkv * g, d)).astype(np.float16)
+    wp = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace(64 << 20), "HND")
+    wp.plan(qo_indptr, indptr, indices, last, hkv * g, hkv, d, ps, causal=True, window_left=500, **split)
+    op, lp = wp.run(qp, paged, return_lse=True)
+    _check_rows(op, lp, qp, kp, vp, indptr, indices, kv_lens, "HND", np.float16, "long prefill %s" % split,
+                qo_indptr=qo_indptr, causal=True, window_left=500)
