@@ -132,10 +132,21 @@ def norm_split(fixed_split_size: Any, page_size: int) -> int:
     return s * page_size
 
 
+class _DefaultDtype(str):
+    """The default of the decode plan's q_data_type ("float16", FlashInfer's): a distinct object, so that an explicit
+    q_data_type="float16" is told apart from the default when the deprecated data_type is given too."""
+
+
+DEFAULT_Q_DATA_TYPE = _DefaultDtype("float16")
+
+
 def resolve_dtypes(q_data_type: Any, kv_data_type: Any, o_data_type: Any,
                    data_type: Any = None) -> Tuple[int, int, int]:
     if data_type is not None:  # deprecated alias for both q and kv
-        if q_data_type in (None, "float16"):
+        # An explicit q_data_type (even "float16") wins, as in FlashInfer: q_data_type="float16" with
+        # data_type="float8_e4m3fn" is a float16 query over an fp8 cache. Left at its default, q_data_type follows
+        # data_type (as it did when FlashInfer's default was None), so data_type="bfloat16" alone plans bf16 q.
+        if q_data_type is None or q_data_type is DEFAULT_Q_DATA_TYPE:
             q_data_type = data_type
         if kv_data_type is None:
             kv_data_type = data_type

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Optional, Tuple
+import warnings
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -133,22 +134,35 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         return st
 
     def plan(self, indptr: Any, indices: Any, last_page_len: Any, num_qo_heads: int, num_kv_heads: int,
-             head_dim: int, page_size: int, *, pos_encoding_mode: str = "NONE", window_left: int = -1,
-             window_right: int = 0, logits_soft_cap: Optional[float] = None, q_data_type: Any = "float16",
-             kv_data_type: Any = None, o_data_type: Any = None, data_type: Any = None,
-             sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
-             rope_theta: Optional[float] = None, non_blocking: bool = True, block_tables: Any = None,
-             seq_lens: Any = None, fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
-             q_len_per_req: int = 1, num_pages: Optional[int] = None, variant: Any = None,
-             variant_scalars: Any = None, variant_tensors: Any = None) -> None:
+             head_dim: int, page_size: int, *deprecated_positional_args: Any, **kwargs: Any) -> None:
         """Plan a decode step (host work; reused by every layer's run()).
 
-        Args follow FlashInfer. ``indptr [B+1]``, ``last_page_len [B]`` are read on the host (device tensors are
-        copied, which synchronises); ``indices`` may live on the host or the wrapper's device.
-        ``fixed_split_size`` is in pages. kvattn extensions: ``num_pages``, the pool's page count (default: the
-        pool seen by the previous run, else the largest index + 1); ``variant`` (a :class:`kvattn.Variant`, compiled
-        for the wrapper's device on first use) with default ``variant_scalars`` / ``variant_tensors`` for every
-        run (run() may pass others)."""
+        Keyword arguments (FlashInfer's): ``pos_encoding_mode="NONE"``, ``window_left=-1``, ``window_right=0``,
+        ``logits_soft_cap=None``, ``q_data_type="float16"``, ``kv_data_type=None``, ``o_data_type=None``,
+        ``data_type=None``, ``sm_scale=None``, ``rope_scale=None``, ``rope_theta=None``, ``non_blocking=True``,
+        ``block_tables=None``, ``seq_lens=None``, ``fixed_split_size=None``, ``disable_split_kv=False``,
+        ``q_len_per_req=1``. As in FlashInfer, the optional arguments after ``page_size`` are also accepted
+        positionally in that order (without ``window_right``), with a DeprecationWarning.
+
+        ``indptr [B+1]``, ``last_page_len [B]`` are read on the host (device tensors are copied, which
+        synchronises); ``indices`` may live on the host or the wrapper's device. ``fixed_split_size`` is in pages.
+        kvattn extensions (keyword only): ``num_pages``, the pool's page count (default: the pool seen by the
+        previous run, else the largest index + 1); ``variant`` (a :class:`kvattn.Variant`, compiled for the
+        wrapper's device on first use) with default ``variant_scalars`` / ``variant_tensors`` for every run (run()
+        may pass others)."""
+        if deprecated_positional_args:
+            kwargs = _legacy_plan_kwargs(type(self).__name__, deprecated_positional_args, kwargs)
+        self._plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, **kwargs)
+
+    def _plan(self, indptr: Any, indices: Any, last_page_len: Any, num_qo_heads: int, num_kv_heads: int,
+              head_dim: int, page_size: int, *, pos_encoding_mode: str = "NONE", window_left: int = -1,
+              window_right: int = 0, logits_soft_cap: Optional[float] = None,
+              q_data_type: Any = _core.DEFAULT_Q_DATA_TYPE, kv_data_type: Any = None, o_data_type: Any = None,
+              data_type: Any = None, sm_scale: Optional[float] = None, rope_scale: Optional[float] = None,
+              rope_theta: Optional[float] = None, non_blocking: bool = True, block_tables: Any = None,
+              seq_lens: Any = None, fixed_split_size: Optional[int] = None, disable_split_kv: bool = False,
+              q_len_per_req: int = 1, num_pages: Optional[int] = None, variant: Any = None,
+              variant_scalars: Any = None, variant_tensors: Any = None) -> None:
         st = self._build(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
                          pos_encoding_mode, window_left, window_right, logits_soft_cap, q_data_type, kv_data_type,
                          o_data_type, data_type, sm_scale, rope_scale, rope_theta, block_tables, seq_lens,
@@ -166,7 +180,7 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         buffer holds its split-KV partials, the wrapper's own plan memory (allocated by kvattn, as FlashInfer's int
         workspace) the plan."""
         kw = dict(pos_encoding_mode="NONE", window_left=-1, window_right=0, logits_soft_cap=None,
-                  q_data_type="float16", kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None,
+                  q_data_type=_core.DEFAULT_Q_DATA_TYPE, kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None,
                   rope_scale=None, rope_theta=None, block_tables=None, seq_lens=None, fixed_split_size=None,
                   disable_split_kv=False, q_len_per_req=1, num_pages=None, variant=None, variant_scalars=None,
                   variant_tensors=None)
@@ -265,6 +279,29 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: Any, indi
 
 
 # --------------------------------------------------------------------------------------------------
+
+# FlashInfer's historical positional order of the decode plan() arguments after page_size (window_right, added
+# later, is keyword-only there too)
+_LEGACY_PLAN_POSITIONAL = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type",
+                           "o_data_type", "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking",
+                           "block_tables", "seq_lens", "fixed_split_size", "disable_split_kv", "q_len_per_req")
+
+
+def _legacy_plan_kwargs(cls_name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """kwargs with the deprecated positional plan() arguments merged in (TypeError for too many, or for one also
+    given by keyword); warns once per call site, as FlashInfer does."""
+    if len(args) > len(_LEGACY_PLAN_POSITIONAL):
+        raise TypeError("%s.plan() takes at most %d optional positional arguments after page_size (%d given)"
+                        % (cls_name, len(_LEGACY_PLAN_POSITIONAL), len(args)))
+    merged = dict(kwargs)
+    for name, value in zip(_LEGACY_PLAN_POSITIONAL, args):
+        if name in merged:
+            raise TypeError("%s.plan() got multiple values for argument %r" % (cls_name, name))
+        merged[name] = value
+    warnings.warn("%s.plan(): passing the optional arguments after page_size positionally is deprecated (as in "
+                  "FlashInfer); pass them by keyword" % cls_name, DeprecationWarning, stacklevel=3)
+    return merged
+
 
 def _seq_lens_np(indptr: np.ndarray, last_page_len: np.ndarray, page_size: int) -> np.ndarray:
     pages = np.diff(indptr.astype(np.int64))
