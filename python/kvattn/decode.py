@@ -117,6 +117,16 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
             given = T.host_int32(seq_lens, "seq_lens")
             if given.shape != lens.shape or np.any(given != lens):
                 raise ValueError("kvattn: seq_lens disagrees with indptr / last_page_len / page_size")
+        if qlen > 1:
+            # as FlashInfer: the verified tokens must already be in the cache, or a request's first rows would see no
+            # key (empty requests, the padding of a CUDA-graph batch, stay allowed: they have no rows to compute)
+            lens = _seq_lens_np(st.h_kv_indptr, st.h_last_page_len, st.page_size)
+            short = np.nonzero((lens > 0) & (lens < qlen))[0]
+            if short.size:
+                i = int(short[0])
+                raise ValueError("kvattn: q_len_per_req=%d requires kv_len >= q_len_per_req for every non-empty "
+                                 "request (append the verified tokens to the KV cache first), but request %d has "
+                                 "kv_len=%d" % (qlen, i, int(lens[i])))
         if qlen == 1:
             op, mask = F.KVA_OP_BATCH_DECODE, F.KVA_MASK_NONE
         else:

@@ -540,3 +540,17 @@ def test_prefill_workspace_size_checks_its_keywords_as_plan(rng):
         r.workspace_size(qo_indptr, kv_indptr, 4, 2, 16, max_item_len_ptr=np.zeros(2, np.int32))
     with pytest.raises(NotImplementedError, match="v_indptr"):
         r.workspace_size(qo_indptr, kv_indptr, 4, 2, 16, v_indptr=np.array([0, 4, 14], np.int32))
+
+
+def test_decode_q_len_per_req_longer_than_kv_raises(rng):
+    """q_len_per_req rows need that many keys already in the cache (as FlashInfer); empty requests (graph padding)
+    are allowed."""
+    cache, indptr, indices, last, _ = make_paged(rng, [6, 2, 0, 9], 4, 2, 16)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    with pytest.raises(ValueError, match="request 1 has kv_len=2"):
+        w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", q_len_per_req=3)
+    cache, indptr, indices, last, _ = make_paged(rng, [6, 3, 0, 9], 4, 2, 16)
+    w.plan(indptr, indices, last, 4, 2, 16, 4, q_data_type="float32", q_len_per_req=3)
+    q = rng.standard_normal((4 * 3, 4, 16)).astype(np.float32)
+    o = w.run(q, cache)
+    assert np.all(o[6:9] == 0) and np.all(np.isfinite(o))

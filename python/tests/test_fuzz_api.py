@@ -212,6 +212,8 @@ def _draw_features(rng, op):
     c["kv_lens"] = [_draw_kv_len(rng) for _ in range(B)]
     c["qo_lens"] = [_draw_qo_len(rng, allow_zero=op != "single_prefill") for _ in range(B)]
     c["q_len_per_req"] = 1 if rng.random() < 0.8 else int(rng.integers(2, 5))
+    if c["q_len_per_req"] > 1 and op == "decode":  # a request holds its verified tokens (plan refuses 0 < kv < ql)
+        c["kv_lens"] = [n if n == 0 else max(n, c["q_len_per_req"]) for n in c["kv_lens"]]
     if op == "cascade":
         c["num_levels"] = int(rng.integers(2, 4))
         bounds, kvs = [], []
@@ -1060,6 +1062,8 @@ def draw_cuda_case(seed, index=0, fp8_names=(), log=print):
     c["kv_lens"] = [_draw_cuda_kv_len(rng) for _ in range(B)]
     c["qo_lens"] = [_draw_qo_len(rng, allow_zero=op != "single_prefill") for _ in range(B)]
     c["q_len_per_req"] = 1 if rng.random() < 0.8 else int(rng.integers(2, 5))
+    if c["q_len_per_req"] > 1 and op == "decode":  # a request holds its verified tokens (plan refuses 0 < kv < ql)
+        c["kv_lens"] = [n if n == 0 else max(n, c["q_len_per_req"]) for n in c["kv_lens"]]
     if op == "cascade":
         c["num_levels"] = int(rng.integers(2, 4))
         bounds, kvs = [], []
