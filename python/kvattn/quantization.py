@@ -52,7 +52,8 @@ def packbits(x: Any, bitorder: str = "big") -> Any:
 
 
 def segment_packbits(x: Any, indptr: Any, bitorder: str = "big") -> Tuple[Any, Any]:
-    """Pack each segment ``x[indptr[i]:indptr[i+1]]`` separately, each starting on a byte boundary.
+    """Pack each segment ``x[indptr[i]:indptr[i+1]]`` separately, each starting on a byte boundary (``indptr[0]``
+    may be > 0: the elements before it are not packed).
 
     Returns:
         ``(packed, new_indptr)``: the concatenated packed segments (uint8) and the int32 byte offsets
@@ -74,8 +75,9 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "big") -> Tuple[Any, A
         n = int(flat.size)
     if ip.ndim != 1 or ip.size < 1:
         raise ValueError("kvattn: segment_packbits: indptr must be 1-D with at least one element")
-    if ip[0] != 0 or np.any(np.diff(ip) < 0) or ip[-1] > n:
-        raise ValueError("kvattn: segment_packbits: indptr must start at 0, be non-decreasing and end at most at "
+    # as FlashInfer, segment i is x[indptr[i]:indptr[i+1]] whatever indptr[0] is (new_indptr starts at 0)
+    if ip[0] < 0 or np.any(np.diff(ip) < 0) or ip[-1] > n:
+        raise ValueError("kvattn: segment_packbits: indptr must be >= 0, non-decreasing and end at most at "
                          "len(x) = %d" % n)
     seg_len = np.diff(ip)
     nbytes = (seg_len + 7) // 8
@@ -95,7 +97,7 @@ def segment_packbits(x: Any, indptr: Any, bitorder: str = "big") -> Tuple[Any, A
     if total == 0:
         return empty(0), nip
     if one_piece:
-        return pack(flat[:int(ip[-1])]), nip
+        return pack(flat[int(ip[0]):int(ip[-1])]), nip
     out = empty(total)
     for i in range(seg_len.size):
         if seg_len[i]:
