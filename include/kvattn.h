@@ -156,7 +156,9 @@ typedef struct kva_context_options {
     void* log_user;
     kva_log_level log_level; /* messages above this level are dropped (default KVA_LOG_WARN) */
     const char* jit_cache_dir; /* on-disk cache of NVRTC kernels (CUDA) and user-variant shared objects (CPU);
-                                  NULL = $KVATTN_CACHE_DIR, $XDG_CACHE_HOME/kvattn, ~/.cache/kvattn */
+                                  NULL = $KVATTN_CACHE_DIR, $XDG_CACHE_HOME/kvattn, ~/.cache/kvattn. With
+                                  $KVATTN_JIT=0 nothing is compiled at run time: a kernel or variant neither prebuilt
+                                  nor cached is KVA_ERR_UNSUPPORTED (docs/variants.md) */
 } kva_context_options;
 
 KVA_API void kva_context_options_init(kva_context_options* options);

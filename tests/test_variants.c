@@ -1209,6 +1209,28 @@ static void suite_cache(void) {
     H_CHECK(st == KVA_OK, "third create: %s", kva_last_error_message());
     int after3 = count_entries(dir, &temps);
     H_CHECK(after3 == after2 + 1, "another source gets its own entry (%d -> %d entries)", after2, after3);
+    /* KVATTN_JIT=0: a cached spec is created; one that would need a compile is UNSUPPORTED and nothing is stored */
+    {
+        setenv("KVATTN_JIT", "0", 1);
+        kva_variant* v4 = NULL;
+        st = kva_variant_create(ctx, &s, &v4);
+        H_CHECK(st == KVA_OK, "KVATTN_JIT=0, cached source: %s", kva_last_error_message());
+        kva_variant_destroy(v4);
+        char* src3 = (char*)malloc(strlen(s.source) + 64);
+        sprintf(src3, "%s\n/* never compiled */\n", s.source);
+        const char* keep = s.source;
+        s.source = src3;
+        v4 = NULL;
+        st = kva_variant_create(ctx, &s, &v4);
+        H_CHECK(st == KVA_ERR_UNSUPPORTED && v4 == NULL && strstr(kva_last_error_message(), "KVATTN_JIT=0"),
+                "KVATTN_JIT=0, new source: %s (want UNSUPPORTED): %s", kva_status_string(st), kva_last_error_message());
+        const int after4 = count_entries(dir, &temps);
+        H_CHECK(after4 == after3 && temps == 0, "nothing stored with KVATTN_JIT=0 (%d -> %d entries, %d temps)", after3,
+                after4, temps);
+        unsetenv("KVATTN_JIT");
+        s.source = keep;
+        free(src3);
+    }
     free(src2);
     kva_variant_destroy(v1);
     kva_variant_destroy(v3);

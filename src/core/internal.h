@@ -459,6 +459,9 @@ int kva__jit_open_unique(char* path, size_t size, const char* dir, const char* h
    left behind (errno kept). */
 int kva__jit_write_unique(char* path, size_t size, const char* dir, const char* hash, const char* suffix, int nparts,
                           const void* const* parts, const size_t* lens);
+/* $KVATTN_JIT is 0 / off / no / false: nothing is compiled at run time. A kernel or variant that is neither prebuilt
+   nor in the cache is then KVA_ERR_UNSUPPORTED (for deployments that must never stall on a compile). */
+int kva__jit_disabled(void);
 /* Removes the temporary files (".<hash>.<random><suffix>", regular, this user's) of dir last modified at least
    max_age_s seconds ago: what a process killed while writing or compiling left behind. Cache entries, other names,
    links and younger files are left alone. Returns how many were removed. */

@@ -154,3 +154,9 @@ int kva__jit_sweep(const char* dir, long max_age_s) {
     closedir(d);
     return removed;
 }
+
+int kva__jit_disabled(void) {
+    const char* e = getenv("KVATTN_JIT");
+    return e && (strcmp(e, "0") == 0 || strcmp(e, "off") == 0 || strcmp(e, "OFF") == 0 || strcmp(e, "no") == 0 ||
+                 strcmp(e, "false") == 0);
+}

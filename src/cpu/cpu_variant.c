@@ -409,6 +409,12 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
             kva__log(ctx, KVA_LOG_INFO, "kvattn: removed %d stale temporary file%s from the cache %s", swept,
                      swept == 1 ? "" : "s", dir);
     }
+    if (kva__jit_disabled()) {
+        free(t.p);
+        return kva__set_error(KVA_ERR_UNSUPPORTED,
+                              "kva_variant_create: variant %s is not in the JIT cache, and KVATTN_JIT=%s forbids "
+                              "compiling it at run time", v->name, getenv("KVATTN_JIT"));
+    }
     if (!cached) {
         int e = kva__private_dir(dir, sizeof dir);
         if (e != 0) {

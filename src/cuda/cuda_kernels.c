@@ -367,6 +367,13 @@ kva_status kva__cuda_variant_check_compile(const kva_variant* v, const char* arc
             }
         }
     }
+    if (kva__jit_disabled()) {
+        free(src);
+        return kva__set_error(KVA_ERR_UNSUPPORTED,
+                              "kva_variant_create: variant %s has not been checked for %s before (no entry in the "
+                              "kernel cache %s), and KVATTN_JIT=%s forbids compiling it at run time",
+                              v->name, arch, cache_dir && *cache_dir ? cache_dir : "(none)", getenv("KVATTN_JIT"));
+    }
     const char* hdr_names[16];
     const char* hdr_texts[16];
     int nh = kva__num_kernel_sources < 16 ? kva__num_kernel_sources : 16;
@@ -673,6 +680,11 @@ kva_status kva__jit_cached(const kva_context* ctx, const char* cache_dir, const 
             return KVA_OK;
         }
     }
+    if (kva__jit_disabled())
+        return kva__set_error(KVA_ERR_UNSUPPORTED,
+                              "CUDA backend: kernel %s for %s is neither prebuilt nor in the kernel cache (%s), and "
+                              "KVATTN_JIT=%s forbids compiling it at run time",
+                              name, arch, cache_dir && *cache_dir ? cache_dir : "none", getenv("KVATTN_JIT"));
     kva__log(ctx, KVA_LOG_INFO, "kvattn: compiling %s for %s (NVRTC; cache %s)...", name, arch,
              cache_dir && *cache_dir ? cache_dir : "disabled");
     kva_status st = kva__jit_compile(k, arch, NULL, cubin, cubin_size, NULL);

@@ -414,6 +414,24 @@ static void test_cache(void) {
     CHECK(st == KVA_OK && hit == 0, "sm_80 is a separate entry");
     free(c2);
     c2 = NULL;
+    /* KVATTN_JIT=0: a cached kernel still loads; a miss is UNSUPPORTED, naming the kernel, and nothing is compiled */
+    setenv("KVATTN_JIT", "0", 1);
+    st = kva__jit_cached(NULL, dir, &k, "sm_90a", &c2, &s2, &hit);
+    CHECK(st == KVA_OK && hit == 1, "KVATTN_JIT=0: a cache hit loads: %s", kva_last_error_message());
+    free(c2);
+    c2 = NULL;
+    st = kva__jit_cached(NULL, dir, &k, "sm_86", &c2, &s2, &hit);
+    CHECK(st == KVA_ERR_UNSUPPORTED && c2 == NULL && strstr(kva_last_error_message(), "KVATTN_JIT=0") &&
+              strstr(kva_last_error_message(), "sm_86"),
+          "KVATTN_JIT=0: a miss is UNSUPPORTED: %s (%s)", kva_status_string(st), kva_last_error_message());
+    free(c2);
+    c2 = NULL;
+    setenv("KVATTN_JIT", "1", 1);
+    st = kva__jit_cached(NULL, dir, &k, "sm_86", &c2, &s2, &hit);
+    CHECK(st == KVA_OK && hit == 0, "KVATTN_JIT=1 compiles: %s", kva_last_error_message());
+    unsetenv("KVATTN_JIT");
+    free(c2);
+    c2 = NULL;
     /* corrupt the sm_90a entry: it must be recompiled, not loaded */
     char ident[2048], hash[40], file[1200];
     kva__jit_identity(&k, "sm_90a", ident, sizeof ident, hash, sizeof hash);
