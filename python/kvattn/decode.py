@@ -112,15 +112,15 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         if self._use_cuda_graph and B != self._fixed_batch_size:
             raise ValueError("kvattn: the batch size is fixed to %d in CUDA-graph mode (len(last_page_len_buffer)); "
                              "plan() got %d requests (pad with empty requests)" % (self._fixed_batch_size, B))
+        lens = _seq_lens_np(st.h_kv_indptr, st.h_last_page_len, st.page_size) if seq_lens is not None or qlen > 1 \
+            else None
         if seq_lens is not None:
-            lens = _seq_lens_np(st.h_kv_indptr, st.h_last_page_len, st.page_size)
             given = T.host_int32(seq_lens, "seq_lens")
             if given.shape != lens.shape or np.any(given != lens):
                 raise ValueError("kvattn: seq_lens disagrees with indptr / last_page_len / page_size")
         if qlen > 1:
             # as FlashInfer: the verified tokens must already be in the cache, or a request's first rows would see no
             # key (empty requests, the padding of a CUDA-graph batch, stay allowed: they have no rows to compute)
-            lens = _seq_lens_np(st.h_kv_indptr, st.h_last_page_len, st.page_size)
             short = np.nonzero((lens > 0) & (lens < qlen))[0]
             if short.size:
                 i = int(short[0])

@@ -464,9 +464,9 @@ int kva__jit_write_unique(char* path, size_t size, const char* dir, const char* 
 int kva__jit_disabled(void);
 /* Removes the temporary files (".<hash>.<random><suffix>", regular, this user's) of dir last modified at least
    max_age_s seconds ago: what a process killed while writing or compiling left behind. Cache entries, other names,
-   links and younger files are left alone. Returns how many were removed. */
+   links and younger files are left alone. Returns how many were removed (logged at KVA_LOG_INFO to ctx, if any). */
 #define KVA__JIT_STALE_S 3600
-int kva__jit_sweep(const char* dir, long max_age_s);
+int kva__jit_sweep(const kva_context* ctx, const char* dir, long max_age_s);
 /* Atomic publication of a cache entry: the parts to a unique temporary file in dir, renamed over final_path (readers
    see the old entry or the whole new one). 1, or 0 with nothing left behind. */
 int kva__jit_publish(const char* dir, const char* hash, const char* final_path, int nparts, const void* const* parts,

@@ -136,7 +136,7 @@ static int kva__jit_temp_name(const char* name) {
     return name[33] == '.' && strlen(name) >= 38;
 }
 
-int kva__jit_sweep(const char* dir, long max_age_s) {
+int kva__jit_sweep(const kva_context* ctx, const char* dir, long max_age_s) {
     DIR* d = opendir(dir);
     if (!d) return 0;
     const time_t now = time(NULL);
@@ -152,6 +152,9 @@ int kva__jit_sweep(const char* dir, long max_age_s) {
         if (unlink(path) == 0) ++removed;
     }
     closedir(d);
+    if (removed > 0)
+        kva__log(ctx, KVA_LOG_INFO, "kvattn: removed %d stale temporary file%s from the JIT cache %s", removed,
+                 removed == 1 ? "" : "s", dir);
     return removed;
 }
 

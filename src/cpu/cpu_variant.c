@@ -403,12 +403,7 @@ kva_status kva__cpu_variant_compile(kva_context* ctx, kva_variant* v) {
         kva__error_restore();
         if (access(dir, W_OK | X_OK) != 0) cached = 0; /* readable, not writable: compile privately */
     }
-    if (cached) { /* a miss: clear what compiles killed long ago left behind before adding this one's */
-        const int swept = kva__jit_sweep(dir, KVA__JIT_STALE_S);
-        if (swept > 0)
-            kva__log(ctx, KVA_LOG_INFO, "kvattn: removed %d stale temporary file%s from the cache %s", swept,
-                     swept == 1 ? "" : "s", dir);
-    }
+    if (cached) kva__jit_sweep(ctx, dir, KVA__JIT_STALE_S); /* a miss: what compiles killed long ago left behind */
     if (kva__jit_disabled()) {
         free(t.p);
         return kva__set_error(KVA_ERR_UNSUPPORTED,

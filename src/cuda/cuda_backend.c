@@ -1276,10 +1276,7 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
                  "kvattn: no safe kernel cache directory (a directory owned by this user, not writable by group or "
                  "others); JIT-compiled kernels are not cached");
     } else {
-        const int swept = kva__jit_sweep(st->cache_dir, KVA__JIT_STALE_S); /* what killed compiles left */
-        if (swept > 0)
-            kva__log(ctx, KVA_LOG_INFO, "kvattn: removed %d stale temporary file%s from the kernel cache %s", swept,
-                     swept == 1 ? "" : "s", st->cache_dir);
+        kva__jit_sweep(ctx, st->cache_dir, KVA__JIT_STALE_S); /* what compiles killed long ago left behind */
     }
     /* prebuilt kernels */
     for (int i = 0; i < kva__num_aot_images && !st->aot; ++i) {

@@ -489,7 +489,7 @@ static void test_cache(void) {
         ts[0].tv_nsec = ts[1].tv_nsec = 0;
         utimensat(AT_FDCWD, lnk, ts, AT_SYMLINK_NOFOLLOW);
         utimensat(AT_FDCWD, sub, ts, 0);
-        const int removed = kva__jit_sweep(dir, KVA__JIT_STALE_S);
+        const int removed = kva__jit_sweep(NULL, dir, KVA__JIT_STALE_S);
         CHECK(removed == 3, "sweep removed %d files, want 3", removed);
         for (int i = 0; i < n; ++i) {
             snprintf(p, sizeof p, "%s/%s", dir, names[i]);
@@ -504,8 +504,8 @@ static void test_cache(void) {
         CHECK(st == KVA_OK && hit == 1, "the entry still hits after the sweep");
         free(c2);
         c2 = NULL;
-        CHECK(kva__jit_sweep(dir, KVA__JIT_STALE_S) == 0, "a second sweep removes nothing");
-        CHECK(kva__jit_sweep("/nonexistent/kvattn-cache", KVA__JIT_STALE_S) == 0, "a missing directory: nothing");
+        CHECK(kva__jit_sweep(NULL, dir, KVA__JIT_STALE_S) == 0, "a second sweep removes nothing");
+        CHECK(kva__jit_sweep(NULL, "/nonexistent/kvattn-cache", KVA__JIT_STALE_S) == 0, "a missing directory: nothing");
     }
     free(c1);
     free(c2);
