@@ -2,7 +2,7 @@
 """host_overhead.py - host time per call of kvattn's Python wrappers (torch CUDA tensors, tiny shapes, so the GPU
 never holds the host back), beside torch SDPA as a yardstick. Eager mode; under CUDA graphs none of it is paid.
 
-    PYTHONPATH=python KVATTN_LIBRARY=build-dev/libkvattn.so python3 bench/host_overhead.py [--calls 2000]
+    PYTHONPATH=python KVATTN_LIBRARY=build-dev/libkvattn.so python3 bench/host_overhead.py [--calls 2000] [--profile]
 """
 import argparse
 import time
@@ -26,6 +26,7 @@ def per_call(fn, calls):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--profile", action="store_true", help="also print cProfile's top functions of the decode run")
     args = ap.parse_args()
     dev = torch.device("cuda")
     H, D, L = 4, 128, 16
@@ -70,6 +71,18 @@ def main():
     print("host time per call, eager, %d calls (%s)" % (args.calls, torch.cuda.get_device_name(0)))
     for name, fn in rows:
         print("%-40s %8.1f us" % (name, per_call(fn, args.calls)))
+    if args.profile:
+        import cProfile
+        import pstats
+        for name, fn in rows[:3]:
+            print("\n--- cProfile: %s, %d calls" % (name, args.calls))
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(args.calls):
+                fn()
+            prof.disable()
+            torch.cuda.synchronize()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(22)
 
 
 if __name__ == "__main__":

@@ -109,7 +109,13 @@ def is_capturing(dev: T.DeviceKey) -> bool:
         return False
     t = T._torch()
     try:
-        # the device's current stream (torch's query is about the current device's, which may be another one)
+        # the device's current stream (torch's query is about the current device's, which may be another one); the
+        # two torch._C calls directly where they exist (the public wrappers cost several us per run)
+        c = t._C
+        get_dev = getattr(c, "_cuda_getDevice", None)
+        capturing = getattr(c, "_cuda_isCurrentStreamCapturing", None)
+        if get_dev is not None and capturing is not None and get_dev() == dev[1]:
+            return bool(capturing())
         if t.cuda.current_device() == dev[1]:
             return bool(t.cuda.is_current_stream_capturing())
         with t.cuda.device(dev[1]):

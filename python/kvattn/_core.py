@@ -373,6 +373,7 @@ class PlanState:
         self.commit: Any = None
         self.layout_shape_k: Optional[Tuple[int, ...]] = None
         self.layout_shape_v: Optional[Tuple[int, ...]] = None
+        self.fast: Optional[FastRun] = None  # the prepared run of the last eager call (see FastRun)
 
     def params(self) -> "F.kva_plan_params":
         p = F.kva_plan_params()
@@ -411,6 +412,7 @@ def commit_plan(st: PlanState, ws: C.Workspace, what: str) -> None:
     F.check(lib.kva_plan_make(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(wss),
                               ctypes.byref(plan), stream), what)
     st.plan, st.ws, st.ctx = plan, wss, ctx
+    st.fast = None  # prepared for the previous C plan
     st.scratch_bytes = int(scr_b.value) if wss.scratch else 0
     st.commit = object()  # this commit's identity (the plan memory is the wrapper's own: nobody else writes there;
     # the runs record the scratch bytes they write, see run_impl)
@@ -443,10 +445,11 @@ def pdl_flag(enable_pdl: Optional[bool]) -> bool:
 
 
 def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: float, v_scale: float,
-             variant_scalars: Any = None, variant_tensors: Any = None, enable_pdl: bool = True) -> None:
+             variant_scalars: Any = None, variant_tensors: Any = None, enable_pdl: bool = True) -> Any:
     """Run wrapper `handle`'s current plan: the body of the kvattn::run custom op (arrays were checked by the
     wrapper in eager mode; the C library re-checks everything against the plan). The variant parameters default
-    to those given at plan (the custom op passes none, and runs with programmatic dependent launch)."""
+    to those given at plan (the custom op passes none, and runs with programmatic dependent launch). Returns the
+    kva_run_args it ran with."""
     w = _registry.get(int(handle))
     if w is None:
         raise RuntimeError("kvattn: wrapper handle %d is gone (the wrapper was garbage collected)" % handle)
@@ -497,17 +500,136 @@ def run_impl(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: f
     args.enable_pdl = 1 if enable_pdl else 0
     F.check(lib.kva_run(st.ctx, ctypes.byref(st.plan), ctypes.byref(st.ws), ctypes.byref(args)), "run")
     del vparams  # the scalars / tensor pointers were read during the call
+    return args
 
 
 def dispatch_run(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scale: float, v_scale: float,
-                 variant_scalars: Any = None, variant_tensors: Any = None, enable_pdl: Optional[bool] = None) -> None:
+                 variant_scalars: Any = None, variant_tensors: Any = None, enable_pdl: Optional[bool] = None) -> Any:
+    """Run through the custom op under torch.compile, else directly; returns the kva_run_args of a direct run (None
+    under torch.compile)."""
     if T.is_torch(q) and _torch_ops.is_compiling():  # (the custom op runs with enable_pdl on)
         if variant_scalars is not None or variant_tensors is not None:
             raise UnsupportedError("kvattn: under torch.compile the variant parameters cannot be passed to run(); "
                                    "pass variant_scalars / variant_tensors to plan() (they are the run's defaults)")
         _torch_ops.ops().run(handle, q, k, v, out, lse, k_scale, v_scale)
+        return None
+    return run_impl(handle, q, k, v, out, lse, k_scale, v_scale, variant_scalars, variant_tensors,
+                    pdl_flag(enable_pdl))
+
+
+# --------------------------------------------------------------------------------------------------
+# The prepared run: eager runs of one plan with torch tensors of unchanged shapes skip the argument checks
+
+def _sig(x: Any) -> Tuple[Any, ...]:
+    """What the run's checks and its kva_tensor read of a torch tensor, but for the data pointer."""
+    return (x.shape, x.stride(), x.dtype, x.get_device())
+
+
+def fast_key(q: Any, kv: Tuple[Any, ...], out: Any, lse: Any, return_lse: bool) -> Optional[Tuple[Any, ...]]:
+    """The prepared-run key of a call: the signatures of q, the KV inputs (the paged cache as given: one tensor or a
+    (K, V) pair; ragged K and V), out and lse (None for an output the run allocates), and return_lse. None when an
+    input is not a torch tensor (NumPy arrays take the checked path)."""
+    tt = T._TORCH_TENSOR
+    if tt is None or type(q) is not tt and not isinstance(q, tt):
+        return None
+    ks = []
+    for x in kv:
+        if not isinstance(x, tt):
+            return None
+        ks.append(_sig(x))
+    if out is not None and not isinstance(out, tt) or lse is not None and not isinstance(lse, tt):
+        return None
+    return (_sig(q), tuple(ks), None if out is None else _sig(out), None if lse is None else _sig(lse),
+            bool(return_lse))
+
+
+class FastRun:
+    """The kva_run_args of a checked eager run, kept for the next runs of the same plan whose tensors have the same
+    shapes, strides, dtypes and devices (fast_key): those runs set only the data pointers, scales, stream and PDL
+    flag, without the wrapper's argument checks (whose outcome the key decides; the C library checks every run against
+    the plan regardless). Dropped by any new plan (commit_plan)."""
+
+    __slots__ = ("key", "args", "q_t", "o_t", "lse_t", "kv_t", "kv_src", "out_shape", "lse_shape", "o_dtype",
+                 "device", "capture_check")
+
+    def __init__(self, key: Tuple[Any, ...], args: Any, kv_in: Tuple[Any, ...], k: Any, v: Any, paged: bool,
+                 out_new: bool, lse_new: bool, out: Any, lse: Any, capture_check: bool) -> None:
+        self.key = key
+        self.args = args
+        self.q_t = args.q
+        self.o_t = args.o
+        self.lse_t = args.lse if lse is not None else None
+        # where K's and V's data pointers come from: (input index, byte offset): one paged cache tensor holds both
+        # (V at a fixed offset from K), a (K, V) pair or ragged K and V have one each (views at offset 0)
+        vi = 1 if len(kv_in) > 1 else 0
+        src = [(0, k.data_ptr() - kv_in[0].data_ptr()), (vi, v.data_ptr() - kv_in[vi].data_ptr())]
+        self.kv_src = tuple(src)
+        # the structs whose data pointers are K's and V's (the paged cache's fields, or the ragged K and V tensors)
+        self.kv_t = (args.paged, None) if paged else (args.k, args.v)
+        self.out_shape = tuple(out.shape) if out_new else None
+        self.lse_shape = tuple(lse.shape) if lse_new else None
+        self.o_dtype = (out.dtype, lse.dtype if lse is not None else None)
+        self.device = out.device
+        self.capture_check = capture_check
+
+
+def fast_record(w: Any, st: "PlanState", key: Optional[Tuple[Any, ...]], args: Any, kv_in: Tuple[Any, ...], k: Any,
+                v: Any, paged: bool, out_given: bool, lse_given: bool, out: Any, lse: Any) -> None:
+    """After a checked eager run with args: prepare the next runs of this plan with the same key."""
+    if key is None or args is None or st.variant is not None or not st.valid:
+        return
+    st.fast = FastRun(key, args, kv_in, k, v, paged, not out_given, lse is not None and not lse_given, out, lse,
+                      not st.graph)
+
+
+def any_given(checks: Dict[str, Any]) -> bool:
+    for x in checks.values():
+        if x is not None:
+            return True
+    return False
+
+
+def fast_run(w: Any, st: "PlanState", key: Tuple[Any, ...], kv_in: Tuple[Any, ...], q: Any, out: Any, lse: Any,
+             q_scale: Any, k_scale: Any, v_scale: Any, enable_pdl: Optional[bool]) -> Any:
+    """Run st.fast (its key equals key) with these tensors; returns (out, lse)."""
+    fr = st.fast
+    if fr.capture_check and C.is_capturing(st.dev):
+        raise CaptureActiveError(
+            "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with "
+            "use_cuda_graph=False; its plans cannot be replaced under a captured graph. Create it with "
+            "use_cuda_graph=True (and fixed buffers)" % type(w).__name__)
+    if q_scale is None and k_scale is None and v_scale is None:
+        ks, vs = 1.0, 1.0
     else:
-        run_impl(handle, q, k, v, out, lse, k_scale, v_scale, variant_scalars, variant_tensors, pdl_flag(enable_pdl))
+        ks, vs = scales_for(q_scale, k_scale, v_scale)
+    torch = T._TORCH_MOD
+    if out is None:
+        out = torch.empty(fr.out_shape, dtype=fr.o_dtype[0], device=fr.device)
+    if lse is None and fr.lse_shape is not None:
+        lse = torch.empty(fr.lse_shape, dtype=fr.o_dtype[1], device=fr.device)
+    args = fr.args
+    fr.q_t.data = q.data_ptr() or None
+    fr.o_t.data = out.data_ptr() or None
+    if fr.lse_t is not None:
+        fr.lse_t.data = lse.data_ptr() or None
+    (ki, ko), (vi, vo) = fr.kv_src
+    kp = kv_in[ki].data_ptr() + ko
+    vp = kv_in[vi].data_ptr() + vo
+    kt, vt = fr.kv_t
+    if vt is None:  # the paged cache
+        kt.k_data = kp or None
+        kt.v_data = vp or None
+    else:
+        kt.data = kp or None
+        vt.data = vp or None
+    args.k_scale = ks
+    args.v_scale = vs
+    args.stream = C.current_stream(st.dev)
+    args.enable_pdl = 0 if enable_pdl is not None and not enable_pdl else 1
+    if st.scratch_bytes:
+        C.claim_workspace(st.dev, int(st.ws.scratch), st.scratch_bytes, C.SCRATCH_WRITES)
+    F.check(F.lib().kva_run(st.ctx, ctypes.byref(st.plan), ctypes.byref(st.ws), ctypes.byref(args)), "run")
+    return out, lse
 
 
 def check_variant_run(st: PlanState, want_lse: bool, what: str) -> None:
@@ -752,6 +874,12 @@ class BatchWrapperBase:
                                       "supported")
         st = self._require_plan()
         compiling = _torch_ops.is_compiling()
+        kv_in = tuple(paged_kv_cache) if isinstance(paged_kv_cache, (tuple, list)) else (paged_kv_cache,)
+        key = None if compiling or extra_args or variant_scalars is not None or variant_tensors is not None else \
+            fast_key(q, kv_in, out, lse, return_lse)
+        if key is not None and st.fast is not None and st.fast.key == key and not any_given(checks):
+            out, lse = fast_run(self, st, key, kv_in, q, out, lse, q_scale, k_scale, v_scale, enable_pdl)
+            return (out, lse) if return_lse else out
         if not compiling and st.graph is False and T.is_torch(q) and C.is_capturing(st.dev):
             raise CaptureActiveError(
                 "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with "
@@ -769,8 +897,11 @@ class BatchWrapperBase:
                 self._check_array(st, v, "v_cache", st.kv_dtype, (P,) + st.layout_shape_v)
         ks, vs = scales_for(q_scale, k_scale, v_scale)
         check_variant_run(st, return_lse or lse is not None, type(self).__name__ + ".run")
+        out_given, lse_given = out is not None, lse is not None
         out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
-        dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors, enable_pdl)
+        args = dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors, enable_pdl)
+        if key is not None:
+            fast_record(self, self._require_plan(), key, args, kv_in, k, v, True, out_given, lse_given, out, lse)
         return (out, lse) if return_lse else out
 
     # ---- paged plan setup shared by decode and paged prefill ----

@@ -451,6 +451,14 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                                       "supported")
         st = self._require_plan()
         compiling = _core._torch_ops.is_compiling()
+        key = None if compiling or variant_scalars is not None or variant_tensors is not None else \
+            _core.fast_key(q, (k, v), out, lse, return_lse)
+        if key is not None and st.fast is not None and st.fast.key == key and window_left is None and \
+                logits_soft_cap is None and sm_scale is None and rope_scale is None and rope_theta is None and \
+                pos_encoding_mode is None and causal is None:
+            out, lse = _core.fast_run(self, st, key, (k, v), q, out, lse, q_scale, k_scale, v_scale, enable_pdl)
+            return (out, lse) if return_lse else out
+        kv_in = (k, v)
         if not compiling and not st.graph and T.is_torch(q) and _core.C.is_capturing(st.dev):
             raise _core.CaptureActiveError(
                 "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with "
@@ -474,8 +482,13 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
                               rows_at_least=kvr if st.graph else None)
         ks, vs = _core.scales_for(q_scale, k_scale, v_scale)
         _core.check_variant_run(st, return_lse or lse is not None, type(self).__name__ + ".run")
+        out_given, lse_given = out is not None, lse is not None
         out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
-        _core.dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors, enable_pdl)
+        args = _core.dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors,
+                                  enable_pdl)
+        if key is not None:
+            _core.fast_record(self, self._require_plan(), key, args, kv_in, k, v, False, out_given, lse_given, out,
+                              lse)
         return (out, lse) if return_lse else out
 
     def run_return_lse(self, q: Any, k: Any, v: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any]:
