@@ -139,8 +139,9 @@ class MultiLevelCascadeAttentionWrapper:
     FlashInfer: one paged-prefill plan per level (each level groups the queries differently through its own
     ``qo_indptr``; only the last level is causal), outputs combined with :func:`merge_state_in_place`.
 
-    kvattn keeps each level's schedule inside the float workspace, so the buffer is split evenly between the
-    levels (FlashInfer shares it); plan() raises WorkspaceTooSmallError with the size a level needs."""
+    The levels share the float workspace buffer, as in FlashInfer: each level's plan lives in its wrapper's own plan
+    memory, and the buffer only holds a run's split-KV partials while that run executes (the levels run one after
+    the other on the stream). plan() raises WorkspaceTooSmallError with the size a level needs."""
 
     def __init__(self, num_levels: int, float_workspace_buffer: Any, kv_layout: str = "NHD",
                  use_cuda_graph: bool = False, qo_indptr_buf_arr: Any = None, paged_kv_indptr_buf_arr: Any = None,
@@ -150,11 +151,6 @@ class MultiLevelCascadeAttentionWrapper:
         num_levels = int(num_levels)
         if num_levels < 1:
             raise ValueError("kvattn: num_levels=%d must be >= 1" % num_levels)
-        n = int(float_workspace_buffer.shape[0])
-        chunk = n // num_levels // 256 * 256
-        if chunk <= 0:
-            raise ValueError("kvattn: the float workspace buffer (%d bytes) is too small for %d levels"
-                             % (n, num_levels))
         self._num_levels = num_levels
         self._kv_layout = kv_layout
         self._batch_prefill_wrappers = []
@@ -165,17 +161,15 @@ class MultiLevelCascadeAttentionWrapper:
                           paged_kv_indices_buf=paged_kv_indices_buf_arr[i],
                           paged_kv_last_page_len_buf=paged_kv_last_page_len_buf_arr[i])
             self._batch_prefill_wrappers.append(BatchPrefillWithPagedKVCacheWrapper(
-                float_workspace_buffer[i * chunk:(i + 1) * chunk], kv_layout, use_cuda_graph=use_cuda_graph, **kw))
+                float_workspace_buffer, kv_layout, use_cuda_graph=use_cuda_graph, **kw))
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
         return self._batch_prefill_wrappers[0].is_cuda_graph_enabled
 
     def reset_workspace_buffer(self, float_workspace_buffer: Any, int_workspace_buffers: Any = None) -> None:
-        n = int(float_workspace_buffer.shape[0])
-        chunk = n // self._num_levels // 256 * 256
-        for i, w in enumerate(self._batch_prefill_wrappers):
-            w.reset_workspace_buffer(float_workspace_buffer[i * chunk:(i + 1) * chunk])
+        for w in self._batch_prefill_wrappers:
+            w.reset_workspace_buffer(float_workspace_buffer)
 
     def plan(self, qo_indptr_arr: Any, paged_kv_indptr_arr: Any, paged_kv_indices_arr: Any,
              paged_kv_last_page_len: Any, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,

@@ -154,6 +154,29 @@ def test_cascade_shared_prefix_equals_flat_attention(rng, L, layout, form, mode)
     assert_close(w.run(q2, paged), ro2, atol, rtol, case + " (second layer)")
 
 
+def test_cascade_levels_share_the_float_workspace(rng):
+    """FlashInfer gives every level's wrapper the whole float workspace buffer; so does kvattn (each level's plan is
+    in its wrapper's own plan memory, the buffer holds a run's split-KV partials only while that run executes). A
+    buffer that fits the largest level's needs serves all three levels."""
+    L, B, ps, hkv, g, d = 3, 4, 16, 2, 4, 64
+    qo_lens = [1, 3, 2, 1]
+    kv_lens = [[700], [300, 90], [40, 7, 160, 3]]
+    paged, arrs, kv, groups = _cascade(rng, L, qo_lens, kv_lens, ps, hkv, d, np.float32, "NHD", "5d")
+    need = 0
+    for l in range(L):
+        probe = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+        fb, _ = probe.workspace_size(arrs["qo"][l], arrs["indptr"][l], arrs["indices"][l], arrs["last"][l],
+                                     hkv * g, hkv, d, ps, causal=l == L - 1, q_data_type="float32")
+        need = max(need, fb)
+    buf = np.zeros(need + 256, np.uint8)  # + the 256-byte alignment of the buffer's start
+    w = kvattn.MultiLevelCascadeAttentionWrapper(L, buf, "NHD")
+    w.plan(arrs["qo"], arrs["indptr"], arrs["indices"], arrs["last"], hkv * g, hkv, d, ps, causal=True,
+           q_data_type="float32")
+    q = rng.standard_normal((sum(qo_lens), hkv * g, d)).astype(np.float32)
+    ro, _ = _flat_reference(np.asarray(q, np.float64), qo_lens, kv, groups, causal=True)
+    assert_close(w.run(q, paged), ro, *TOL["float32"], "cascade in a %d-byte buffer" % buf.size)
+
+
 def test_cascade_flashinfer_docstring_call(rng):
     """FlashInfer's docstring example, shrunk: 2 levels, shared pages 0..S-1 (full last page), unique pages
     S..S+U-1 with indptr [0, 17, 29, ...], every argument positional as FlashInfer lists it, q_data_type left at
