@@ -7,6 +7,7 @@ import ctypes
 import itertools
 import math
 import operator
+import threading
 import weakref
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -550,7 +551,7 @@ class FastRun:
     the plan regardless). Dropped by any new plan (commit_plan)."""
 
     __slots__ = ("key", "args", "q_t", "o_t", "lse_t", "kv_t", "kv_src", "out_shape", "lse_shape", "o_dtype",
-                 "device", "capture_check")
+                 "device", "capture_check", "busy")
 
     def __init__(self, key: Tuple[Any, ...], args: Any, kv_in: Tuple[Any, ...], k: Any, v: Any, paged: bool,
                  out_new: bool, lse_new: bool, out: Any, lse: Any, capture_check: bool) -> None:
@@ -571,6 +572,9 @@ class FastRun:
         self.o_dtype = (out.dtype, lse.dtype if lse is not None else None)
         self.device = out.device
         self.capture_check = capture_check
+        # held from the pointer writes to the end of the C call (ctypes releases the GIL during it): a run of the same
+        # wrapper from another thread meanwhile takes the checked path with arguments of its own
+        self.busy = threading.Lock()
 
 
 def fast_record(w: Any, st: "PlanState", key: Optional[Tuple[Any, ...]], args: Any, kv_in: Tuple[Any, ...], k: Any,
@@ -590,46 +594,52 @@ def any_given(checks: Dict[str, Any]) -> bool:
 
 
 def fast_run(w: Any, st: "PlanState", key: Tuple[Any, ...], kv_in: Tuple[Any, ...], q: Any, out: Any, lse: Any,
-             q_scale: Any, k_scale: Any, v_scale: Any, enable_pdl: Optional[bool]) -> Any:
-    """Run st.fast (its key equals key) with these tensors; returns (out, lse)."""
+             q_scale: Any, k_scale: Any, v_scale: Any, enable_pdl: Optional[bool]) -> Optional[Tuple[Any, Any]]:
+    """Run st.fast (its key equals key) with these tensors; returns (out, lse), or None (nothing done) while another
+    thread is running the same prepared arguments."""
     fr = st.fast
-    if fr.capture_check and C.is_capturing(st.dev):
-        raise CaptureActiveError(
-            "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with "
-            "use_cuda_graph=False; its plans cannot be replaced under a captured graph. Create it with "
-            "use_cuda_graph=True (and fixed buffers)" % type(w).__name__)
-    if q_scale is None and k_scale is None and v_scale is None:
-        ks, vs = 1.0, 1.0
-    else:
-        ks, vs = scales_for(q_scale, k_scale, v_scale)
-    torch = T._TORCH_MOD
-    if out is None:
-        out = torch.empty(fr.out_shape, dtype=fr.o_dtype[0], device=fr.device)
-    if lse is None and fr.lse_shape is not None:
-        lse = torch.empty(fr.lse_shape, dtype=fr.o_dtype[1], device=fr.device)
-    args = fr.args
-    fr.q_t.data = q.data_ptr() or None
-    fr.o_t.data = out.data_ptr() or None
-    if fr.lse_t is not None:
-        fr.lse_t.data = lse.data_ptr() or None
-    (ki, ko), (vi, vo) = fr.kv_src
-    kp = kv_in[ki].data_ptr() + ko
-    vp = kv_in[vi].data_ptr() + vo
-    kt, vt = fr.kv_t
-    if vt is None:  # the paged cache
-        kt.k_data = kp or None
-        kt.v_data = vp or None
-    else:
-        kt.data = kp or None
-        vt.data = vp or None
-    args.k_scale = ks
-    args.v_scale = vs
-    args.stream = C.current_stream(st.dev)
-    args.enable_pdl = 0 if enable_pdl is not None and not enable_pdl else 1
-    if st.scratch_bytes:
-        C.claim_workspace(st.dev, int(st.ws.scratch), st.scratch_bytes, C.SCRATCH_WRITES)
-    F.check(F.lib().kva_run(st.ctx, ctypes.byref(st.plan), ctypes.byref(st.ws), ctypes.byref(args)), "run")
-    return out, lse
+    if not fr.busy.acquire(blocking=False):
+        return None
+    try:
+        if fr.capture_check and C.is_capturing(st.dev):
+            raise CaptureActiveError(
+                "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with "
+                "use_cuda_graph=False; its plans cannot be replaced under a captured graph. Create it with "
+                "use_cuda_graph=True (and fixed buffers)" % type(w).__name__)
+        if q_scale is None and k_scale is None and v_scale is None:
+            ks, vs = 1.0, 1.0
+        else:
+            ks, vs = scales_for(q_scale, k_scale, v_scale)
+        torch = T._TORCH_MOD
+        if out is None:
+            out = torch.empty(fr.out_shape, dtype=fr.o_dtype[0], device=fr.device)
+        if lse is None and fr.lse_shape is not None:
+            lse = torch.empty(fr.lse_shape, dtype=fr.o_dtype[1], device=fr.device)
+        args = fr.args
+        fr.q_t.data = q.data_ptr() or None
+        fr.o_t.data = out.data_ptr() or None
+        if fr.lse_t is not None:
+            fr.lse_t.data = lse.data_ptr() or None
+        (ki, ko), (vi, vo) = fr.kv_src
+        kp = kv_in[ki].data_ptr() + ko
+        vp = kv_in[vi].data_ptr() + vo
+        kt, vt = fr.kv_t
+        if vt is None:  # the paged cache
+            kt.k_data = kp or None
+            kt.v_data = vp or None
+        else:
+            kt.data = kp or None
+            vt.data = vp or None
+        args.k_scale = ks
+        args.v_scale = vs
+        args.stream = C.current_stream(st.dev)
+        args.enable_pdl = 0 if enable_pdl is not None and not enable_pdl else 1
+        if st.scratch_bytes:
+            C.claim_workspace(st.dev, int(st.ws.scratch), st.scratch_bytes, C.SCRATCH_WRITES)
+        F.check(F.lib().kva_run(st.ctx, ctypes.byref(st.plan), ctypes.byref(st.ws), ctypes.byref(args)), "run")
+        return out, lse
+    finally:
+        fr.busy.release()
 
 
 def check_variant_run(st: PlanState, want_lse: bool, what: str) -> None:
@@ -878,8 +888,9 @@ class BatchWrapperBase:
         key = None if compiling or extra_args or variant_scalars is not None or variant_tensors is not None else \
             fast_key(q, kv_in, out, lse, return_lse)
         if key is not None and st.fast is not None and st.fast.key == key and not any_given(checks):
-            out, lse = fast_run(self, st, key, kv_in, q, out, lse, q_scale, k_scale, v_scale, enable_pdl)
-            return (out, lse) if return_lse else out
+            res = fast_run(self, st, key, kv_in, q, out, lse, q_scale, k_scale, v_scale, enable_pdl)
+            if res is not None:
+                return res if return_lse else res[0]
         if not compiling and st.graph is False and T.is_torch(q) and C.is_capturing(st.dev):
             raise CaptureActiveError(
                 "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with "

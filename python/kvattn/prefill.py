@@ -456,8 +456,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         if key is not None and st.fast is not None and st.fast.key == key and window_left is None and \
                 logits_soft_cap is None and sm_scale is None and rope_scale is None and rope_theta is None and \
                 pos_encoding_mode is None and causal is None:
-            out, lse = _core.fast_run(self, st, key, (k, v), q, out, lse, q_scale, k_scale, v_scale, enable_pdl)
-            return (out, lse) if return_lse else out
+            res = _core.fast_run(self, st, key, (k, v), q, out, lse, q_scale, k_scale, v_scale, enable_pdl)
+            if res is not None:
+                return res if return_lse else res[0]
         kv_in = (k, v)
         if not compiling and not st.graph and T.is_torch(q) and _core.C.is_capturing(st.dev):
             raise _core.CaptureActiveError(
