@@ -32,6 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 #include "kvattn.h"
 
@@ -1634,6 +1637,94 @@ static void test_bsr_graph(kva_context* ctx) {
     free(g2);
 }
 
+/* KVATTN_JIT=0 on CUDA contexts (docs/errors.md): with an empty kernel cache, a decode plan that needs a kernel outside
+   the prebuilt set (fused RoPE: the CUDA-core kernel, compiled by NVRTC) is UNSUPPORTED, naming the variable; with JIT
+   allowed the same plan compiles into the cache and runs; a new context under KVATTN_JIT=0 then plans it from the
+   cache and its run matches the reference. Creating a context sweeps temporary files older than an hour from the
+   cache directory (what a compile killed long ago left) and keeps younger ones. */
+static int touch_file(const char* path, long age_s) {
+    FILE* f = fopen(path, "wb");
+    if (!f) return 0;
+    fputs("partial cubin", f);
+    fclose(f);
+    struct timeval tv[2];
+    gettimeofday(&tv[0], NULL);
+    tv[0].tv_sec -= age_s;
+    tv[1] = tv[0];
+    return utimes(path, tv) == 0;
+}
+
+static kva_status plan_status(kva_context* ctx, const tcase* c) {
+    prob P;
+    init_prob(&P, c);
+    prob_build(&P);
+    kva_plan_params pp;
+    fill_params(&P, &pp);
+    size_t db = 0, hb = 0;
+    kva_status st = kva_plan_workspace_size(ctx, &P.d, c->op, &pp, &db, &hb);
+    if (st == KVA_OK) {
+        ws_t W;
+        ws_alloc(ctx, &P.d, c->op, &pp, &W, 0, 0);
+        kva_plan plan;
+        st = kva_plan_make(ctx, &P.d, c->op, &pp, &W.w, &plan, NULL);
+        ws_free(&W);
+    }
+    prob_free(&P);
+    return st;
+}
+
+static void test_jit_off(const kva_context_options* base) {
+    char dir[] = "/tmp/kvattn_selftest_jit_XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECK(0, "jit off: mkdtemp failed");
+        return;
+    }
+    char stale[256], young[256];
+    snprintf(stale, sizeof stale, "%s/.%s.tmp1234", dir, "0123456789abcdef0123456789abcdef");
+    snprintf(young, sizeof young, "%s/.%s.tmp5678", dir, "fedcba9876543210fedcba9876543210");
+    CHECK(touch_file(stale, 7200) && touch_file(young, 60), "jit off: temporary files created");
+    kva_context_options opt = *base;
+    opt.jit_cache_dir = dir;
+    tcase c = base_case("jit off: fused RoPE decode");
+    c.pos = KVA_POS_ROPE_LLAMA;
+    c.hq = 12, c.hkv = 4, c.max_kv = 300;
+    setenv("KVATTN_JIT", "0", 1);
+    kva_context* c1 = NULL;
+    kva_status st = kva_context_create(&opt, &c1);
+    CHECK(st == KVA_OK, "jit off: context with KVATTN_JIT=0: %s", kva_last_error_message());
+    CHECK(access(stale, F_OK) != 0 && access(young, F_OK) == 0,
+          "jit off: context creation swept the stale temporary file (gone: %d) and kept the young one (kept: %d)",
+          access(stale, F_OK) != 0, access(young, F_OK) == 0);
+    if (st == KVA_OK) {
+        st = plan_status(c1, &c);
+        CHECK(st == KVA_ERR_UNSUPPORTED && strstr(kva_last_error_message(), "KVATTN_JIT"),
+              "jit off: a kernel neither prebuilt nor cached is UNSUPPORTED naming KVATTN_JIT: %s (%s)",
+              kva_status_string(st), kva_last_error_message());
+        kva_context_destroy(c1);
+    }
+    unsetenv("KVATTN_JIT");
+    kva_context* c2 = NULL;
+    st = kva_context_create(&opt, &c2);
+    CHECK(st == KVA_OK, "jit off: context with JIT allowed: %s", kva_last_error_message());
+    if (st == KVA_OK) {
+        st = plan_status(c2, &c);
+        CHECK(st == KVA_OK, "jit off: the plan compiles with JIT allowed: %s", kva_last_error_message());
+        kva_context_destroy(c2);
+    }
+    setenv("KVATTN_JIT", "0", 1);
+    kva_context* c3 = NULL;
+    st = kva_context_create(&opt, &c3);
+    CHECK(st == KVA_OK, "jit off: second context with KVATTN_JIT=0: %s", kva_last_error_message());
+    if (st == KVA_OK) {
+        st = plan_status(c3, &c);
+        CHECK(st == KVA_OK, "jit off: the cached kernel plans under KVATTN_JIT=0: %s", kva_last_error_message());
+        if (st == KVA_OK) run_case(c3, &c); /* its run against the reference */
+        kva_context_destroy(c3);
+    }
+    unsetenv("KVATTN_JIT");
+    if (verbose) printf("  jit off: cache %s\n", dir);
+}
+
 int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
@@ -1700,6 +1791,7 @@ int main(int argc, char** argv) {
     test_append_and_merge(ctx);
     kva_context_destroy(ctx);
     if (!cpu_mode) test_threads(&opt);
+    if (!cpu_mode && getenv("KVATTN_JIT") == NULL) test_jit_off(&opt);
     if (!cpu_mode) {
         /* head-group decode: contexts that take it wherever it is supported, with the fused merge and without */
         for (int nofused = 0; nofused < 2; ++nofused) {
