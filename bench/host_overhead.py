@@ -44,7 +44,25 @@ def main():
              torch.tensor([16], dtype=torch.int32), H, H, D, 16, q_data_type=torch.bfloat16)
     qd = torch.randn(1, H, D, device=dev, dtype=torch.bfloat16)
     q4 = q.transpose(0, 1).unsqueeze(0).contiguous()
+    # a decode step's per-layer calls besides run: one appended token for each of 16 requests, and a merge of two
+    # attention states (cascade / SGLang-style prefix + extend)
+    B = 16
+    pool = torch.randn(2 * B, 2, 16, H, D, device=dev, dtype=torch.bfloat16)
+    ap_k = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
+    ap_v = torch.randn(B, H, D, device=dev, dtype=torch.bfloat16)
+    ap_bi = torch.arange(B, dtype=torch.int32, device=dev)
+    ap_pos = torch.full((B,), 20, dtype=torch.int32, device=dev)
+    ap_idx = torch.arange(2 * B, dtype=torch.int32, device=dev)
+    ap_indptr = torch.arange(0, 2 * B + 1, 2, dtype=torch.int32, device=dev)
+    ap_last = torch.full((B,), 5, dtype=torch.int32, device=dev)
+    m_v = torch.randn(L, H, D, device=dev, dtype=torch.bfloat16)
+    m_s = torch.randn(L, H, device=dev, dtype=torch.float32)
+    m_v2, m_s2 = m_v.clone(), m_s.clone()
     rows = [
+        ("kvattn append_paged_kv_cache (16 tokens)", lambda: kvattn.append_paged_kv_cache(
+            ap_k, ap_v, ap_bi, ap_pos, pool, ap_idx, ap_indptr, ap_last)),
+        ("kvattn merge_state", lambda: kvattn.merge_state(m_v, m_s, m_v2, m_s2)),
+        ("kvattn merge_state_in_place", lambda: kvattn.merge_state_in_place(m_v, m_s, m_v2, m_s2)),
         ("kvattn ragged prefill run (new out)", lambda: rag.run(q, k, v)),
         ("kvattn ragged prefill run (out=)", lambda: rag.run(q, k, v, out=out)),
         ("kvattn paged decode run", lambda: dec.run(qd, kc)),
@@ -74,7 +92,7 @@ def main():
     if args.profile:
         import cProfile
         import pstats
-        for name, fn in rows[:3]:
+        for name, fn in rows[:6]:
             print("\n--- cProfile: %s, %d calls" % (name, args.calls))
             prof = cProfile.Profile()
             prof.enable()

@@ -521,11 +521,6 @@ def dispatch_run(handle: int, q: Any, k: Any, v: Any, out: Any, lse: Any, k_scal
 # --------------------------------------------------------------------------------------------------
 # The prepared run: eager runs of one plan with torch tensors of unchanged shapes skip the argument checks
 
-def _sig(x: Any) -> Tuple[Any, ...]:
-    """What the run's checks and its kva_tensor read of a torch tensor, but for the data pointer."""
-    return (x.shape, x.stride(), x.dtype, x.get_device())
-
-
 def fast_key(q: Any, kv: Tuple[Any, ...], out: Any, lse: Any, return_lse: bool) -> Optional[Tuple[Any, ...]]:
     """The prepared-run key of a call: the signatures of q, the KV inputs (the paged cache as given: one tensor or a
     (K, V) pair; ragged K and V), out and lse (None for an output the run allocates), and return_lse. None when an
@@ -537,10 +532,10 @@ def fast_key(q: Any, kv: Tuple[Any, ...], out: Any, lse: Any, return_lse: bool) 
     for x in kv:
         if not isinstance(x, tt):
             return None
-        ks.append(_sig(x))
+        ks.append(T.sig(x))
     if out is not None and not isinstance(out, tt) or lse is not None and not isinstance(lse, tt):
         return None
-    return (_sig(q), tuple(ks), None if out is None else _sig(out), None if lse is None else _sig(lse),
+    return (T.sig(q), tuple(ks), None if out is None else T.sig(out), None if lse is None else T.sig(lse),
             bool(return_lse))
 
 

@@ -7,6 +7,7 @@ Everything here except :func:`data_ptr` and the ``*_struct`` builders is safe to
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from typing import Any, Optional, Sequence, Tuple
 
@@ -204,6 +205,12 @@ def device_of(x: Any) -> DeviceKey:
     raise TypeError("kvattn: expected a NumPy array or a torch tensor, got %s" % type(x).__name__)
 
 
+def sig(x: Any) -> Tuple[Any, ...]:
+    """A torch tensor's signature for the prepared-call caches: what argument checks and kva_tensor descriptions read
+    of it (shape, strides, dtype, device), but not its data pointer."""
+    return (x.shape, x.stride(), x.dtype, x.get_device())
+
+
 def device_str(dev: DeviceKey) -> str:
     return "cpu" if dev[0] == "cpu" else "cuda:%d" % dev[1]
 
@@ -223,12 +230,16 @@ def _c_strides(shape: Tuple[int, ...]) -> Tuple[int, ...]:
 def strides_of(x: Any, what: str = "tensor") -> Tuple[int, ...]:
     """Element strides (ValueError on negative or fractional strides). An array with no elements gets the strides of
     a C-contiguous array of its shape (NumPy reports zeros for it; nothing is ever read through them)."""
-    if any(int(n) == 0 for n in x.shape):
-        return _c_strides(shape_of(x))
-    if is_torch(x):
+    tt = _TORCH_TENSOR
+    if tt is not None and isinstance(x, tt):
+        shp = x.shape
+        if 0 in shp:
+            return _c_strides(shape_of(x))
         st = x.stride()  # a tuple of ints
-        if st and min(st) >= 0:
+        if not st or min(st) >= 0:
             return st
+    elif any(int(n) == 0 for n in x.shape):
+        return _c_strides(shape_of(x))
     else:
         isz = x.itemsize
         st = []
@@ -309,9 +320,35 @@ def is_contiguous(x: Any) -> bool:
 
 # ---- kva_tensor builders -------------------------------------------------------------------------
 
+# kva_tensor descriptions of torch tensors already checked, by (shape, strides, dtype, requested dtype, out): a tensor
+# of the same key gets a copy of the description and its own data pointer (the checks depend on nothing else)
+_FILLED: dict = {}
+_FILLED_MAX = 512
+_KT_SIZE = ctypes.sizeof(F.kva_tensor)
+
+
 def fill_tensor(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int] = None, out: bool = False) -> None:
     """Describe array x in kva_tensor t (x must have 1..4 dims, non-negative strides, unit last stride; an output
     (out=True) must also be writable without overlap: check_writable)."""
+    tt = _TORCH_TENSOR
+    key = None
+    if tt is not None and isinstance(x, tt):
+        key = (x.shape, x.stride(), x.dtype, dtype, out)
+        tmpl = _FILLED.get(key)
+        if tmpl is not None:
+            ctypes.memmove(ctypes.addressof(t), tmpl, _KT_SIZE)
+            t.data = x.data_ptr() or None
+            return
+    _fill_tensor_checked(t, x, what, dtype, out)
+    if key is not None:
+        if len(_FILLED) >= _FILLED_MAX:
+            _FILLED.clear()
+        tmpl = ctypes.create_string_buffer(_KT_SIZE)
+        ctypes.memmove(tmpl, ctypes.addressof(t), _KT_SIZE)
+        _FILLED[key] = tmpl
+
+
+def _fill_tensor_checked(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int], out: bool) -> None:
     nd = x.ndim
     if nd < 1 or nd > F.KVA_MAX_DIMS:
         raise ValueError("kvattn: %s has %d dims (1 to 4 supported)" % (what, nd))
@@ -425,6 +462,8 @@ def backend_int32(x: Any, dev: DeviceKey, what: str) -> Any:
         return host_int32(x, what)
     t = _torch()
     if is_torch(x):
+        if x.is_cuda and x.dtype == t.int32 and x.ndim == 1 and x.get_device() == dev[1] and x.is_contiguous():
+            return x  # already one (the common case: no conversion, no device string to parse)
         if x.ndim != 1:
             raise ValueError("kvattn: %s must be 1-D, got shape %s" % (what, tuple(x.shape)))
         if x.dtype.is_floating_point or x.dtype == t.bool:

@@ -6,7 +6,7 @@ v = 0, s = -inf."""
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Tuple
+from typing import Any, Dict, Tuple
 
 import numpy as np
 
@@ -42,14 +42,45 @@ def _same_device(*xs: Any) -> T.DeviceKey:
     return dev
 
 
+# Signatures (shapes, strides, dtypes, devices of torch tensors) whose argument checks passed, per merge function:
+# later calls with the same signatures skip them (the C library checks every call regardless)
+_CHECKED: Dict[Any, bool] = {}
+_CHECKED_MAX = 256
+
+
+def _checked_key(op: str, *xs: Any) -> Any:
+    tt = T._TORCH_TENSOR
+    if tt is None:
+        return None
+    key = [op]
+    for x in xs:
+        if x is None:
+            key.append(None)
+        elif isinstance(x, tt):
+            key.append(T.sig(x))
+        else:
+            return None
+    return tuple(key)
+
+
+def _remember(key: Any) -> None:
+    if key is not None:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = True
+
+
 def merge_state(v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> Tuple[Any, Any]:
     """Merge two attention states. Returns ``(v_merged, s_merged)`` (v in v_a's dtype, s float32)."""
-    _check_state(v_a, s_a, "merge_state: a")
-    _check_state(v_b, s_b, "merge_state: b")
-    if tuple(v_a.shape) != tuple(v_b.shape):
-        raise ValueError("kvattn: merge_state: v_a %s and v_b %s differ in shape" % (tuple(v_a.shape),
-                                                                                      tuple(v_b.shape)))
-    _same_device(v_a, s_a, v_b, s_b)
+    key = _checked_key("merge_state", v_a, s_a, v_b, s_b)
+    if key is None or key not in _CHECKED:
+        _check_state(v_a, s_a, "merge_state: a")
+        _check_state(v_b, s_b, "merge_state: b")
+        if tuple(v_a.shape) != tuple(v_b.shape):
+            raise ValueError("kvattn: merge_state: v_a %s and v_b %s differ in shape" % (tuple(v_a.shape),
+                                                                                          tuple(v_b.shape)))
+        _same_device(v_a, s_a, v_b, s_b)
+        _remember(key)
     v = T.empty(v_a, tuple(v_a.shape), T.dtype_of(v_a))
     s = T.empty(v_a, tuple(s_a.shape), F.KVA_DTYPE_F32)
     if T.is_torch(v_a) and _torch_ops.is_compiling():
@@ -64,12 +95,15 @@ def merge_state(v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> Tuple[Any, Any]:
 def merge_state_in_place(v: Any, s: Any, v_other: Any, s_other: Any, mask: Any = None) -> None:
     """``(v, s) <- merge((v, s), (v_other, s_other))`` in place, only for rows whose ``mask`` (bool [rows],
     optional) is true."""
-    _check_state(v, s, "merge_state_in_place")
-    _check_state(v_other, s_other, "merge_state_in_place: other")
-    if tuple(v.shape) != tuple(v_other.shape):
-        raise ValueError("kvattn: merge_state_in_place: v %s and v_other %s differ in shape"
-                         % (tuple(v.shape), tuple(v_other.shape)))
-    _same_device(v, s, v_other, s_other, mask)
+    key = _checked_key("merge_state_in_place", v, s, v_other, s_other) if mask is None else None
+    if key is None or key not in _CHECKED:
+        _check_state(v, s, "merge_state_in_place")
+        _check_state(v_other, s_other, "merge_state_in_place: other")
+        if tuple(v.shape) != tuple(v_other.shape):
+            raise ValueError("kvattn: merge_state_in_place: v %s and v_other %s differ in shape"
+                             % (tuple(v.shape), tuple(v_other.shape)))
+        _same_device(v, s, v_other, s_other, mask)
+        _remember(key)
     if mask is not None:
         if mask.ndim != 1 or int(mask.shape[0]) != int(v.shape[0]) or T.dtype_of(mask, "mask") != F.KVA_DTYPE_U8:
             raise ValueError("kvattn: merge_state_in_place: mask must be a bool (or uint8) vector of %d rows"

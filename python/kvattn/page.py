@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Tuple
+import threading
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -19,6 +20,61 @@ _LAYOUT_CODE = {"NHD": F.KVA_LAYOUT_NHD, "HND": F.KVA_LAYOUT_HND}
 _LAYOUT_NAME = {v: k for k, v in _LAYOUT_CODE.items()}
 
 
+class _PreparedAppend:
+    """The checked C arguments of an eager CUDA append, for later appends whose tensors have the same signatures
+    (shapes, strides, dtypes, devices: T.sig) and whose index arrays were used as given (contiguous int32 on the
+    cache's device): those set only the data pointers and the stream, without the checks and conversions."""
+
+    __slots__ = ("dev", "p", "tk", "tv", "nnz", "batch", "koff", "voff", "busy")
+
+    def __init__(self, dev: T.DeviceKey, p: Any, tk: Any, tv: Any, nnz: int, batch: int, koff: int,
+                 voff: int) -> None:
+        self.dev, self.p, self.tk, self.tv, self.nnz, self.batch, self.koff, self.voff = \
+            dev, p, tk, tv, nnz, batch, koff, voff
+        self.busy = threading.Lock()  # held until the C call returns (ctypes releases the GIL during it)
+
+    def run(self, append_key: Any, append_value: Any, batch_indices: Any, positions: Any, cache: Any, v_cache: Any,
+            kv_indices: Any, kv_indptr: Any, kv_last_page_len: Any) -> bool:
+        if not self.busy.acquire(blocking=False):
+            return False  # another thread is in the middle of this one: the caller takes the checked path
+        try:
+            p = self.p
+            p.k_data = (cache.data_ptr() + self.koff) or None
+            p.v_data = ((v_cache if v_cache is not None else cache).data_ptr() + self.voff) or None
+            p.indices = kv_indices.data_ptr() or None
+            p.indptr = kv_indptr.data_ptr() or None
+            p.last_page_len = kv_last_page_len.data_ptr() or None
+            self.tk.data = append_key.data_ptr() or None
+            self.tv.data = append_value.data_ptr() or None
+            F.check(F.lib().kva_append_paged_kv_cache(
+                C.get_context(self.dev), ctypes.byref(self.tk), ctypes.byref(self.tv),
+                batch_indices.data_ptr() or None, positions.data_ptr() or None, self.nnz, ctypes.byref(p),
+                self.batch, C.current_stream(self.dev)), "append_paged_kv_cache")
+            return True
+        finally:
+            self.busy.release()
+
+
+_PREPARED: Dict[Any, _PreparedAppend] = {}
+_PREPARED_MAX = 64
+
+
+def _append_key(layout: str, xs: Tuple[Any, ...]) -> Any:
+    """The prepared-append key of a call whose tensors are all torch CUDA tensors (v_cache may be None), else None."""
+    tt = T._TORCH_TENSOR
+    if tt is None:
+        return None
+    sigs = [layout]
+    for x in xs:
+        if x is None:
+            sigs.append(None)
+        elif isinstance(x, tt) and x.is_cuda:
+            sigs.append(T.sig(x))
+        else:
+            return None
+    return tuple(sigs)
+
+
 def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any, positions: Any,
                           paged_kv_cache: Any, kv_indices: Any, kv_indptr: Any, kv_last_page_len: Any,
                           kv_layout: str = "NHD") -> None:
@@ -31,10 +87,19 @@ def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any
         cache, v_cache = paged_kv_cache
     else:
         cache, v_cache = paged_kv_cache, None
-    k_view, v_view = _core.split_paged_kv(paged_kv_cache, layout)
-    dev = T.device_of(k_view)
-    for name, x in (("append_key", append_key), ("append_value", append_value), ("v_cache", v_view)):
-        if T.device_of(x) != dev:
+    given = (append_key, append_value, batch_indices, positions, cache, v_cache, kv_indices, kv_indptr,
+             kv_last_page_len)
+    key = _append_key(layout, given)
+    if key is not None:
+        prep = _PREPARED.get(key)
+        if prep is not None and not _torch_ops.is_compiling() and prep.run(*given):
+            return
+    if not (T.is_torch(cache) or isinstance(cache, np.ndarray)):
+        raise TypeError("kvattn: paged_kv_cache must be an array or a (k_cache, v_cache) tuple, got %s"
+                        % type(cache).__name__)
+    dev = T.device_of(cache)  # (shapes and layout are checked with the views, in _append_impl)
+    for name, x in (("append_key", append_key), ("append_value", append_value), ("v_cache", v_cache)):
+        if x is not None and T.device_of(x) != dev:
             raise ValueError("kvattn: append_paged_kv_cache: %s is on %s, the cache on %s"
                              % (name, T.device_str(T.device_of(x)), T.device_str(dev)))
     if append_key.ndim != 3 or append_value.ndim != 3:
@@ -60,12 +125,18 @@ def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any
                                                    ints[2], ints[3], ints[4], _LAYOUT_CODE[layout])
             return
         _torch_ops.ensure_registered()
-    _append_impl(append_key, append_value, ints[0], ints[1], cache, v_cache, ints[2], ints[3], ints[4],
-                 _LAYOUT_CODE[layout])
+    prepared = _append_impl(append_key, append_value, ints[0], ints[1], cache, v_cache, ints[2], ints[3], ints[4],
+                            _LAYOUT_CODE[layout])
+    if key is not None and all(a is b for a, b in zip(ints, (batch_indices, positions, kv_indices, kv_indptr,
+                                                              kv_last_page_len))):
+        if len(_PREPARED) >= _PREPARED_MAX:
+            _PREPARED.clear()
+        _PREPARED[key] = prepared
 
 
 def _append_impl(append_key: Any, append_value: Any, batch_indices: Any, positions: Any, cache: Any,
-                 v_cache: Any, kv_indices: Any, kv_indptr: Any, kv_last_page_len: Any, layout: int) -> None:
+                 v_cache: Any, kv_indices: Any, kv_indptr: Any, kv_last_page_len: Any,
+                 layout: int) -> Optional[_PreparedAppend]:
     layout_name = _LAYOUT_NAME[int(layout)]
     k, v = _core.split_paged_kv(cache if v_cache is None else (cache, v_cache), layout_name)
     T.check_writable(k, "k_cache")
@@ -84,6 +155,12 @@ def _append_impl(append_key: Any, append_value: Any, batch_indices: Any, positio
                                               T.data_ptr(batch_indices) or None, T.data_ptr(positions) or None, nnz,
                                               ctypes.byref(p), int(kv_last_page_len.shape[0]),
                                               C.current_stream(dev)), "append_paged_kv_cache")
+    if not T.is_torch(k):
+        return None
+    # what a later append with tensors of the same signatures needs (see _PreparedAppend)
+    koff = k.data_ptr() - cache.data_ptr()
+    voff = v.data_ptr() - (v_cache if v_cache is not None else cache).data_ptr()
+    return _PreparedAppend(dev, p, tk, tv, nnz, int(kv_last_page_len.shape[0]), koff, voff)
 
 
 def _check_batch_lens(indptr: Any, indptr_name: str, per_req: Any, per_req_name: str, exact: bool) -> None:

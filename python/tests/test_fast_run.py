@@ -261,3 +261,119 @@ def test_stream_of_each_run(rng):
         done.record(s)
     done.synchronize()  # only the side stream: o must be complete on it
     assert_close(np64(o), c.ref(q2, cache[:, 0], cache[:, 1])[0], *tol("cuda"), what="side stream")
+
+
+# ---- prepared appends (CUDA: eager appends whose tensors keep their signatures reuse the checked C arguments) ----
+
+def _append_ref(pool_k, pool_v, k, v, bi, pos, indptr, indices, ps):
+    """Expected pools after the append (NHD [P, ps, H, D] K and V), in float64 on the host."""
+    pk, pv = np64(pool_k).copy(), np64(pool_v).copy()
+    kk, vv = np64(k), np64(v)
+    for i in range(kk.shape[0]):
+        b, p = int(bi[i]), int(pos[i])
+        page = int(indices[int(indptr[b]) + p // ps])
+        pk[page, p % ps] = kk[i]
+        pv[page, p % ps] = vv[i]
+    return pk, pv
+
+
+@needs_cuda
+@pytest.mark.parametrize("form", ["5d", "tuple"])
+def test_prepared_append_follows_every_tensor(rng, form):
+    """Repeated appends with tensors of the same signatures: new K/V rows, new pools, new positions and batch
+    indices each time; every write lands where that call's tensors say, and nowhere else."""
+    dev, ps, H, D = "cuda", 4, 2, 64
+    lens = [9, 3, 14]  # the page table already includes the appended tokens
+    pages = [(n + ps - 1) // ps for n in lens]
+    P = sum(pages) + 2
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    indices = rng.permutation(P)[: indptr[-1]].astype(np.int32)
+    last = np.array([(n - 1) % ps + 1 for n in lens], np.int32)
+    t_indices = torch.from_numpy(indices).to(dev)
+    t_indptr = torch.from_numpy(indptr).to(dev)
+    t_last = torch.from_numpy(last).to(dev)
+
+    def pools():
+        if form == "5d":
+            x = torch.randn(P, 2, ps, H, D, device=dev).half()
+            return x, x[:, 0], x[:, 1]
+        k_, v_ = torch.randn(P, ps, H, D, device=dev).half(), torch.randn(P, ps, H, D, device=dev).half()
+        return (k_, v_), k_, v_
+
+    cache_a = pools()
+    cache_b = pools()
+    rounds = [  # (pool, batch indices, positions) of one token per request
+        (cache_a, [0, 1, 2], [8, 2, 13]),
+        (cache_a, [0, 1, 2], [7, 0, 12]),
+        (cache_b, [2, 0, 1], [4, 5, 1]),
+        (cache_a, [1, 2, 0], [1, 10, 0]),
+    ]
+    for r, ((arg, pk, pv), bi, pos) in enumerate(rounds):
+        other = cache_b if arg is cache_a[0] else cache_a
+        before_other = (np64(other[1]).copy(), np64(other[2]).copy())
+        k = torch.randn(3, H, D, device=dev).half()
+        v = torch.randn(3, H, D, device=dev).half()
+        t_bi = torch.tensor(bi, dtype=torch.int32, device=dev)
+        t_pos = torch.tensor(pos, dtype=torch.int32, device=dev)
+        ek, ev = _append_ref(pk, pv, k, v, bi, pos, indptr, indices, ps)
+        kvattn.append_paged_kv_cache(k, v, t_bi, t_pos, arg, t_indices, t_indptr, t_last)
+        torch.cuda.synchronize()
+        np.testing.assert_array_equal(np64(pk), ek, err_msg="K pool, round %d" % r)
+        np.testing.assert_array_equal(np64(pv), ev, err_msg="V pool, round %d" % r)
+        np.testing.assert_array_equal(np64(other[1]), before_other[0], err_msg="the other K pool, round %d" % r)
+        np.testing.assert_array_equal(np64(other[2]), before_other[1], err_msg="the other V pool, round %d" % r)
+
+
+@needs_cuda
+def test_prepared_append_changed_arguments_are_checked(rng):
+    """After prepared appends, arguments the checks refuse are still refused, and converted index arrays (int64,
+    host) still work."""
+    dev, ps, H, D = "cuda", 4, 2, 64
+    cache = torch.randn(4, 2, ps, H, D, device=dev).half()
+    idx = torch.tensor([2, 0, 3], dtype=torch.int32, device=dev)
+    indptr = torch.tensor([0, 2, 3], dtype=torch.int32, device=dev)
+    last = torch.tensor([3, 2], dtype=torch.int32, device=dev)
+    bi = torch.tensor([0, 1], dtype=torch.int32, device=dev)
+    pos = torch.tensor([6, 1], dtype=torch.int32, device=dev)
+    k = torch.randn(2, H, D, device=dev).half()
+    for _ in range(2):
+        kvattn.append_paged_kv_cache(k, k, bi, pos, cache, idx, indptr, last)
+    with pytest.raises((TypeError, ValueError, kvattn.KvattnError)):
+        kvattn.append_paged_kv_cache(k.float(), k.float(), bi, pos, cache, idx, indptr, last)
+    with pytest.raises(ValueError, match="nnz"):
+        kvattn.append_paged_kv_cache(k, k, bi[:1], pos[:1], cache, idx, indptr, last)
+    with pytest.raises(ValueError, match="device"):
+        kvattn.append_paged_kv_cache(k.cpu(), k.cpu(), bi, pos, cache, idx, indptr, last)
+    k2 = torch.randn(2, H, D, device=dev).half()
+    kvattn.append_paged_kv_cache(k2, k2, bi.long(), pos.cpu(), cache, idx.long(), indptr, last)
+    torch.cuda.synchronize()
+    # request 0, position 6: its second page (idx[1] = 0), slot 2; request 1, position 1: page idx[2] = 3, slot 1
+    np.testing.assert_array_equal(np64(cache[0, 0, 2]), np64(k2[0]))
+    np.testing.assert_array_equal(np64(cache[3, 1, 1]), np64(k2[1]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_merges_with_remembered_checks(rng, device):
+    """merge_state / merge_state_in_place skip the argument checks for signatures that passed them before: new
+    tensors of those signatures merge correctly, and other signatures are still checked."""
+    from reference import merge
+    dt = dtype_for(device)
+    atol, rtol = tol(device)
+    for i in range(3):
+        va, vb = (torch.randn(5, 3, 32, device=device).to(dt) for _ in range(2))
+        sa, sb = (torch.randn(5, 3, device=device) * 4 for _ in range(2))
+        rv, rs = merge(np64(va), np64(sa), np64(vb), np64(sb))
+        v, s = kvattn.merge_state(va, sa, vb, sb)
+        sync(device)
+        assert_close(np64(v), rv, atol, rtol, "merge_state v, call %d" % i)
+        assert_close(np64(s), rs, atol, rtol, "merge_state s, call %d" % i)
+        kvattn.merge_state_in_place(va, sa, vb, sb)
+        sync(device)
+        assert_close(np64(va), rv, atol, rtol, "merge_state_in_place v, call %d" % i)
+        assert_close(np64(sa), rs, atol, rtol, "merge_state_in_place s, call %d" % i)
+    with pytest.raises(TypeError, match="float32"):
+        kvattn.merge_state(va, sa.half(), vb, sb)
+    with pytest.raises(ValueError, match="differ in shape"):
+        kvattn.merge_state(va, sa, vb[:4], sb[:4])
+    with pytest.raises(TypeError, match="float32"):
+        kvattn.merge_state_in_place(va, sa, vb, sb.half())
