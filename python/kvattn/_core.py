@@ -525,18 +525,7 @@ def fast_key(q: Any, kv: Tuple[Any, ...], out: Any, lse: Any, return_lse: bool) 
     """The prepared-run key of a call: the signatures of q, the KV inputs (the paged cache as given: one tensor or a
     (K, V) pair; ragged K and V), out and lse (None for an output the run allocates), and return_lse. None when an
     input is not a torch tensor (NumPy arrays take the checked path)."""
-    tt = T._TORCH_TENSOR
-    if tt is None or type(q) is not tt and not isinstance(q, tt):
-        return None
-    ks = []
-    for x in kv:
-        if not isinstance(x, tt):
-            return None
-        ks.append(T.sig(x))
-    if out is not None and not isinstance(out, tt) or lse is not None and not isinstance(lse, tt):
-        return None
-    return (T.sig(q), tuple(ks), None if out is None else T.sig(out), None if lse is None else T.sig(lse),
-            bool(return_lse))
+    return T.sig_key((bool(return_lse), len(kv)), (q,) + tuple(kv) + (out, lse))
 
 
 class FastRun:

@@ -211,6 +211,23 @@ def sig(x: Any) -> Tuple[Any, ...]:
     return (x.shape, x.stride(), x.dtype, x.get_device())
 
 
+def sig_key(tag: Any, xs: Sequence[Any], cuda_only: bool = False) -> Optional[Tuple[Any, ...]]:
+    """(tag, signatures of xs): the key of a prepared or checked call; None entries of xs stay None. None when an
+    entry is not a torch tensor (or, with cuda_only, not a CUDA one): such calls take the checked path."""
+    tt = _TORCH_TENSOR
+    if tt is None:
+        return None
+    key = [tag]
+    for x in xs:
+        if x is None:
+            key.append(None)
+        elif isinstance(x, tt) and (x.is_cuda or not cuda_only):
+            key.append(sig(x))
+        else:
+            return None
+    return tuple(key)
+
+
 def device_str(dev: DeviceKey) -> str:
     return "cpu" if dev[0] == "cpu" else "cuda:%d" % dev[1]
 

@@ -59,22 +59,6 @@ _PREPARED: Dict[Any, _PreparedAppend] = {}
 _PREPARED_MAX = 64
 
 
-def _append_key(layout: str, xs: Tuple[Any, ...]) -> Any:
-    """The prepared-append key of a call whose tensors are all torch CUDA tensors (v_cache may be None), else None."""
-    tt = T._TORCH_TENSOR
-    if tt is None:
-        return None
-    sigs = [layout]
-    for x in xs:
-        if x is None:
-            sigs.append(None)
-        elif isinstance(x, tt) and x.is_cuda:
-            sigs.append(T.sig(x))
-        else:
-            return None
-    return tuple(sigs)
-
-
 def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any, positions: Any,
                           paged_kv_cache: Any, kv_indices: Any, kv_indptr: Any, kv_last_page_len: Any,
                           kv_layout: str = "NHD") -> None:
@@ -89,7 +73,7 @@ def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any
         cache, v_cache = paged_kv_cache, None
     given = (append_key, append_value, batch_indices, positions, cache, v_cache, kv_indices, kv_indptr,
              kv_last_page_len)
-    key = _append_key(layout, given)
+    key = T.sig_key(layout, given, cuda_only=True)  # all torch CUDA tensors (v_cache may be None)
     if key is not None:
         prep = _PREPARED.get(key)
         if prep is not None and not _torch_ops.is_compiling() and prep.run(*given):
