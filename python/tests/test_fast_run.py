@@ -326,8 +326,8 @@ def test_prepared_append_follows_every_tensor(rng, form):
 
 @needs_cuda
 def test_prepared_append_changed_arguments_are_checked(rng):
-    """After prepared appends, arguments the checks refuse are still refused, and converted index arrays (int64,
-    host) still work."""
+    """After prepared appends, arguments the checks refuse are still refused; float32 rows (converted into the
+    pool's dtype) and converted index arrays (int64, host) still work."""
     dev, ps, H, D = "cuda", 4, 2, 64
     cache = torch.randn(4, 2, ps, H, D, device=dev).half()
     idx = torch.tensor([2, 0, 3], dtype=torch.int32, device=dev)
@@ -338,8 +338,13 @@ def test_prepared_append_changed_arguments_are_checked(rng):
     k = torch.randn(2, H, D, device=dev).half()
     for _ in range(2):
         kvattn.append_paged_kv_cache(k, k, bi, pos, cache, idx, indptr, last)
-    with pytest.raises((TypeError, ValueError, kvattn.KvattnError)):
-        kvattn.append_paged_kv_cache(k.float(), k.float(), bi, pos, cache, idx, indptr, last)
+    with pytest.raises(ValueError):  # head dim 32 against the pool's 64
+        kvattn.append_paged_kv_cache(k[:, :, :32].contiguous(), k[:, :, :32].contiguous(), bi, pos, cache, idx,
+                                     indptr, last)
+    kf = torch.randn(2, H, D, device=dev)  # float32 rows into the float16 pool: converted, as the C library does
+    kvattn.append_paged_kv_cache(kf, kf, bi, pos, cache, idx, indptr, last)
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(np64(cache[3, 1, 1]), np64(kf[1].half()))
     with pytest.raises(ValueError, match="nnz"):
         kvattn.append_paged_kv_cache(k, k, bi[:1], pos[:1], cache, idx, indptr, last)
     with pytest.raises(ValueError, match="device"):
