@@ -347,7 +347,7 @@ def test_prepared_append_changed_arguments_are_checked(rng):
     np.testing.assert_array_equal(np64(cache[3, 1, 1]), np64(kf[1].half()))
     with pytest.raises(ValueError, match="nnz"):
         kvattn.append_paged_kv_cache(k, k, bi[:1], pos[:1], cache, idx, indptr, last)
-    with pytest.raises(ValueError, match="device"):
+    with pytest.raises(ValueError, match="is on cpu"):
         kvattn.append_paged_kv_cache(k.cpu(), k.cpu(), bi, pos, cache, idx, indptr, last)
     k2 = torch.randn(2, H, D, device=dev).half()
     kvattn.append_paged_kv_cache(k2, k2, bi.long(), pos.cpu(), cache, idx.long(), indptr, last)
