@@ -57,7 +57,7 @@ def _remember(key: Any) -> None:
 
 def merge_state(v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> Tuple[Any, Any]:
     """Merge two attention states. Returns ``(v_merged, s_merged)`` (v in v_a's dtype, s float32)."""
-    key = T.sig_key("merge_state", (v_a, s_a, v_b, s_b))
+    key = T.sig_key("merge_state", (v_a, s_a, v_b, s_b)) if not _torch_ops.is_compiling() else None
     if key is None or key not in _CHECKED:
         _check_state(v_a, s_a, "merge_state: a")
         _check_state(v_b, s_b, "merge_state: b")
@@ -80,7 +80,8 @@ def merge_state(v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> Tuple[Any, Any]:
 def merge_state_in_place(v: Any, s: Any, v_other: Any, s_other: Any, mask: Any = None) -> None:
     """``(v, s) <- merge((v, s), (v_other, s_other))`` in place, only for rows whose ``mask`` (bool [rows],
     optional) is true."""
-    key = T.sig_key("merge_state_in_place", (v, s, v_other, s_other)) if mask is None else None
+    key = T.sig_key("merge_state_in_place", (v, s, v_other, s_other)) \
+        if mask is None and not _torch_ops.is_compiling() else None
     if key is None or key not in _CHECKED:
         _check_state(v, s, "merge_state_in_place")
         _check_state(v_other, s_other, "merge_state_in_place: other")

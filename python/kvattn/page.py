@@ -73,10 +73,11 @@ def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any
         cache, v_cache = paged_kv_cache, None
     given = (append_key, append_value, batch_indices, positions, cache, v_cache, kv_indices, kv_indptr,
              kv_last_page_len)
-    key = T.sig_key(layout, given, cuda_only=True)  # all torch CUDA tensors (v_cache may be None)
+    # all torch CUDA tensors (v_cache may be None), eager
+    key = T.sig_key(layout, given, cuda_only=True) if not _torch_ops.is_compiling() else None
     if key is not None:
         prep = _PREPARED.get(key)
-        if prep is not None and not _torch_ops.is_compiling() and prep.run(*given):
+        if prep is not None and prep.run(*given):
             return
     if not (T.is_torch(cache) or isinstance(cache, np.ndarray)):
         raise TypeError("kvattn: paged_kv_cache must be an array or a (k_cache, v_cache) tuple, got %s"
@@ -96,13 +97,6 @@ def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any
         raise ValueError("kvattn: batch_indices and positions must have nnz = %d elements" % nnz)
     if int(ints[3].shape[0]) != int(ints[4].shape[0]) + 1:
         raise ValueError("kvattn: kv_indptr must have len(kv_last_page_len) + 1 elements")
-    if dev[0] == "cpu" and int(ints[3].shape[0]) > 0:
-        # the C library reads kv_indices[kv_indptr[b] ...] without knowing its length: host arrays are checked here
-        # (device page tables cannot be read without a sync)
-        top = int(ints[3].max())
-        if top > int(ints[2].shape[0]):
-            raise ValueError("kvattn: kv_indptr reaches %d but kv_indices has %d elements"
-                             % (top, int(ints[2].shape[0])))
     if T.is_torch(append_key):
         if _torch_ops.is_compiling():
             _torch_ops.ops().append_paged_kv_cache(append_key, append_value, ints[0], ints[1], cache, v_cache,
@@ -122,6 +116,14 @@ def _append_impl(append_key: Any, append_value: Any, batch_indices: Any, positio
                  v_cache: Any, kv_indices: Any, kv_indptr: Any, kv_last_page_len: Any,
                  layout: int) -> Optional[_PreparedAppend]:
     layout_name = _LAYOUT_NAME[int(layout)]
+    if T.device_of(kv_indptr)[0] == "cpu" and int(kv_indptr.shape[0]) > 0:
+        # the C library reads kv_indices[kv_indptr[b] ...] without knowing its length: host arrays are checked here
+        # (device page tables cannot be read without a sync; here, in the custom op's body, the values are real
+        # under torch.compile too)
+        top = int(kv_indptr.max())
+        if top > int(kv_indices.shape[0]):
+            raise ValueError("kvattn: kv_indptr reaches %d but kv_indices has %d elements"
+                             % (top, int(kv_indices.shape[0])))
     k, v = _core.split_paged_kv(cache if v_cache is None else (cache, v_cache), layout_name)
     T.check_writable(k, "k_cache")
     T.check_writable(v, "v_cache")

@@ -382,3 +382,34 @@ def test_merges_with_remembered_checks(rng, device):
         kvattn.merge_state(va, sa, vb[:4], sb[:4])
     with pytest.raises(TypeError, match="float32"):
         kvattn.merge_state_in_place(va, sa, vb, sb.half())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compiled_append_and_merge_after_eager_calls(rng, device):
+    """Eager calls first (so their prepared / checked entries exist), then the same calls traced by torch.compile
+    (fullgraph): the traced path takes the custom ops and gives the eager results."""
+    dt = dtype_for(device)
+    ps, H, D = 4, 2, 32
+    cache = torch.randn(4, 2, ps, H, D, device=device).to(dt)
+    idx = torch.tensor([2, 0, 3], dtype=torch.int32, device=device)
+    indptr = torch.tensor([0, 2, 3], dtype=torch.int32, device=device)
+    last = torch.tensor([3, 2], dtype=torch.int32, device=device)
+    bi = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    pos = torch.tensor([6, 1], dtype=torch.int32, device=device)
+    k = torch.randn(2, H, D, device=device).to(dt)
+    va, vb = (torch.randn(5, 3, 32, device=device).to(dt) for _ in range(2))
+    sa, sb = (torch.randn(5, 3, device=device) for _ in range(2))
+
+    def step(k, cache, va, sa, vb, sb):
+        kvattn.append_paged_kv_cache(k * 1.0, k, bi, pos, cache, idx, indptr, last)
+        return kvattn.merge_state(va, sa, vb, sb)
+
+    want_cache = cache.clone()
+    for _ in range(2):
+        want = step(k, want_cache, va, sa, vb, sb)
+    sync(device)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    got = torch.compile(step, fullgraph=True, backend=backend)(k, cache, va, sa, vb, sb)
+    sync(device)
+    assert torch.equal(cache, want_cache)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
