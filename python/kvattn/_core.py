@@ -287,7 +287,11 @@ def copy_into(dst: Any, src: Any, what: str) -> None:
         if T.is_torch(src):
             if src.data_ptr() == dst.data_ptr() and src.dtype == dst.dtype:
                 return
+            if dst.is_cuda and not src.is_cuda:
+                src = T.pinned(src.reshape(-1))  # (a pageable source may make the copy wait for the stream)
             dst[:n].copy_(src.reshape(-1), non_blocking=True)
+        elif dst.is_cuda:
+            dst[:n].copy_(T.pinned(src), non_blocking=True)
         else:
             dst[:n].copy_(torch.from_numpy(np.ascontiguousarray(src)), non_blocking=False)
     else:

@@ -444,11 +444,32 @@ def host_int32_owned(x: Any, what: str, ndim: int = 1) -> np.ndarray:
     return host_int32(x, what, ndim).copy()
 
 
+def pinned(x: Any) -> Any:
+    """A torch CPU tensor (or NumPy array) as a page-locked torch tensor, for host-to-device copies that do not wait
+    for the stream: torch's caching host allocator keeps the block until the copy has run. A copy from pageable
+    memory may make the driver wait for the stream's earlier work (CUDA's API sync behaviour), which would stall a
+    plan() made while the previous step still runs."""
+    t = _torch()
+    if not is_torch(x):
+        x = t.from_numpy(np.ascontiguousarray(x))
+    if x.is_pinned():
+        return x
+    try:
+        return x.contiguous().pin_memory()
+    except RuntimeError:  # pragma: no cover - no page-locked memory to be had: a pageable copy still works
+        return x
+
+
+def to_device(x: Any, dev: DeviceKey) -> Any:
+    """A host array (NumPy or torch CPU) copied to CUDA device dev[1] on its current stream, without waiting for it."""
+    return pinned(x).to("cuda:%d" % dev[1], non_blocking=True)
+
+
 def backend_u8(a: np.ndarray, dev: DeviceKey) -> Any:
     """A host uint8 array in `dev` memory (CUDA: a device copy made on the current stream; plan time only)."""
     if dev[0] == "cpu":
         return a
-    return _torch().from_numpy(a).to("cuda:%d" % dev[1], non_blocking=False)
+    return to_device(a, dev)
 
 
 def check_run_array(x: Any, dev: DeviceKey, what: str, dtype: int, shape: Tuple[int, ...], hint: str = "") -> None:
@@ -485,7 +506,8 @@ def backend_int32(x: Any, dev: DeviceKey, what: str) -> Any:
             raise ValueError("kvattn: %s must be 1-D, got shape %s" % (what, tuple(x.shape)))
         if x.dtype.is_floating_point or x.dtype == t.bool:
             raise TypeError("kvattn: %s must be an integer tensor (int32), got %s" % (what, x.dtype))
+        if not x.is_cuda:  # a host tensor: converted on the host, copied from page-locked memory
+            return to_device(x.to(dtype=t.int32), dev)
         y = x.to(device="cuda:%d" % dev[1], dtype=t.int32, non_blocking=True)
         return y.contiguous()
-    a = host_int32(x, what)
-    return t.from_numpy(a).to("cuda:%d" % dev[1], non_blocking=False)
+    return to_device(host_int32(x, what), dev)
