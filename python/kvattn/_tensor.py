@@ -445,19 +445,20 @@ def host_int32_owned(x: Any, what: str, ndim: int = 1) -> np.ndarray:
 
 
 def pinned(x: Any) -> Any:
-    """A torch CPU tensor (or NumPy array) as a page-locked torch tensor, for host-to-device copies that do not wait
-    for the stream: torch's caching host allocator keeps the block until the copy has run. A copy from pageable
-    memory may make the driver wait for the stream's earlier work (CUDA's API sync behaviour), which would stall a
-    plan() made while the previous step still runs."""
+    """A private page-locked copy of a torch CPU tensor (or NumPy array), for host-to-device copies that do not wait
+    for the stream: torch's caching host allocator keeps the block until the copy has run, and the caller may reuse
+    its own array (even a page-locked one) as soon as plan() returns. A copy from pageable memory may make the driver
+    wait for the stream's earlier work (CUDA's API sync behaviour), which would stall a plan() made while the previous
+    step still runs."""
     t = _torch()
     if not is_torch(x):
         x = t.from_numpy(np.ascontiguousarray(x))
-    if x.is_pinned():
-        return x
     try:
-        return x.contiguous().pin_memory()
+        out = t.empty(tuple(x.shape), dtype=x.dtype, pin_memory=True)
     except RuntimeError:  # pragma: no cover - no page-locked memory to be had: a pageable copy still works
-        return x
+        return x.clone()
+    out.copy_(x)
+    return out
 
 
 def to_device(x: Any, dev: DeviceKey) -> Any:

@@ -121,3 +121,39 @@ def test_prefill_plans_do_not_wait(rng):
         ks = slice(kv_indptr[b], kv_indptr[b + 1])
         assert_close(np64(o_r[rows]), attention(np64(q[rows]), np64(k[ks]), np64(v[ks]), causal=True)[0],
                      *TOL["float16"], what="ragged prefill request %d" % b)
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_plan_copies_are_private(rng, graph):
+    """An engine may refill its own (page-locked) host page-table buffers as soon as plan() returns, while the GPU is
+    still busy and plan()'s device copies have not run yet: the plan keeps the values it was given."""
+    B, ps, hq, hkv, d = 3, 16, 8, 2, 64
+    lens = [40, 300, 5]
+    cache_np, indptr, indices, last, P = make_paged(rng, lens, ps, hkv, d, extra_pages=20)
+    cache = torch.from_numpy(cache_np).to(DEV).half()
+    h_indptr, h_indices, h_last = (torch.from_numpy(a).pin_memory() for a in (indptr, indices, last))
+    ws = torch.empty(32 << 20, dtype=torch.uint8, device=DEV)
+    if graph:
+        w = kvattn.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
+            ws, torch.zeros(B + 1, dtype=torch.int32, device=DEV), torch.zeros(P, dtype=torch.int32, device=DEV),
+            torch.zeros(B, dtype=torch.int32, device=DEV))
+    else:
+        w = kvattn.BatchDecodeWithPagedKVCacheWrapper(ws)
+
+    def plan():
+        w.plan(h_indptr, h_indices, h_last, hq, hkv, d, ps, q_data_type="float16", num_pages=P)
+
+    plan()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(120e6))
+    plan()
+    # the engine's next step reuses its buffers at once: other pages, other lengths
+    h_indices.copy_(torch.from_numpy(np.roll(indices, 1)))
+    h_last.fill_(1)
+    torch.cuda.synchronize()
+    q = torch.randn(B, hq, d, device=DEV).half()
+    out = torch.empty_like(q)
+    w.run(q, cache, out=out)
+    torch.cuda.synchronize()
+    assert_close(np64(out), decode_ref(q, cache, indptr, indices, lens), *TOL["float16"],
+                 what="decode (graph mode %s) after the host buffers were refilled" % graph)
