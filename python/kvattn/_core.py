@@ -565,8 +565,8 @@ class FastRun:
         self.busy = threading.Lock()
 
 
-def fast_record(w: Any, st: "PlanState", key: Optional[Tuple[Any, ...]], args: Any, kv_in: Tuple[Any, ...], k: Any,
-                v: Any, paged: bool, out_given: bool, lse_given: bool, out: Any, lse: Any) -> None:
+def fast_record(st: "PlanState", key: Optional[Tuple[Any, ...]], args: Any, kv_in: Tuple[Any, ...], k: Any, v: Any,
+                paged: bool, out_given: bool, lse_given: bool, out: Any, lse: Any) -> None:
     """After a checked eager run with args: prepare the next runs of this plan with the same key."""
     if key is None or args is None or st.variant is not None or not st.valid:
         return
@@ -581,19 +581,24 @@ def any_given(checks: Dict[str, Any]) -> bool:
     return False
 
 
-def fast_run(w: Any, st: "PlanState", key: Tuple[Any, ...], kv_in: Tuple[Any, ...], q: Any, out: Any, lse: Any,
-             q_scale: Any, k_scale: Any, v_scale: Any, enable_pdl: Optional[bool]) -> Optional[Tuple[Any, Any]]:
-    """Run st.fast (its key equals key) with these tensors; returns (out, lse), or None (nothing done) while another
-    thread is running the same prepared arguments."""
+def non_graph_capture_error(w: Any) -> CaptureActiveError:
+    return CaptureActiveError(
+        "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with use_cuda_graph=False; "
+        "its plans cannot be replaced under a captured graph. Create it with use_cuda_graph=True (and fixed buffers)"
+        % type(w).__name__)
+
+
+def fast_run(w: Any, st: "PlanState", key: Optional[Tuple[Any, ...]], kv_in: Tuple[Any, ...], q: Any, out: Any,
+             lse: Any, q_scale: Any, k_scale: Any, v_scale: Any,
+             enable_pdl: Optional[bool]) -> Optional[Tuple[Any, Any]]:
+    """Run st.fast with these tensors when its key is this call's; returns (out, lse), or None (nothing done) when
+    there is no such prepared run or another thread is running it."""
     fr = st.fast
-    if not fr.busy.acquire(blocking=False):
+    if key is None or fr is None or fr.key != key or not fr.busy.acquire(blocking=False):
         return None
     try:
         if fr.capture_check and C.is_capturing(st.dev):
-            raise CaptureActiveError(
-                "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with "
-                "use_cuda_graph=False; its plans cannot be replaced under a captured graph. Create it with "
-                "use_cuda_graph=True (and fixed buffers)" % type(w).__name__)
+            raise non_graph_capture_error(w)
         if q_scale is None and k_scale is None and v_scale is None:
             ks, vs = 1.0, 1.0
         else:
@@ -875,15 +880,12 @@ class BatchWrapperBase:
         kv_in = tuple(paged_kv_cache) if isinstance(paged_kv_cache, (tuple, list)) else (paged_kv_cache,)
         key = None if compiling or extra_args or variant_scalars is not None or variant_tensors is not None else \
             fast_key(q, kv_in, out, lse, return_lse)
-        if key is not None and st.fast is not None and st.fast.key == key and not any_given(checks):
-            res = fast_run(self, st, key, kv_in, q, out, lse, q_scale, k_scale, v_scale, enable_pdl)
-            if res is not None:
-                return res if return_lse else res[0]
+        res = None if any_given(checks) else \
+            fast_run(self, st, key, kv_in, q, out, lse, q_scale, k_scale, v_scale, enable_pdl)
+        if res is not None:
+            return res if return_lse else res[0]
         if not compiling and st.graph is False and T.is_torch(q) and C.is_capturing(st.dev):
-            raise CaptureActiveError(
-                "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with "
-                "use_cuda_graph=False; its plans cannot be replaced under a captured graph. Create it with "
-                "use_cuda_graph=True (and fixed buffers)" % type(self).__name__)
+            raise non_graph_capture_error(self)
         self._check_scalars(st, **checks)
         k, v = split_paged_kv(paged_kv_cache, st.kv_layout)
         if not compiling:
@@ -900,7 +902,7 @@ class BatchWrapperBase:
         out, lse = self._outputs(st, q, out, lse, return_lse, check=not compiling)
         args = dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors, enable_pdl)
         if key is not None:
-            fast_record(self, self._require_plan(), key, args, kv_in, k, v, True, out_given, lse_given, out, lse)
+            fast_record(self._require_plan(), key, args, kv_in, k, v, True, out_given, lse_given, out, lse)
         return (out, lse) if return_lse else out
 
     # ---- paged plan setup shared by decode and paged prefill ----

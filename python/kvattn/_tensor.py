@@ -228,6 +228,13 @@ def sig_key(tag: Any, xs: Sequence[Any], cuda_only: bool = False) -> Optional[Tu
     return tuple(key)
 
 
+def remember(memo: dict, cap: int, key: Any, value: Any) -> None:
+    """memo[key] = value in a memo of at most cap entries (emptied when full: the keys of a serving loop recur)."""
+    if len(memo) >= cap:
+        memo.clear()
+    memo[key] = value
+
+
 def device_str(dev: DeviceKey) -> str:
     return "cpu" if dev[0] == "cpu" else "cuda:%d" % dev[1]
 
@@ -358,11 +365,9 @@ def fill_tensor(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int] = Non
             return
     _fill_tensor_checked(t, x, what, dtype, out)
     if key is not None:
-        if len(_FILLED) >= _FILLED_MAX:
-            _FILLED.clear()
         tmpl = ctypes.create_string_buffer(_KT_SIZE)
         ctypes.memmove(tmpl, ctypes.addressof(t), _KT_SIZE)
-        _FILLED[key] = tmpl
+        remember(_FILLED, _FILLED_MAX, key, tmpl)
 
 
 def _fill_tensor_checked(t: "F.kva_tensor", x: Any, what: str, dtype: Optional[int], out: bool) -> None:

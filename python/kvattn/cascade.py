@@ -50,9 +50,7 @@ _CHECKED_MAX = 256
 
 def _remember(key: Any) -> None:
     if key is not None:
-        if len(_CHECKED) >= _CHECKED_MAX:
-            _CHECKED.clear()
-        _CHECKED[key] = True
+        T.remember(_CHECKED, _CHECKED_MAX, key, True)
 
 
 def merge_state(v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> Tuple[Any, Any]:

@@ -107,9 +107,7 @@ def append_paged_kv_cache(append_key: Any, append_value: Any, batch_indices: Any
                             _LAYOUT_CODE[layout])
     if key is not None and all(a is b for a, b in zip(ints, (batch_indices, positions, kv_indices, kv_indptr,
                                                               kv_last_page_len))):
-        if len(_PREPARED) >= _PREPARED_MAX:
-            _PREPARED.clear()
-        _PREPARED[key] = prepared
+        T.remember(_PREPARED, _PREPARED_MAX, key, prepared)
 
 
 def _append_impl(append_key: Any, append_value: Any, batch_indices: Any, positions: Any, cache: Any,

@@ -453,20 +453,19 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         compiling = _core._torch_ops.is_compiling()
         key = None if compiling or variant_scalars is not None or variant_tensors is not None else \
             _core.fast_key(q, (k, v), out, lse, return_lse)
-        if key is not None and st.fast is not None and st.fast.key == key and window_left is None and \
-                logits_soft_cap is None and sm_scale is None and rope_scale is None and rope_theta is None and \
-                pos_encoding_mode is None and causal is None:
-            res = _core.fast_run(self, st, key, (k, v), q, out, lse, q_scale, k_scale, v_scale, enable_pdl)
-            if res is not None:
-                return res if return_lse else res[0]
+        scalars = dict(window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
+                       rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode,
+                       causal=causal)
         kv_in = (k, v)
+        res = None if _core.any_given(scalars) else \
+            _core.fast_run(self, st, key, kv_in, q, out, lse, q_scale, k_scale, v_scale, enable_pdl)
+        if res is not None:
+            return res if return_lse else res[0]
         if not compiling and not st.graph and T.is_torch(q) and _core.C.is_capturing(st.dev):
             raise _core.CaptureActiveError(
                 "kvattn: %s.run is being captured into a CUDA graph but the wrapper was created with "
                 "use_cuda_graph=False" % type(self).__name__)
-        self._check_scalars(st, window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
-                            rope_scale=rope_scale, rope_theta=rope_theta, pos_encoding_mode=pos_encoding_mode,
-                            causal=causal)
+        self._check_scalars(st, **scalars)
         if st.kv_layout == "HND":
             if k.ndim != 3 or v.ndim != 3:
                 raise ValueError("kvattn: k and v must be 3-D [num_kv_heads, kv_len, head_dim] (HND)")
@@ -488,7 +487,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_PrefillBase):
         args = _core.dispatch_run(self._handle, q, k, v, out, lse, ks, vs, variant_scalars, variant_tensors,
                                   enable_pdl)
         if key is not None:
-            _core.fast_record(self, self._require_plan(), key, args, kv_in, k, v, False, out_given, lse_given, out,
+            _core.fast_record(self._require_plan(), key, args, kv_in, k, v, False, out_given, lse_given, out,
                               lse)
         return (out, lse) if return_lse else out
 

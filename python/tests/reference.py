@@ -103,6 +103,16 @@ def gather_kv(cache_k, cache_v, indptr, indices, b, kv_len, layout="NHD"):
     return k, v
 
 
+def paged_decode(q, cache, indptr, indices, lens, layout="NHD"):
+    """Decode outputs [B, Hq, D] in float64: request b's query row q[b] against its pages of a 5-D pool cache
+    [P, 2, ...] (float64 arrays)."""
+    out = []
+    for b, n in enumerate(lens):
+        k, v = gather_kv(cache[:, 0], cache[:, 1], indptr, indices, b, n, layout)
+        out.append(attention(q[b:b + 1], k, v)[0][0])
+    return np.stack(out)
+
+
 def merge(v_a, s_a, v_b, s_b):
     v_a, v_b = np.asarray(v_a, np.float64), np.asarray(v_b, np.float64)
     s_a, s_b = np.asarray(s_a, np.float64), np.asarray(s_b, np.float64)

@@ -18,7 +18,7 @@ if not hasattr(torch.cuda, "_sleep"):
     pytest.skip("this torch has no torch.cuda._sleep (the GPU work the tests queue)", allow_module_level=True)
 
 import kvattn  # noqa: E402
-from reference import TOL, assert_close, attention, gather_kv, make_paged  # noqa: E402
+from reference import TOL, assert_close, attention, gather_kv, make_paged, paged_decode  # noqa: E402
 
 DEV = "cuda"
 
@@ -47,12 +47,7 @@ def check_async(plan, what):
 
 
 def decode_ref(q, cache, indptr, indices, lens):
-    c = np64(cache)
-    out = []
-    for b, n in enumerate(lens):
-        k, v = gather_kv(c[:, 0], c[:, 1], indptr, indices, b, n)
-        out.append(attention(np64(q[b:b + 1]), k, v)[0][0])
-    return np.stack(out)
+    return paged_decode(np64(q), np64(cache), indptr, indices, lens)
 
 
 @pytest.mark.parametrize("arrays", ["numpy", "torch_cpu", "indices_on_device"])

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed: the torch front-end tests need it")
 
 import kvattn  # noqa: E402
-from reference import TOL, assert_close, attention, gather_kv, make_paged, merge  # noqa: E402
+from reference import TOL, assert_close, attention, gather_kv, make_paged, merge, paged_decode  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
@@ -238,12 +238,7 @@ def test_append_kv_indptr_past_kv_indices(device):
 
 
 def _decode_ref(q, cache, indptr, indices, lens):
-    c = np64(cache)
-    out = []
-    for b, n in enumerate(lens):
-        k, v = gather_kv(c[:, 0], c[:, 1], indptr, indices, b, n)
-        out.append(attention(np64(q[b:b + 1]), k, v)[0][0])
-    return np.stack(out)
+    return paged_decode(np64(q), np64(cache), indptr, indices, lens)
 
 
 @needs_cuda
