@@ -22,8 +22,8 @@
  * Probes (environment): KVATTN_BENCH_PAGE_SIZE=N pools of N-token pages (KVATTN_BENCH_PAGES_SEQ=1: each request's pages
  * in pool order), KVATTN_BENCH_LAYOUT_HND=1 HND pools, KVATTN_BENCH_FIXED_SPLIT=N eager plans with KV chunks of N tokens,
  * KVATTN_BENCH_FLUSH=read a flush that reads 537 MB (a kvattn decode call; clean L2) instead of writing 512 MB,
- * KVATTN_BENCH_SHAPES="HQ/HKV:BxL,..." extra rows (group XS). bench/decode_interleaved.py times kvattn and cuDNN in one
- * process under either flush.
+ * KVATTN_BENCH_SHAPES="HQ/HKV:BxL[:dD][:pP][:e4m3|:e5m2],..." extra rows (group XS).
+ * bench/decode_interleaved.py times kvattn and cuDNN in one process under either flush.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <cuda_runtime_api.h>
@@ -204,18 +204,32 @@ static void build_workloads(int quick, int extra) {
         }
     }
     {
-        /* KVATTN_BENCH_SHAPES="HQ/HKV:BxL,..." (probe): extra bf16 head-dim-128 page-16 rows, group "XS" */
+        /* KVATTN_BENCH_SHAPES="HQ/HKV:BxL[:dD][:pP][:e4m3|:e5m2],..." (probe): extra rows, group "XS"; head dim D
+           (default 128), page size P (default 16), KV dtype (default bf16) */
         const char* xs = getenv("KVATTN_BENCH_SHAPES");
-        char buf[512];
+        char buf[1024];
         snprintf(buf, sizeof buf, "%s", xs ? xs : "");
         char* save = NULL;
         for (char* t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            int hq = 0, hk = 0, b = 0, l = 0;
-            if (sscanf(t, "%d/%d:%dx%d", &hq, &hk, &b, &l) != 4 || hq <= 0 || hk <= 0 || hq % hk || b <= 0 || l <= 0)
+            int hq = 0, hk = 0, b = 0, l = 0, d = 128, ps = 16, n = 0;
+            kva_dtype kv = KVA_DTYPE_BF16;
+            int ok = sscanf(t, "%d/%d:%dx%d%n", &hq, &hk, &b, &l, &n) == 4 && hq > 0 && hk > 0 && hq % hk == 0 &&
+                     b > 0 && l > 0;
+            for (const char* o = t + n; ok && *o;) {
+                int m = 0;
+                if (*o++ != ':') ok = 0;
+                else if (sscanf(o, "d%d%n", &d, &m) == 1 || sscanf(o, "p%d%n", &ps, &m) == 1) o += m;
+                else if (!strncmp(o, "e4m3", 4)) { kv = KVA_DTYPE_E4M3; o += 4; }
+                else if (!strncmp(o, "e5m2", 4)) { kv = KVA_DTYPE_E5M2; o += 4; }
+                else ok = 0;
+            }
+            if (!ok || d <= 0 || ps <= 0) {
+                fprintf(stderr, "KVATTN_BENCH_SHAPES: skipping '%s'\n", t);
                 continue;
+            }
             char nm[64];
-            snprintf(nm, sizeof nm, "XS GQA %d/%d", hq, hk);
-            w = add("XS", nm, hq, hk, 128, KVA_DTYPE_BF16, 16, b);
+            snprintf(nm, sizeof nm, "XS GQA %d/%d d%d p%d %s", hq, hk, d, ps, kva_dtype_name(kv));
+            w = add("XS", nm, hq, hk, d, kv, ps, b);
             uniform(w, l);
         }
     }

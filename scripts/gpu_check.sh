@@ -187,10 +187,14 @@ elif command -v compute-sanitizer >/dev/null; then
     if [ -x "$BUILD/tests/test_ops" ]; then
         run_step "memcheck test_ops (20 cases)" 120 20 compute-sanitizer --tool memcheck \
             --error-exitcode 99 --print-limit 20 "$BUILD/tests/test_ops" --backend cuda --count 20
-        # the head-group kernel's cp.async producers (pages of 1 and 3 tokens) and its TMA one (page 16)
+        # the head-group kernel's cp.async producers (pages of 1 and 3 tokens) and its TMA one (page 16); row slots
+        # (groups of 12 to 32 over one KV head)
         for c in "op=decode B=3 kv=300 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=1" \
                  "op=decode B=4 kv=200 hq=16 hkv=4 dqk=64 dvo=64 qt=f16 kvt=f16 ot=f32 ps=3 layout=HND empty=25" \
-                 "op=decode B=2 kv=500 hq=40 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=e4m3 ot=bf16 ps=16"; do
+                 "op=decode B=2 kv=500 hq=40 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=e4m3 ot=bf16 ps=16" \
+                 "op=decode B=3 kv=300 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16" \
+                 "op=decode B=2 kv=200 hq=24 hkv=2 dqk=64 dvo=64 qt=f16 kvt=f16 ot=f16 ps=3 layout=HND empty=25" \
+                 "op=decode B=2 kv=400 hq=20 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=e5m2 ot=f32 ps=16"; do
             for tool in memcheck racecheck; do
                 extra=(); [ $tool = racecheck ] && extra=(--racecheck-report hazard)
                 run_step "$tool test_ops [head groups] ${c#op=decode }" 90 3 env KVATTN_CUDA_DECODE_HG=1 \

@@ -58,6 +58,9 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
             ctx->min_kv_chunk = (int32_t)v;
             ctx->small_kv_chunk = -1; /* the benchmark fixed the shortest chunk: no small-call floor */
         }
+        const char* rsx = getenv("KVATTN_BENCH_RS_SPLIT"); /* benchmark A/B only */
+        const long r = rsx ? strtol(rsx, NULL, 10) : 0;
+        ctx->rs_max_split = r >= 1 && r <= 4096 ? (int32_t)r : KVA__RS_MAX_SPLIT;
         const char* lpt = getenv("KVATTN_BENCH_PLAN_LPT"); /* benchmark A/B only */
         ctx->plan_lpt_only = lpt && lpt[0] == '1';
     }

@@ -77,6 +77,8 @@ struct kva_context {
                                  this (<= 0 = off), as long as the longest tile keeps at most KVA__SMALL_SPLIT
                                  chunks. The CUDA backend sets 64 unless $KVATTN_BENCH_MIN_KV_CHUNK fixed
                                  min_kv_chunk (-1) */
+    int32_t rs_max_split;     /* row-slot plans (kva__plan_data.row_slots): at most this many chunks per unit
+                                 (KVA__RS_MAX_SPLIT; benchmark A/B: $KVATTN_BENCH_RS_SPLIT at context creation) */
     int32_t worker_head_bytes; /* > 0: plans reserve this many bytes per worker at off_worker_head for the backend's
                                   per-worker header (the CUDA backend: kvk_worker_head, 64 bytes); 0 = none */
     int32_t cluster_size;     /* > 1: batch-decode plans may combine split KV inside thread-block clusters of this many
@@ -117,11 +119,13 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
 /* Plan data: the public kva_plan's opaque bytes. Everything a backend needs at run time.           */
 
 #define KVA__PLAN_MAGIC 0x6b76617474706c6eull /* "kvattpln" */
-#define KVA__PLAN_VERSION 7
+#define KVA__PLAN_VERSION 8
 #define KVA__WS_ALIGN 256          /* alignment of every region in the workspace */
 #define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
 #define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
 #define KVA__SMALL_SPLIT 16        /* see small_kv_chunk: the CUDA decode kernels' one-pass fused merge width */
+#define KVA__RS_MAX_SPLIT 32       /* see rs_max_split: a split unit of row slots is merged by one CTA, its g <= 32 rows
+                                      times its partials (planner.c, kva__choose_chunk) */
 #define KVA__MAX_TILE_Q 128
 
 /* Per-request table in the workspace (written by plan). */
@@ -204,6 +208,9 @@ typedef struct kva__plan_data {
     int32_t kv_head_group;   /* G >= 1: a unit (tile, work item, merge task) spans KV heads kv_head * G .. + G - 1 and
                                 their G x g query heads as packed rows (kv_head is the group's index); 1 = one head */
     int32_t kv_chunk_size;   /* 0 = no split */
+    int32_t row_slots;       /* > 1 (batch decode, kv_head_group 1): the backend's kernel reads each unit's K/V once for
+                                its tile of all g rows, in this many slots of rows (0 = not) */
+    int32_t pad_rs_;
     int32_t cluster_size;    /* > 1: the kernel is launched in thread-block clusters of this many CTAs (0 = not) */
     int32_t cluster_combine; /* 1: unit u's chunks are on CTAs u * cluster_size + c and combine inside the cluster */
     int32_t num_items;
@@ -344,9 +351,12 @@ typedef struct kva__backend_ops {
                             int64_t tokens);
     /* KV heads per unit for a plan outside graph mode (NULL: 1), given the validated params and the sum and maximum
        of the KV lengths; a result G > 1 must divide num_kv_heads and may set *workers (1 <= *workers <=
-       ctx->num_workers) to the worker count of its kernel. */
+       ctx->num_workers) to the worker count of its kernel. With a result of 1 the backend may instead set
+       *row_slots > 1 (and *workers): one KV head per unit, and a tile of the whole group (g rows) for a kernel that
+       reads each unit's K/V once for all of them. */
     int32_t (*kv_head_group)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
-                             const kva_plan_params* params, int64_t total_kv, int64_t max_kv, int32_t* workers);
+                             const kva_plan_params* params, int64_t total_kv, int64_t max_kv, int32_t* workers,
+                             int32_t* row_slots);
     /* With ctx->cluster_size > 1: whether a batch-decode plan of this descriptor at this tile size runs on a kernel
        that combines split KV inside thread-block clusters (NULL: yes). */
     bool (*cluster_ok)(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, int32_t tile_q);

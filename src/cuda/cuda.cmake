@@ -121,15 +121,26 @@ foreach(cfg "1;f16;1;f16" "2;bf16;2;bf16" "1;f16;3;e4m3" "2;bf16;3;e4m3" "1;f16;
     set(ga "_ga")
     set(gadef "#define KVA_HG_GATHER 1\n")
   endif()
+  # and, with 16-bit KV, in row slots ("_rs": GQA groups of 9 to 32, kva__cuda_hg_rs_key)
+  set(rsl "0")
+  if(NOT kt EQUAL 3)
+    set(rsl "0;1")
+  endif()
   foreach(hg 2 4)
-    set(name "kva_hg_d128_q${dn}_kv${kn}_o${dn}_g${hg}${ga}")
-    list(APPEND kva_aot_list ${name})
-    string(APPEND kva_aot_cu "#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900\n"
-           "#define KVA_KERNEL_NAME ${name}\n#define KVA_DQK 128\n#define KVA_DVO 128\n"
-           "#define KVA_QT ${t}\n#define KVA_KT ${kt}\n#define KVA_OT ${t}\n#define KVA_HG ${hg}\n${gadef}"
-           "#include \"kva_decode_hg.cuh\"\n"
-           "#undef KVA_KERNEL_NAME\n#undef KVA_DQK\n#undef KVA_DVO\n#undef KVA_QT\n#undef KVA_KT\n#undef KVA_OT\n"
-           "#undef KVA_HG\n#undef KVA_HG_GATHER\n#endif\n\n")
+    foreach(rs ${rsl})
+      set(rsn "")
+      if(rs EQUAL 1)
+        set(rsn "_rs")
+      endif()
+      set(name "kva_hg_d128_q${dn}_kv${kn}_o${dn}_g${hg}${rsn}${ga}")
+      list(APPEND kva_aot_list ${name})
+      string(APPEND kva_aot_cu "#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900\n"
+             "#define KVA_KERNEL_NAME ${name}\n#define KVA_DQK 128\n#define KVA_DVO 128\n"
+             "#define KVA_QT ${t}\n#define KVA_KT ${kt}\n#define KVA_OT ${t}\n#define KVA_HG ${hg}\n${gadef}"
+             "#define KVA_HG_RS ${rs}\n#include \"kva_decode_hg.cuh\"\n"
+             "#undef KVA_KERNEL_NAME\n#undef KVA_DQK\n#undef KVA_DVO\n#undef KVA_QT\n#undef KVA_KT\n#undef KVA_OT\n"
+             "#undef KVA_HG\n#undef KVA_HG_GATHER\n#undef KVA_HG_RS\n#endif\n\n")
+    endforeach()
   endforeach()
 endforeach()
 string(APPEND kva_aot_cu "${KVA_PREFILL_AOT_CU}")

@@ -38,6 +38,8 @@ enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2, KVA__BD_FUSED = 
 #define KVA__BD_MAGIC_VALUE 0x6b7661637564616eull /* "kvacudan" */
 /* K/V megabytes from which batch-decode plans take the head-group kernel by default (kva__cuda_kv_head_group) */
 #define KVA__HG_MIN_MB 256
+/* K/V megabytes below which batch-decode plans of GQA groups of 9 to 32 take the head-group kernel in row slots */
+#define KVA__HG_RS_MAX_MB 160
 
 static kva__cuda_state* kva__st(const kva_context* ctx) { return (kva__cuda_state*)ctx->backend_state; }
 
@@ -261,7 +263,7 @@ int32_t kva__cuda_hg_heads_pick(int32_t H, int64_t batch, int64_t kv_bytes, int3
    hg_min_bytes of K/V (KVATTN_CUDA_DECODE_HG=1: every call in the kernel's scope; =0: never). */
 static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attention_desc* desc, kva_op op,
                                        const kva_plan_params* params, int64_t total_kv, int64_t max_kv,
-                                       int32_t* workers) {
+                                       int32_t* workers, int32_t* row_slots) {
     const kva__cuda_state* st = (const kva__cuda_state*)ctx->backend_state;
     if (!st || st->decode_hg == 0 || op != KVA_OP_BATCH_DECODE || st->cc != 90 || !st->cu->TensorMapEncodeTiled ||
         params->fixed_split_size > 0 || params->num_pages > INT32_MAX) /* num_pages 0: the pool size is known at run */
@@ -269,6 +271,21 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
     const int32_t H = desc->num_kv_heads;
     const int64_t bytes = total_kv * (int64_t)H * (desc->head_dim_qk + desc->head_dim_vo) *
                           (int64_t)kva_dtype_size(desc->kv_dtype);
+    {
+        /* Row slots (kva_decode_hg.cuh, KVA_HG_RS): GQA groups of 9 to 32 otherwise run the tensor-core attention
+           kernel (kva__cuda_prefill_prefer_for_decode). One CTA per SM (192 KB of stages). Interleaved A/B on an H200
+           (bench/results/rowslots_h200_2026-11-29_session39.md): faster on every call measured below 140 MB of K/V
+           (MQA 32/1 64 x 4k -8.6 %, 8 x 4k -40 %, 1 x 32k -54 %; GQA 48/4 16 x 1k -22 %; 128/8 1 x 1k -30 %), slower
+           from 270 MB (128/8 32 x 2k +21 %, 64 x 4k +37 %): a row-slot CTA streams at most ~20 GB/s (the attention
+           kernel's plan does better once the call fills the GPU), hence calls under hg_rs_max_bytes (160 MB). */
+        kva__kkey k;
+        if (kva__cuda_hg_rs_key(desc, params->page_size, &k) && kva__kkey_smem(&k) <= (size_t)st->max_smem_optin &&
+            st->hg_rs != 0 && (st->decode_hg > 0 || bytes < st->hg_rs_max_bytes)) {
+            *row_slots = k.rows;
+            *workers = st->num_sms;
+            return 1;
+        }
+    }
     int32_t one_per_sm = 0; /* G = 2 at one CTA per SM (kva__cuda_hg_heads_pick; default mode only) */
     int32_t G = st->hg_heads ? st->hg_heads : (H % 4 == 0 ? 4 : 2);
     if (!st->hg_heads && st->decode_hg < 0)
@@ -432,11 +449,13 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     kva_status status = kva__not_capturing(st, (CUstream)stream, "plan");
     kva__kchoice c;
     int index = -1;
-    if (status == KVA_OK && plan->kv_head_group > 1) {
+    if (status == KVA_OK && (plan->kv_head_group > 1 || plan->row_slots > 1)) {
         memset(&c, 0, sizeof c);
-        if (!kva__cuda_hg_key(&plan->desc, plan->page_size, plan->kv_head_group, &c.key))
-            status = kva__set_error(KVA_ERR_INTERNAL, "plan: no head-group decode kernel for %d heads per unit",
-                                    (int)plan->kv_head_group);
+        if (plan->row_slots > 1 ? !kva__cuda_hg_rs_key(&plan->desc, plan->page_size, &c.key) ||
+                                      c.key.rows != plan->row_slots || plan->tile_q != plan->group_size
+                                : !kva__cuda_hg_key(&plan->desc, plan->page_size, plan->kv_head_group, &c.key))
+            status = kva__set_error(KVA_ERR_INTERNAL, "plan: no head-group decode kernel for %d heads / %d row slots "
+                                    "per unit", (int)plan->kv_head_group, (int)plan->row_slots);
         c.smem = kva__kkey_smem(&c.key);
         c.tile_q = plan->tile_q;
     } else if (status == KVA_OK) {
@@ -464,6 +483,7 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     if (status == KVA_OK && st->no_bounds_check) c.key.nochk |= 1;
     if (status == KVA_OK && st->pf_exp && c.key.family == KVA__KF_PREFILL) c.key.nochk |= st->pf_exp << 4;
     if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
+    if (status == KVA_OK && st->hg_spin && c.key.family == KVA__KF_DECODE_HG) c.key.nochk |= 2;
     if (status == KVA_OK && st->tc_generic_merge && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 8;
     if (status == KVA_OK && st->tc_exp && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= st->tc_exp << 8;
     if (status == KVA_OK && st->no_l2_hint &&
@@ -762,7 +782,8 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     if (hg && ke->key.mainloop != 1 && pd->num_items > 0 && pd->num_page_entries > 0) {
         /* the plan's work items are head-group units: only this kernel runs them (a plan without page entries has
            only empty items, which never copy) */
-        KVA_RETURN_IF(!kva__cuda_tma_maps(st, pd, a, &p, &tm, (int)pd->kv_head_group), KVA_ERR_UNSUPPORTED,
+        KVA_RETURN_IF(!kva__cuda_tma_maps(st, pd, a, &p, &tm, ke->key.hg_rs ? 1 : (int)pd->kv_head_group),
+                      KVA_ERR_UNSUPPORTED,
                       "run: the plan reads K/V by tensor maps (head-group decode), and cuTensorMapEncodeTiled refused "
                       "the pool (k_data %p, v_data %p, strides k %lld/%lld/%lld v %lld/%lld/%lld, %lld pages); plan "
                       "with KVATTN_CUDA_DECODE_HG=0 for this pool",
@@ -816,7 +837,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     const unsigned grid = (unsigned)pd->num_workers; /* one persistent CTA per planner worker */
     const unsigned threads = ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key)
                              : ke->key.family == KVA__KF_DECODE_TC && ke->key.warps == 8 ? 256u
-                             : hg ? (unsigned)KVK_HG_THREADS(ke->key.rows, ke->key.mainloop == 1)
+                             : hg ? (unsigned)KVK_HG_THREADS_RS(ke->key.rows, ke->key.mainloop == 1, ke->key.hg_rs)
                                   : (unsigned)KVK_THREADS;
     /* programmatic dependent launch where asked for and the kernel waits for its predecessors (else a plain launch) */
     const int pdl = a->enable_pdl != 0 && ke->pdl;
@@ -1255,6 +1276,12 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->hg_promo = hgp && hgp[0] >= '0' && hgp[0] <= '2' && hgp[1] == '\0' ? hgp[0] - '0'
                        : (st->dram_gbps > 0.0 && st->dram_gbps < 4000.0)    ? 2
                                                                               : 0;
+        const char* hrs = getenv("KVATTN_BENCH_HG_RS"); /* A/B: 0 = groups of 9-32 on the attention kernel, as before */
+        st->hg_rs = !(hrs && hrs[0] == '0' && hrs[1] == '\0');
+        const char* hsp = getenv("KVATTN_BENCH_HG_SPIN"); /* A/B: head-group mbarrier waits without the suspend hint */
+        st->hg_spin = hsp && hsp[0] == '1' && hsp[1] == '\0';
+        const char* hrm = getenv("KVATTN_BENCH_HG_RS_MAX_MB"); /* A/B: K/V megabytes below which row slots are taken */
+        st->hg_rs_max_bytes = (hrm && *hrm ? strtoll(hrm, NULL, 10) : KVA__HG_RS_MAX_MB) * 1000000ll;
         const char* hgm = getenv("KVATTN_BENCH_HG_MIN_MB"); /* A/B: K/V megabytes from which head groups are taken */
         st->hg_min_bytes = (hgm && *hgm ? strtoll(hgm, NULL, 10) : KVA__HG_MIN_MB) * 1000000ll;
         const char* tp = getenv("KVATTN_BENCH_TRACE_PTR"); /* benchmark: kernel timestamps into this buffer */

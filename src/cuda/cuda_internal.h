@@ -42,6 +42,7 @@ typedef struct kva__kkey {
     int32_t alibi_fold; /* Hopper mainloop: 1 = ALiBi's per-key bias folded into the S accumulators (KVA_ALIBI_FOLD;
                            "_afold" names; taken for ALiBi without soft cap) */
     int32_t warps;      /* tensor-core decode family: 0 = 4 warps, 8 = 8 warps ("_w8": plans with one CTA per SM) */
+    int32_t hg_rs;      /* head-group decode family: 1 = row slots (`rows` slots of 8 query rows over one KV head, "_rs") */
     int32_t var_hooks;  /* user variant (CUDA-core or mma.sync prefill family): KVA_VARIANT_* bits | 0x100 if use_softmax; 0 = none */
     uint64_t var_hash;  /* the variant's hash (kva_variant.hash); 0 = built-in */
     const char* var_src; /* the variant's NVRTC source (not part of the key's identity: var_hash is) */
@@ -78,6 +79,10 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
  * multiples of 16, the cp.async producers (mainloop 1, "_ga") for the others), else 0. The caller checks the device
  * (compute capability 9.0, tensor maps, shared memory). */
 int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t heads, kva__kkey* out);
+/* The same kernel in row slots (KVA_HG_RS, "_rs") for a batch-decode plan of one KV head per unit with GQA groups of 9
+ * to 32 (a tile of all g rows): 1 and the key (rows = slots of 8 rows: 2 for g <= 16, else 4) in the same scope as
+ * kva__cuda_hg_key but for the group size, else 0. */
+int kva__cuda_hg_rs_key(const kva_attention_desc* d, int32_t page_size, kva__kkey* out);
 /* Heads per head-group unit for a default-mode decode plan of `batch` requests over H KV heads reading kv_bytes on a
    device of num_sms SMs: 4 where H divides by 4, else 2; and 2 at one CTA per SM (*one_per_sm = 1) where units of 4
    would number fewer than the SMs (each then split, with merges) while units of 2 fill 7/8 of them to all of them,
@@ -203,6 +208,9 @@ typedef struct kva__cuda_state {
     int hg_promo;           /* L2 promotion of the head-group tensor maps: 0 none, 1 128 B, 2 256 B (default by
                                dram_gbps; KVATTN_BENCH_HG_L2_PROMO=0|1|2 for A/B) */
     int64_t hg_min_bytes;   /* KVATTN_BENCH_HG_MIN_MB: K/V bytes from which the default choice takes head groups */
+    int hg_rs;              /* row slots for GQA groups of 9 to 32 (kva__cuda_kv_head_group; KVATTN_BENCH_HG_RS=0: off) */
+    int64_t hg_rs_max_bytes; /* KVATTN_BENCH_HG_RS_MAX_MB: K/V bytes below which the default takes row slots */
+    int hg_spin;            /* KVATTN_BENCH_HG_SPIN=1: head-group kernels whose mbarrier waits spin (A/B) */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */
     int smem_sm;            /* shared memory per SM (bytes) */
     int cluster;            /* thread-block clusters of this many CTAs for the tensor-core decode kernel's cluster

@@ -145,7 +145,7 @@ kva_status kva__cuda_select_dev(const kva_attention_desc* d, kva_op op, int32_t 
     return KVA_OK;
 }
 
-int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t heads, kva__kkey* out) {
+static int kva__cuda_hg_key_x(const kva_attention_desc* d, int32_t page_size, int32_t heads, int rs, kva__kkey* out) {
     if (heads != 2 && heads != 4) return 0;
     /* 16-bit q = KV at head dims 64 and 128, or fp8 KV (e4m3, e5m2) under 16-bit q at head dim 128 */
     const bool fp8 = kva__is_fp8(d->kv_dtype);
@@ -153,9 +153,9 @@ int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t hea
         (d->head_dim_qk != 64 && d->head_dim_qk != 128) || (fp8 && d->head_dim_qk != 128))
         return 0;
     if (!(d->o_dtype == KVA_DTYPE_F32 || kva__is16(d->o_dtype))) return 0;
-    if (d->num_kv_heads < 1 || d->num_qo_heads % d->num_kv_heads != 0 || d->num_qo_heads / d->num_kv_heads > 8 ||
-        d->num_kv_heads % heads != 0)
-        return 0;
+    if (d->num_kv_heads < 1 || d->num_qo_heads % d->num_kv_heads != 0) return 0;
+    const int32_t g = d->num_qo_heads / d->num_kv_heads;
+    if (rs ? g <= 8 * heads / 2 || g > 8 * heads : g > 8 || d->num_kv_heads % heads != 0) return 0;
     if (d->variant || d->pos_encoding != KVA_POS_NONE || d->logits_soft_cap > 0.0f ||
         d->score_mode != KVA_SCORE_SOFTMAX || d->mask_mode == KVA_MASK_CUSTOM)
         return 0;
@@ -169,13 +169,24 @@ int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t hea
         out->ot = d->o_dtype;
         out->rows = heads;
         out->mainloop = page_size % 16 != 0; /* the cp.async producer ("_ga"): TMA boxes need 16-token pages */
+        out->hg_rs = rs;
     }
     return 1;
 }
 
+int kva__cuda_hg_key(const kva_attention_desc* d, int32_t page_size, int32_t heads, kva__kkey* out) {
+    return kva__cuda_hg_key_x(d, page_size, heads, 0, out);
+}
+
+int kva__cuda_hg_rs_key(const kva_attention_desc* d, int32_t page_size, kva__kkey* out) {
+    const int32_t g = d->num_kv_heads > 0 ? d->num_qo_heads / d->num_kv_heads : 0;
+    return kva__cuda_hg_key_x(d, page_size, g <= 16 ? 2 : 4, 1, out);
+}
+
 size_t kva__kkey_smem(const kva__kkey* k) {
     if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_smem(k);
-    if (k->family == KVA__KF_DECODE_HG) return (size_t)KVK_HG_SMEM(k->dqk, k->dqk * KVK_DEC_ES(k->kt), k->rows);
+    if (k->family == KVA__KF_DECODE_HG)
+        return (size_t)KVK_HG_SMEM_RS(k->dqk, k->dqk * KVK_DEC_ES(k->kt), k->rows, k->hg_rs ? 1 : 0);
     if (k->family == KVA__KF_DECODE_TC)
         return (size_t)KVK_TC_SMEM_NW(k->dqk, KVK_DEC_ES(k->kt), k->rows, k->warps == 8 ? 8 : 4);
     if (k->family == KVA__KF_DECODE) return (size_t)KVK_DEC_SMEM(k->dqk, k->dvo, KVK_DEC_ES(k->kt), k->rows);
@@ -238,8 +249,9 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
                  (k->nochk & 2) ? "_trace" : "", (k->nochk & 4) ? "_nohint" : "", (k->nochk & 8) ? "_gmerge" : "", x);
     }
     else if (k->family == KVA__KF_DECODE_HG)
-        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
-                 kva__dt(k->ot), (int)k->rows, k->mainloop == 1 ? "_ga" : "", (k->nochk & 1) ? "_nochk" : "");
+        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s%s%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+                 kva__dt(k->ot), (int)k->rows, k->hg_rs ? "_rs" : "", k->mainloop == 1 ? "_ga" : "",
+                 (k->nochk & 1) ? "_nochk" : "", (k->nochk & 2) ? "_spin" : "");
     else if (k->var_hash)
         snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (unsigned long long)k->var_hash, (k->nochk & 1) ? "_nochk" : "",
@@ -279,6 +291,9 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     if (k->family == KVA__KF_DECODE_TC && k->warps == 8 && max > n) snprintf(defs[n++], 128, "-DKVA_TC_NW=8");
     if (k->family == KVA__KF_DECODE_HG && max > n) snprintf(defs[n++], 128, "-DKVA_HG=%d", (int)k->rows);
     if (k->family == KVA__KF_DECODE_HG && k->mainloop == 1 && max > n) snprintf(defs[n++], 128, "-DKVA_HG_GATHER=1");
+    if (k->family == KVA__KF_DECODE_HG && k->hg_rs && max > n) snprintf(defs[n++], 128, "-DKVA_HG_RS=1");
+    if (k->family == KVA__KF_DECODE_HG && (k->nochk & 2) && max > n)
+        snprintf(defs[n++], 128, "-DKVA_HG_SPIN=1"); /* benchmark A/B only */
     if (k->family == KVA__KF_DECODE_TC && (k->nochk & 8) && max > n)
         snprintf(defs[n++], 128, "-DKVA_TC_GENERIC_MERGE=1"); /* benchmark A/B only */
     if (k->family == KVA__KF_DECODE_TC && (k->nochk >> 8) && max > n)
@@ -474,10 +489,11 @@ int kva__kkey_enumerate(kva__kkey* keys, int max) {
                            cp.async ("_ga") producers */
                         for (int e = 0; e < 3; ++e)
                             for (int hg = 2; hg <= 4; hg += 2)
-                                for (int ga = 0; ga < 2; ++ga) {
-                                    kva__put_key(keys, max, &n, family, dims[a], qts[b], kts[c], ots[e], hg, 0, 0);
-                                    if (n <= max) keys[n - 1].mainloop = ga;
-                                }
+                                for (int ga = 0; ga < 2; ++ga)
+                                    for (int rs = 0; rs < 2; ++rs) { /* heads, or row slots ("_rs") */
+                                        kva__put_key(keys, max, &n, family, dims[a], qts[b], kts[c], ots[e], hg, 0, 0);
+                                        if (n <= max) keys[n - 1].mainloop = ga, keys[n - 1].hg_rs = rs;
+                                    }
                     }
                 }
     return n;

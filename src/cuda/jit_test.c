@@ -105,6 +105,8 @@ static int same(const kva__kkey* a, const kva__kkey* b) { return memcmp(a, b, si
 
 /* covering set: a key is kept when it is D128/bf16/bf16/bf16 except along at most... (see file comment) */
 static int in_covering_set(const kva__kkey* k) {
+    if (k->family == KVA__KF_DECODE_HG && k->hg_rs) /* row slots: bf16 q = o at every (dim, KV dtype, slots) */
+        return k->qt == KVA_DTYPE_BF16 && k->ot == KVA_DTYPE_BF16;
     if (k->family == KVA__KF_DECODE_HG) /* bf16 at every (dim, output, heads); f16 at 128 / f16 / 4 heads */
         return k->qt == KVA_DTYPE_BF16 || (k->dqk == 128 && k->ot == KVA_DTYPE_F16 && k->rows == 4);
     if (k->family == KVA__KF_DECODE_TC && k->warps == 8) /* bf16 at every rows; f16 with f32 output at 8 rows */
@@ -188,6 +190,27 @@ static void test_nvrtc_variants(void) {
                                 if (!found) missing++;
                             }
     CHECK(hg_keys > 0 && missing == 0, "%d of %d head-group keys outside kva__kkey_enumerate", missing, hg_keys);
+    /* and every row-slot key (kva__cuda_hg_rs_key) */
+    hg_keys = 0;
+    missing = 0;
+    for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 4; ++b)
+            for (int c = 0; c < 3; ++c)
+                for (int dd = 0; dd < 3; ++dd)
+                    for (int g = 1; g <= 40; ++g)
+                        for (int ps = 1; ps <= 48; ps += ps < 8 ? 7 : 8) {
+                            kva_attention_desc d;
+                            kva_attention_desc_init(&d, 3 * g, 3, dims[dd], qts[a]);
+                            d.kv_dtype = kts[b];
+                            d.o_dtype = ots[c];
+                            kva__kkey k;
+                            if (!kva__cuda_hg_rs_key(&d, ps, &k)) continue;
+                            hg_keys++;
+                            int found = 0;
+                            for (int i = 0; i < n && !found; ++i) found = same(&keys[i], &k);
+                            if (!found) missing++;
+                        }
+    CHECK(hg_keys > 0 && missing == 0, "%d of %d row-slot keys outside kva__kkey_enumerate", missing, hg_keys);
 
     static const char* archs[] = {"sm_80", "sm_90a"};
     /* KVATTN_JIT_TEST_MATCH="a|b": only kernels whose name contains one of the substrings (with FULL: all of them) */
@@ -269,6 +292,27 @@ static void test_select(void) {
         CHECK(!kva__cuda_hg_key(&d, 16, 2, NULL), "hg: head dims 64 and 128");
         kva_attention_desc_init(&d, 12, 6, 64, KVA_DTYPE_F16);
         CHECK(kva__cuda_hg_key(&d, 16, 2, NULL) && !kva__cuda_hg_key(&d, 16, 4, NULL), "hg: the heads divide by G");
+        /* row slots (kva__cuda_hg_rs_key): groups of 9 to 32 over one KV head, 2 slots up to 16 rows, else 4 */
+        for (int g = 1; g <= 40; ++g) {
+            kva_attention_desc_init(&d, 3 * g, 3, 128, KVA_DTYPE_BF16);
+            const int ok = kva__cuda_hg_rs_key(&d, 16, &k);
+            CHECK(ok == (g >= 9 && g <= 32), "hg rs: g = %d in scope %d", g, ok);
+            if (ok)
+                CHECK(k.family == KVA__KF_DECODE_HG && k.hg_rs == 1 && k.rows == (g <= 16 ? 2 : 4) &&
+                          k.mainloop == 0 && kva__kkey_smem(&k) <= 227 * 1024,
+                      "hg rs: g = %d: slots %d, smem %zu", g, (int)k.rows, kva__kkey_smem(&k));
+        }
+        kva_attention_desc_init(&d, 32, 1, 64, KVA_DTYPE_F16);
+        CHECK(kva__cuda_hg_rs_key(&d, 1, &k) && k.mainloop == 1 && k.rows == 4 && kva__kkey_smem(&k) <= 227 * 1024,
+              "hg rs: MQA 32/1 at head dim 64, page 1 (\"_ga\"; smem %zu)", kva__kkey_smem(&k));
+        kva_attention_desc_init(&d, 16, 1, 128, KVA_DTYPE_BF16);
+        d.kv_dtype = KVA_DTYPE_E4M3;
+        CHECK(kva__cuda_hg_rs_key(&d, 16, &k) && k.rows == 2 && kva__kkey_smem(&k) <= 227 * 1024,
+              "hg rs: fp8 KV at head dim 128 (smem %zu)", kva__kkey_smem(&k));
+        d.logits_soft_cap = 30.0f;
+        CHECK(!kva__cuda_hg_rs_key(&d, 16, NULL), "hg rs: no soft cap");
+        kva_attention_desc_init(&d, 32, 2, 256, KVA_DTYPE_BF16);
+        CHECK(!kva__cuda_hg_rs_key(&d, 16, NULL), "hg rs: head dims 64 and 128");
     }
     kva_attention_desc_init(&d, 32, 8, 128, KVA_DTYPE_BF16);
     CHECK(kva__cuda_select(&d, KVA_OP_BATCH_DECODE, 0, 4, &c) == KVA_OK, "GQA 32/8 bf16 decode");

@@ -3,7 +3,7 @@
  * executes its worker's list of work items, each (request, group of HG consecutive KV heads, KV range) with the
  * group's HG x g query rows (the planner's unit with kv_head_group = HG: src/plan/planner.c). Batch decode with
  * q = KV of one 16-bit dtype at head dims 64 / 128, or 16-bit q with fp8 KV (e4m3 / e5m2) at head dim 128; GQA groups
- * g <= 8; page sizes that are multiples of 16 (TMA) or any other (KVA_HG_GATHER).
+ * g <= 8 (in row slots, 9 to 32: below); page sizes that are multiples of 16 (TMA) or any other (KVA_HG_GATHER).
  *
  * Why (docs/kernels/decode.md, session 12): on an NHD pool a load of one head reads 256-byte rows 2 KB apart, which
  * the H100 and H200 serve at 87.6-88.9 % of nominal whatever the copy engine; a TMA box over HG >= 2 heads of the same
@@ -14,7 +14,7 @@
  *   dim 128), KVA_OT, KVA_HG (2 or 4: heads per item), KVA_HG_GATHER (1: pages of any size, below),
  *   KVA_NO_BOUNDS_CHECK (benchmark only).
  *
- * CTA: 2 HG consumer warps and one producer warp (two for KVA_HG_GATHER). The KV range of an item is cut into
+ * CTA: 2 HG consumer warps (4 HG for 2 row slots: KVK_HG_PARTS) and one producer warp (two for KVA_HG_GATHER). The KV range of an item is cut into
  * 16-token subtiles on the absolute token grid (the item's first and last subtiles may be partial: masked); a page
  * size that is a multiple of 16 puts every subtile in one page. The producer warp walks the subtiles of its worker's
  * items (lanes load 32 page indices at a time, lane 0 issues) and fills a ring of HG_S stages: per subtile and
@@ -22,7 +22,8 @@
  * rows, KV heads, pages} from the host, 128-byte swizzle), completing on the stage's full mbarrier. Other page sizes
  * (KVA_HG_GATHER: page 1, 3, ...) take two producer warps that gather each token's page and copy the same layout with
  * cp.async (docs/kernels/decode.md, session 29). Consumer warp w owns head w % HG of the group
- * and the subtiles j with j % 2 == w / HG:
+ * and the subtiles j with j % P == w / HG (P = 2 consumer
+ * warps a head; row slots below):
  *   S^T[16 tok x 8 rows] = K[16 x D] . Q^T[D x 8]       A = K (ldmatrix), B = the head's g <= 8 query rows (registers)
  *   online softmax on S^T in registers (base 2)
  *   O^T[D x 8] += V^T[D x 16 tok] . P^T[16 x 8]         A = V^T (ldmatrix.trans), B = P^T (4 shuffles, 2 byte permutes)
@@ -33,6 +34,13 @@
  * scaled into the f16 range by a power of two folded into the logit scale); V is read by ldmatrix.trans on byte pairs
  * (two dims of one token per 16-bit element) and split into f16 by byte permutes, so accumulator row r8 of m-tile mt
  * holds dims 16 mt + 2 r8 and + 1.
+ *
+ * Row slots (KVA_HG_RS = 1, "_rs" names): GQA groups of 9 to 32 query heads over one KV head (MQA and large groups,
+ * which the tensor-core decode kernel, at most 8 rows an item, would read once per 8 rows). The unit is one KV head
+ * with its g rows (the planner's tile of g rows, kv_head_group 1); a stage holds 16 tokens of that one head (boxes
+ * {64 columns, 16 tokens, 1 head}, a quarter of the bytes of a 4-head stage, so 4x as many stages), and consumer warp
+ * w takes slot h = w % HG: query rows 8 h .. 8 h + 7 of the group (rows >= g idle), on the same shared K/V as the other
+ * slots. Every K/V byte is read from memory once per item, whatever g.
  *
  * Faults: a page index outside the pool skips the copy, records (request, page) in the status word, and the item's
  * rows get o = 0, lse = -inf (partials: KVK_FAULT_LSE_BITS, which the merge turns into o = 0, lse = -inf).
@@ -64,6 +72,15 @@
 #if KVA_HG != 2 && KVA_HG != 4
 #error "KVA_HG must be 2 or 4"
 #endif
+#ifndef KVA_HG_RS
+#define KVA_HG_RS 0
+#endif
+#undef HG_WAIT /* KVA_HG_SPIN (benchmark A/B): mbarrier waits without the suspend-time hint */
+#if defined(KVA_HG_SPIN) && KVA_HG_SPIN
+#define HG_WAIT kvp_mbar_wait_spin
+#else
+#define HG_WAIT kvp_mbar_wait
+#endif
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
@@ -78,7 +95,9 @@
 #undef HG_G
 #undef HG_ES
 #undef HG_RB
+#undef HG_BH
 #undef HG_NC
+#undef HG_P
 #undef HG_THREADS
 #undef HG_NP
 #undef HG_D
@@ -95,16 +114,18 @@
 #undef HG_DHI
 #undef HG_KFIX
 #define HG_G KVA_HG
-#define HG_NC (2 * HG_G)               /* consumer warps (2 per head) */
+#define HG_P KVK_HG_PARTS(HG_G, KVA_HG_RS) /* consumer warps per head / row slot */
+#define HG_NC (HG_P * HG_G)            /* consumer warps */
 #define HG_NP KVK_HG_PRODUCERS(HG_GATHER) /* producer warps */
-#define HG_THREADS KVK_HG_THREADS(HG_G, HG_GATHER)
+#define HG_THREADS KVK_HG_THREADS_RS(HG_G, HG_GATHER, KVA_HG_RS)
 #define HG_D KVA_DQK
 #define HG_ES KVK_DEC_ES(KVA_KT)        /* bytes per K/V element */
 #define HG_RB (HG_D * HG_ES)            /* bytes of one head's token row */
 #define HG_NCB (HG_RB / 128)            /* 128-byte column blocks (one TMA box each) */
-#define HG_BOX (HG_G * 16 * 128)       /* bytes of one box: [HG heads][16 tokens][128 B] */
-#define HG_SB KVK_HG_STAGE_BYTES(HG_RB, HG_G) /* stage: K blocks, then V blocks (2 * HG_NCB * HG_BOX) */
-#define HG_S KVK_HG_STAGES(HG_RB)
+#define HG_BH (KVA_HG_RS ? 1 : HG_G)    /* KV heads in a stage: HG heads, or the one head of a row-slot item */
+#define HG_BOX (HG_BH * 16 * 128)      /* bytes of one box: [HG_BH heads][16 tokens][128 B] */
+#define HG_SB KVK_HG_STAGE_BYTES(HG_RB, HG_BH) /* stage: K blocks, then V blocks (2 * HG_NCB * HG_BOX) */
+#define HG_S KVK_HG_NSTAGES(HG_RB, KVA_HG_RS)
 #define HG_KS (HG_D / 16)
 #define HG_MT (HG_D / 16)
 #define HG_CW KVK_HG_COMB_FLOATS(HG_D) /* combine record per lane: m0 m1 l0 l1, acc, fault */
@@ -140,7 +161,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const unsigned full0 = sbase + (unsigned)(HG_S * HG_SB), empty0 = full0 + 8u * HG_S;
     int* const s_fault = (int*)(smem + HG_S * HG_SB + 16 * HG_S);  /* [S]: the stage's subtile hit a bad page */
     int* const s_flag = s_fault + HG_S;                             /* [4]: fused merge */
-    float* const s_comb = (float*)(smem + KVK_HG_OFF_COMB(HG_RB, HG_G)); /* [HG][32][HG_CW] */
+    float* const s_comb = (float*)(smem + KVK_HG_OFF_COMB_RS(HG_RB, HG_G, KVA_HG_RS)); /* [HG_P-1][HG][32][HG_CW] */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
@@ -197,7 +218,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
            arrival after its s_fault write). */
         static_assert(HG_S % HG_NP == 0, "each producer warp owns every HG_NP-th stage");
         constexpr int CPH = HG_RB / 16;   /* 16-byte chunks per head row: 4, 8 or 16 */
-        constexpr int CT = HG_G * CPH;   /* per token over the group's heads: 8 .. 64 */
+        constexpr int CT = HG_BH * CPH;  /* per token over the stage's heads: 4 .. 64 */
         constexpr int TPI = CT >= 32 ? 1 : 32 / CT; /* tokens per copy instruction */
         constexpr int IPT = CT >= 32 ? CT / 32 : 1; /* copy instructions per token (K; as many for V) */
         const int pw = warp - HG_NC;
@@ -210,8 +231,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
             if (nsub == 0) continue;
             const int pbase = it == it0 ? h_rq.kv_start : reqs[w.req].kv_start;
-            const char* const kg = (const char*)p.k + (long long)(w.kv_head * HG_G) * khs;
-            const char* const vg = (const char*)p.v + (long long)(w.kv_head * HG_G) * vhs;
+            const char* const kg = (const char*)p.k + (long long)(w.kv_head * HG_BH) * khs;
+            const char* const vg = (const char*)p.v + (long long)(w.kv_head * HG_BH) * vhs;
             /* this warp's first subtile of the item, and this lane's token of subtile S_: in the item, its page */
             const int s_first = (pw - c % HG_NP + HG_NP) % HG_NP;
 #define HG_GA_LOAD(S_, IN_, PG_, SL_)                                                                         \
@@ -246,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 const unsigned okm = __ballot_sync(0xffffffffu, ok);
                 const unsigned badm = __ballot_sync(0xffffffffu, bad) & 0xffffu;
                 const int st = cs % HG_S;
-                if (cs >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((cs / HG_S) & 1) ^ 1));
+                if (cs >= HG_S) HG_WAIT(empty0 + 8u * st, (unsigned)(((cs / HG_S) & 1) ^ 1));
                 const int bpg = __shfl_sync(0xffffffffu, pg, badm ? __ffs(badm) - 1 : 0);
                 if (lane == 0) {
                     atomicExch(s_fault + st, badm ? 1 : 0);
@@ -292,7 +313,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             const int nsub = w.kv_end > w.kv_start ? (w.kv_end - t0 + 15) >> 4 : 0;
             if (nsub == 0) continue;
             const int pbase = it == it0 ? h_rq.kv_start : reqs[w.req].kv_start;
-            const int head0 = w.kv_head * HG_G;
+            const int head0 = w.kv_head * HG_BH;
             for (int s0 = 0; s0 < nsub; s0 += 32) {
                 int pg = 0, sl = 0;
                 if (s0 + lane < nsub) {
@@ -306,7 +327,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                     const int pgl = __shfl_sync(0xffffffffu, pg, l), sll = __shfl_sync(0xffffffffu, sl, l);
                     if (lane == 0) {
                         const int st = c % HG_S;
-                        if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
+                        if (c >= HG_S) HG_WAIT(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
                         const bool bad = !KVA_NO_BOUNDS_CHECK && (unsigned long long)(unsigned)pgl >=
                                                                     (unsigned long long)p.num_pages;
                         atomicExch(s_fault + st, bad ? 1 : 0); /* shared atomics: the consumers read it after the
@@ -340,21 +361,26 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const int h = warp % HG_G, part = warp / HG_G;
     const int q4 = lane & 3, r8 = lane >> 2;
     const int g = p.group_size;
+    /* this warp's rows: the group's rows hb0 .. hb0 + gl - 1 (gl <= 8; row-slot warps past the group have none), and
+       its K/V block in a stage (head hs) */
+    const int hb0 = KVA_HG_RS ? 8 * h : 0, gl = KVA_HG_RS ? (g - hb0 < 8 ? g - hb0 : 8) : g;
+    const int hs = KVA_HG_RS ? 0 : h;
     /* K ldmatrix (A = K[16 tok x 16 cols]): token (lane & 7) + 8 ((lane >> 3) & 1), 16-byte chunk 2 ks + (lane >> 4);
        V ldmatrix.trans (A = V^T): token (lane & 7) + 8 (lane >> 4), chunk 2 mt + ((lane >> 3) & 1). Row r of a box is
        h * 16 + token; its 16-byte chunk c sits at chunk c ^ (r & 7) (128-byte swizzle) */
 #if !HG_FP8
     const int kt = (lane & 7) + 8 * ((lane >> 3) & 1), kc = lane >> 4;
     const int vt = (lane & 7) + 8 * (lane >> 4), vc = (lane >> 3) & 1;
-    const unsigned krow = (unsigned)((h * 16 + kt) * 128), vrow = (unsigned)((h * 16 + vt) * 128);
+    const unsigned krow = (unsigned)((hs * 16 + kt) * 128), vrow = (unsigned)((hs * 16 + vt) * 128);
 #else
     /* fp8: K rows h * 16 + r8 (and + 8); V ldmatrix.trans rows: token (lane & 7) + 8 ((lane >> 3) & 1), chunk bit
        lane >> 4 */
-    const unsigned k8row = (unsigned)((h * 16 + r8) * 128);
+    const unsigned k8row = (unsigned)((hs * 16 + r8) * 128);
     const int v8t = (lane & 7) + 8 * ((lane >> 3) & 1), v8c = lane >> 4;
-    const unsigned v8row = (unsigned)((h * 16 + v8t) * 128);
+    const unsigned v8row = (unsigned)((hs * 16 + v8t) * 128);
 #endif
-    float* const comb = s_comb + (h * 32 + lane) * HG_CW;
+    static_assert((HG_P & (HG_P - 1)) == 0, "parts: a power of two");
+    float* const comb = s_comb + (((part > 0 ? part - 1 : 0) * HG_G + h) * 32 + lane) * HG_CW; /* parts >= 1 publish */
     const bool fused = (p.flags & KVK_FLAG_FUSED_MERGE) != 0u;
     int c = 0;
     for (int it = it0; it < it1; ++it) {
@@ -363,15 +389,15 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         const int kv0 = w.kv_start, kv1 = w.kv_end;
         const int t0 = kv0 & ~15;
         const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
-        const int kvh = w.kv_head * HG_G + h;
+        const int kvh = KVA_HG_RS ? w.kv_head : w.kv_head * HG_G + h;
         /* Q^T fragments (B = Q^T[16 cols x 8 rows]): row r8 (query head kvh * g + r8), columns 16 ks + 2 q4 (+1), +8;
            fp8 KV: dims 32 q4 + 4 ks (+1), + 2 (+3) in f16, scaled down by 2^qsh (the logit scale takes it back) */
         unsigned qb[HG_KS][2];
         float qscale = p.q_scale;
         {
-            const bool has = r8 < g;
+            const bool has = r8 < gl;
             const unsigned short* qr = (const unsigned short*)p.q + (long long)rq.qo_start * p.q_stride_row +
-                                       (long long)(kvh * g + (has ? r8 : 0)) * p.q_stride_head;
+                                       (long long)(kvh * g + (has ? hb0 + r8 : 0)) * p.q_stride_head;
 #if !HG_FP8
 #pragma unroll
             for (int ks = 0; ks < HG_KS; ++ks) {
@@ -417,9 +443,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         for (int mt = 0; mt < HG_MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
         int faulted = 0;
         for (int j = 0; j < nsub; ++j, ++c) {
-            if ((j & 1) != part) continue;
+            if ((j & (HG_P - 1)) != part) continue;
             const int st = c % HG_S;
-            kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
+            HG_WAIT(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
             if (atomicAdd(s_fault + st, 0)) {
                 faulted = 1;
                 __syncwarp();
@@ -529,8 +555,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             l0 += __shfl_xor_sync(0xffffffffu, l0, o);
             l1 += __shfl_xor_sync(0xffffffffu, l1, o);
         }
-        /* ---- the head's two warps: part 1 publishes, part 0 combines (named barrier 1 + h, 64 threads) ---- */
-        if (part == 1) {
+        /* ---- the head's (slot's) HG_P warps: parts >= 1 publish, part 0 combines (named barrier 1 + h) ---- */
+        if (part >= 1) {
             comb[0] = m0, comb[1] = m1, comb[2] = l0, comb[3] = l1, comb[4] = (float)faulted;
 #pragma unroll
             for (int mt = 0; mt < HG_MT; ++mt) {
@@ -540,27 +566,29 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 comb[8 + 4 * mt] = acc[mt][3];
             }
         }
-        kvp_named_sync(1u + (unsigned)h, 64u);
-        if (part == 0) {
-            const float mo0 = comb[0], mo1 = comb[1];
+        kvp_named_sync(1u + (unsigned)h, 32u * HG_P);
+#pragma unroll 1
+        for (int pp = 1; pp < HG_P && part == 0; ++pp) {
+            const float* const cr = s_comb + (((pp - 1) * HG_G + h) * 32 + lane) * HG_CW;
+            const float mo0 = cr[0], mo1 = cr[1];
             const float n0 = fmaxf(m0, mo0), n1 = fmaxf(m1, mo1);
             const float b0 = n0 == neg_inf ? 0.f : n0, b1 = n1 == neg_inf ? 0.f : n1;
             const float sa0 = kva_exp2(m0 - b0), sb0 = kva_exp2(mo0 - b0);
             const float sa1 = kva_exp2(m1 - b1), sb1 = kva_exp2(mo1 - b1);
-            l0 = l0 * sa0 + comb[2] * sb0;
-            l1 = l1 * sa1 + comb[3] * sb1;
+            l0 = l0 * sa0 + cr[2] * sb0;
+            l1 = l1 * sa1 + cr[3] * sb1;
             m0 = n0;
             m1 = n1;
-            faulted |= comb[4] != 0.f;
+            faulted |= cr[4] != 0.f;
 #pragma unroll
             for (int mt = 0; mt < HG_MT; ++mt) {
-                acc[mt][0] = acc[mt][0] * sa0 + comb[5 + 4 * mt] * sb0;
-                acc[mt][1] = acc[mt][1] * sa1 + comb[6 + 4 * mt] * sb1;
-                acc[mt][2] = acc[mt][2] * sa0 + comb[7 + 4 * mt] * sb0;
-                acc[mt][3] = acc[mt][3] * sa1 + comb[8 + 4 * mt] * sb1;
+                acc[mt][0] = acc[mt][0] * sa0 + cr[5 + 4 * mt] * sb0;
+                acc[mt][1] = acc[mt][1] * sa1 + cr[6 + 4 * mt] * sb1;
+                acc[mt][2] = acc[mt][2] * sa0 + cr[7 + 4 * mt] * sb0;
+                acc[mt][3] = acc[mt][3] * sa1 + cr[8 + 4 * mt] * sb1;
             }
         }
-        kvp_named_sync(1u + (unsigned)h, 64u);
+        kvp_named_sync(1u + (unsigned)h, 32u * HG_P);
         const bool to_partial = w.partial >= 0;
         if (part == 0) {
             /* ---- write rows 2 q4 and 2 q4 + 1 of this head (columns 16 mt + r8, + 8) ---- */
@@ -574,31 +602,34 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
             const int ra = 2 * q4, rb = 2 * q4 + 1;
             if (to_partial) {
-                float* const po = (float*)(p.ws + p.off_partial_o) + ((long long)w.partial * p.tile_q + h * g) * HG_D;
-                float* const pl = (float*)(p.ws + p.off_partial_lse) + (long long)w.partial * p.tile_q + h * g;
+                const int pr0 = KVA_HG_RS ? hb0 : h * g; /* the warp's first row in the item's tile */
+                float* const po = (float*)(p.ws + p.off_partial_o) + ((long long)w.partial * p.tile_q + pr0) * HG_D;
+                float* const pl = (float*)(p.ws + p.off_partial_lse) + (long long)w.partial * p.tile_q + pr0;
 #pragma unroll
                 for (int mt = 0; mt < HG_MT; ++mt) {
                     const int d0 = HG_DLO(mt);
-                    if (ra < g) po[ra * HG_D + d0] = acc[mt][0] * i0, po[ra * HG_D + d0 + HG_DHI] = acc[mt][2] * i0;
-                    if (rb < g) po[rb * HG_D + d0] = acc[mt][1] * i1, po[rb * HG_D + d0 + HG_DHI] = acc[mt][3] * i1;
+                    if (ra < gl) po[ra * HG_D + d0] = acc[mt][0] * i0, po[ra * HG_D + d0 + HG_DHI] = acc[mt][2] * i0;
+                    if (rb < gl) po[rb * HG_D + d0] = acc[mt][1] * i1, po[rb * HG_D + d0 + HG_DHI] = acc[mt][3] * i1;
                 }
                 if (r8 == 0) {
-                    if (ra < g) pl[ra] = e0;
-                    if (rb < g) pl[rb] = e1;
+                    if (ra < gl) pl[ra] = e0;
+                    if (rb < gl) pl[rb] = e1;
                 }
             } else {
-                const long long oa = (long long)rq.qo_start * p.o_stride_row + (long long)(kvh * g + ra) * p.o_stride_head;
+                const long long oa =
+                    (long long)rq.qo_start * p.o_stride_row + (long long)(kvh * g + hb0 + ra) * p.o_stride_head;
                 const long long ob = oa + p.o_stride_head;
 #pragma unroll
                 for (int mt = 0; mt < HG_MT; ++mt) {
                     const int d0 = HG_DLO(mt);
-                    if (ra < g) kva_store_elem(p.o, oa + d0, KVA_OT, acc[mt][0] * i0), kva_store_elem(p.o, oa + d0 + HG_DHI, KVA_OT, acc[mt][2] * i0);
-                    if (rb < g) kva_store_elem(p.o, ob + d0, KVA_OT, acc[mt][1] * i1), kva_store_elem(p.o, ob + d0 + HG_DHI, KVA_OT, acc[mt][3] * i1);
+                    if (ra < gl) kva_store_elem(p.o, oa + d0, KVA_OT, acc[mt][0] * i0), kva_store_elem(p.o, oa + d0 + HG_DHI, KVA_OT, acc[mt][2] * i0);
+                    if (rb < gl) kva_store_elem(p.o, ob + d0, KVA_OT, acc[mt][1] * i1), kva_store_elem(p.o, ob + d0 + HG_DHI, KVA_OT, acc[mt][3] * i1);
                 }
                 if (r8 == 0 && p.lse) {
-                    const long long la = (long long)rq.qo_start * p.lse_stride_row + (long long)(kvh * g) * p.lse_stride_head;
-                    if (ra < g) p.lse[la + (long long)ra * p.lse_stride_head] = e0;
-                    if (rb < g) p.lse[la + (long long)rb * p.lse_stride_head] = e1;
+                    const long long la =
+                        (long long)rq.qo_start * p.lse_stride_row + (long long)(kvh * g + hb0) * p.lse_stride_head;
+                    if (ra < gl) p.lse[la + (long long)ra * p.lse_stride_head] = e0;
+                    if (rb < gl) p.lse[la + (long long)rb * p.lse_stride_head] = e1;
                 }
             }
             if (faulted && h == 0 && lane == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
@@ -619,7 +650,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 tk.partial_first = s_flag[1];
                 tk.num_partials = s_flag[2];
                 kva_merge_task_rows(&tk, rq.qo_start, (const float*)(p.ws + p.off_partial_o),
-                                    (const float*)(p.ws + p.off_partial_lse), p.tile_q, HG_D, g * HG_G, 0, p.o,
+                                    (const float*)(p.ws + p.off_partial_lse), p.tile_q, HG_D, KVA_HG_RS ? g : g * HG_G, 0, p.o,
                                     KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
                                     p.lse_stride_head, warp, HG_NC, lane, 8);
             }

@@ -385,6 +385,12 @@ static int32_t kva__choose_chunk(const kva_context* ctx, const kva__plan_data* p
         if (lo < min_chunk) min_chunk = lo;
     }
     if (L < min_chunk) L = min_chunk;
+    if (pd->row_slots > 1 && ctx->rs_max_split > 0) {
+        /* a split unit's g > 8 rows are merged by one CTA: fewer, longer chunks (H200, 1 x 32k MQA 32/1: 32 chunks of
+           1k 42 us, 128 of 256 57 us, 16 of 2k 62 us, 8 of 4k 109 us) */
+        const int64_t lo = kva__ceil_div64(kva__max_tile_len(s), ctx->rs_max_split);
+        if (L < lo) L = lo;
+    }
     L = kva__ceil_div64(L, KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
     if (L > INT32_MAX / 2) L = INT32_MAX / 2;
     return (int32_t)kva__refine_chunk(pd, s, L);
@@ -545,6 +551,7 @@ static uint64_t kva__plan_graph_key(const kva__plan_data* pd) {
                          pd->desc.window_left,      pd->page_size,
                          pd->num_workers,           pd->tile_q,
                          pd->kv_head_group,         pd->cluster_size,
+                         pd->row_slots,
                          pd->cap_items,             pd->cap_merge,
                          pd->cap_partials,          pd->max_batch_size,
                          pd->max_total_qo_rows,     (int64_t)pd->off_counts,
@@ -573,10 +580,13 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
     if (st != KVA_OK) goto done;
     const int32_t B = params->batch_size;
     if (!graph && ctx->ops->kv_head_group) {
-        int32_t w = 0;
-        const int32_t G = ctx->ops->kv_head_group(ctx, &nd, op, params, total_kv, max_kv, &w);
+        int32_t w = 0, rs = 0;
+        const int32_t G = ctx->ops->kv_head_group(ctx, &nd, op, params, total_kv, max_kv, &w, &rs);
         if (G > 1 && nd.num_kv_heads % G == 0) {
             pd->kv_head_group = G;
+            if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
+        } else if (G == 1 && rs > 1 && pd->group_size <= KVA__MAX_TILE_Q) {
+            pd->row_slots = rs;
             if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
         }
     }
@@ -610,7 +620,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         /* Batch-invariant mode: the tile size must not depend on the other requests either (a request's tiles,
            their KV ranges and so every row's summation order follow from it). A fixed mid-size choice. */
         pd->tile_q = kva__tile_q(ctx, pd, op, 65.0, 128);
-    } else if (pd->kv_head_group > 1) {
+    } else if (pd->kv_head_group > 1 || pd->row_slots > 1) {
         pd->tile_q = g; /* decode: one tile of the group's G x g rows per request */
     } else {
         double avg = B > 0 ? (double)total_rows * g / (double)B : 0.0;
@@ -641,6 +651,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
     {
         const int32_t C = ctx->cluster_size;
         const bool cl_desc = C > 1 && ctx->cluster_ctas >= C && op == KVA_OP_BATCH_DECODE && pd->kv_head_group == 1 &&
+                             pd->row_slots == 0 &&
                              params->fixed_split_size <= 0 && !params->disable_split_kv &&
                              (!ctx->ops->cluster_ok || ctx->ops->cluster_ok(ctx, &nd, op, pd->tile_q));
         const int64_t clusters = C > 1 ? ctx->cluster_ctas / C : 0;
@@ -680,7 +691,8 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         const int32_t w = ctx->ops->plan_workers(ctx, &nd, op, units, -1);
         if (w >= 1 && w < pd->num_workers) pd->num_workers = w;
     }
-    if (!graph && !pd->cluster_combine && pd->kv_head_group == 1 && ctx->ops->plan_workers) { /* the backend may plan a small batch on fewer workers */
+    if (!graph && !pd->cluster_combine && pd->kv_head_group == 1 && pd->row_slots == 0 &&
+        ctx->ops->plan_workers) { /* the backend may plan a small batch on fewer workers */
         int64_t tokens = 0;
         for (int64_t i = 0; i < s.ntiles; ++i) tokens += s.tiles[i].hi - s.tiles[i].lo;
         const int32_t w = ctx->ops->plan_workers(ctx, &nd, op, s.ntiles * (int64_t)nd.num_kv_heads,
