@@ -123,7 +123,7 @@ if [ "${GPU_CHECK_OPS:-1}" = 1 ] && [ -x "$BUILD/tests/test_ops" ]; then
     run_step "kva_cuda_selftest [clusters]" 120 5 env KVATTN_CUDA_CLUSTER=8 "$BUILD/kva_cuda_selftest"
 fi
 if [ "${GPU_CHECK_REST:-1}" = 1 ]; then
-for t in test_errors test_api test_formats test_variants; do
+for t in test_errors test_mutate test_api test_formats test_variants; do
     if [ -x "$BUILD/tests/$t" ]; then
         echo "--- $t"
         # test_variants: 300 s. On a fresh machine it compiles about 59 user-variant kernels through NVRTC (65-72 s on

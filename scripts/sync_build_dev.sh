@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 rm -rf build-dev
 mkdir -p build-dev/tests build-dev/kva_cuda_gen
 cp -a build-cuda/libkvattn.so* build-cuda/kva_bench_decode build-cuda/kva_cuda_selftest build-cuda/kva_cuda_jit_test build-dev/
-cp -a build-cuda/tests/test_ops build-cuda/tests/test_errors build-cuda/tests/test_api build-cuda/tests/test_formats build-dev/tests/
+cp -a build-cuda/tests/test_ops build-cuda/tests/test_errors build-cuda/tests/test_mutate build-cuda/tests/test_api build-cuda/tests/test_formats build-dev/tests/
 [ -x build-cuda/tests/test_variants ] && cp -a build-cuda/tests/test_variants build-dev/tests/ || true
 mkdir -p build-dev/bench build-dev/apps
 cp -a build-cuda/bench/bench_plan build-dev/bench/ 2>/dev/null || true

@@ -132,6 +132,10 @@ static kva_status kva__check_run_args(const kva__plan_data* pd, const kva_run_ar
     } else {
         KVA_FORWARD(kva__check_paged(pd, &a->paged));
     }
+    /* a negative size is a bad count even where the plan's lengths need no mask byte (the CPU run compared each
+       request's empty segment with it and reported a plan mismatch) */
+    KVA_RETURN_IF(d->mask_mode == KVA_MASK_CUSTOM && a->custom_mask_bytes < 0, KVA_ERR_INVALID_ARGUMENT,
+                  "run: custom_mask_bytes = %lld is negative", (long long)a->custom_mask_bytes);
     if (d->mask_mode == KVA_MASK_CUSTOM && pd->custom_mask_bytes > 0) {
         KVA_RETURN_IF(!a->custom_mask, KVA_ERR_INVALID_ARGUMENT, "run: the plan has a custom mask but custom_mask is NULL");
         KVA_RETURN_IF(a->custom_mask_bytes < pd->custom_mask_bytes, KVA_ERR_INVALID_ARGUMENT,

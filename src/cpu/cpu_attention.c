@@ -116,8 +116,12 @@ typedef struct run_ctx {
     kva__vparams vp;
 } run_ctx;
 
-static inline int64_t row_stride(const kva_tensor* t) { return t->ndim >= 3 ? t->stride[t->ndim - 3] : 0; }
-static inline int64_t head_stride(const kva_tensor* t) { return t->ndim >= 2 ? t->stride[t->ndim - 2] : 0; }
+/* Dim ndim - back of t, or 0 where t has no such dim. The core checks only the tensors a run uses (k and v of a
+   ragged plan without tokens, or an lse that is not wanted, keep whatever rank the caller left in them): the rank is
+   bounded here before it indexes shape / stride. */
+static inline int has_dim(const kva_tensor* t, int back) { return t->ndim >= back && t->ndim <= KVA_MAX_DIMS; }
+static inline int64_t row_stride(const kva_tensor* t) { return has_dim(t, 3) ? t->stride[t->ndim - 3] : 0; }
+static inline int64_t head_stride(const kva_tensor* t) { return has_dim(t, 2) ? t->stride[t->ndim - 2] : 0; }
 
 /* all elements finite? (bit test, vectorisable) */
 static int all_finite(const float* x, size_t n) {
@@ -476,8 +480,8 @@ static kva_status validate(const kva__plan_data* plan, const void* wsd, const kv
     const int32_t B = c->batch_size, W = plan->num_workers;
     const int32_t g = plan->group_size;
     const int32_t tq = plan->tile_q;
-    const int64_t q_rows = args->q.ndim >= 3 ? args->q.shape[args->q.ndim - 3] : 1;
-    const int64_t o_rows = args->o.ndim >= 3 ? args->o.shape[args->o.ndim - 3] : 1;
+    const int64_t q_rows = has_dim(&args->q, 3) ? args->q.shape[args->q.ndim - 3] : 1;
+    const int64_t o_rows = has_dim(&args->o, 3) ? args->o.shape[args->o.ndim - 3] : 1;
     if (B < 0 || (plan->max_batch_size > 0 && B > plan->max_batch_size) || c->num_items < 0 ||
         c->num_items > plan->cap_items || c->num_merge < 0 || c->num_merge > plan->cap_merge ||
         c->num_partials < 0 || c->num_partials > plan->cap_partials || W < 1)
@@ -536,8 +540,8 @@ static kva_status validate(const kva__plan_data* plan, const void* wsd, const kv
                                           (long long)args->paged.num_pages);
             }
         } else {
-            const int64_t kv_rows = args->k.ndim >= 3 ? args->k.shape[args->k.ndim - 3] : 0;
-            const int64_t v_rows = args->v.ndim >= 3 ? args->v.shape[args->v.ndim - 3] : 0;
+            const int64_t kv_rows = has_dim(&args->k, 3) ? args->k.shape[args->k.ndim - 3] : 0;
+            const int64_t v_rows = has_dim(&args->v, 3) ? args->v.shape[args->v.ndim - 3] : 0;
             if ((int64_t)x->kv_start + x->kv_len > kv_rows || (int64_t)x->kv_start + x->kv_len > v_rows)
                 return PLAN_BAD("CPU run: request %d's K/V rows [%d, %lld) exceed k/v with %lld/%lld rows", (int)r,
                                 (int)x->kv_start, (long long)x->kv_start + x->kv_len, (long long)kv_rows,
@@ -655,8 +659,8 @@ kva_status kva__cpu_run(kva_context* ctx, const kva__plan_data* plan, const kva_
     rc.odt = args->o.dtype;
     rc.osz = kva__cpu_dtype_size(args->o.dtype);
     rc.lse = (float*)args->lse.data;
-    rc.ls0 = args->lse.ndim >= 2 ? args->lse.stride[args->lse.ndim - 2] : 0;
-    rc.ls1 = args->lse.ndim >= 1 ? args->lse.stride[args->lse.ndim - 1] : 1;
+    rc.ls0 = has_dim(&args->lse, 2) ? args->lse.stride[args->lse.ndim - 2] : 0;
+    rc.ls1 = has_dim(&args->lse, 1) ? args->lse.stride[args->lse.ndim - 1] : 1;
     if (args->lse.ndim == 1) { /* [heads] for a single row */
         rc.ls0 = 0;
         rc.ls1 = args->lse.stride[0];
@@ -676,7 +680,7 @@ kva_status kva__cpu_run(kva_context* ctx, const kva__plan_data* plan, const kva_
     } else {
         rc.kbase = (const char*)args->k.data;
         rc.vbase = (const char*)args->v.data;
-        rc.kvdt = args->k.dtype;
+        rc.kvdt = d->kv_dtype; /* = k.dtype where the run has KV tokens; without any, k and v are not checked (nor read) */
         rc.kst = row_stride(&args->k);
         rc.ksh = head_stride(&args->k);
         rc.vst = row_stride(&args->v);

@@ -175,19 +175,21 @@ static void mergen_job(void* arg, int tid) {
 }
 
 static int ranges_overlap(const kva_tensor* a, const kva_tensor* b) {
-    /* conservative: compare the spans [data, data + max offset] */
+    /* conservative: compare the spans [data, data + max offset]. A tensor with no elements covers no memory (its
+       pointer may be NULL and its strides anything: the tensor checks skip their extent), and the ends are computed
+       on addresses, not pointers (no pointer arithmetic past an object) */
+    for (int i = 0; i < a->ndim; ++i)
+        if (a->shape[i] <= 0) return 0;
+    for (int i = 0; i < b->ndim; ++i)
+        if (b->shape[i] <= 0) return 0;
     size_t ea = kva__cpu_dtype_size(a->dtype), eb = kva__cpu_dtype_size(b->dtype);
     if (!ea) ea = 4;
     if (!eb) eb = 4;
     int64_t ma = 0, mb = 0;
-    for (int i = 0; i < a->ndim; ++i)
-        if (a->shape[i] > 0) ma += (a->shape[i] - 1) * (a->stride[i] < 0 ? -a->stride[i] : a->stride[i]);
-    for (int i = 0; i < b->ndim; ++i)
-        if (b->shape[i] > 0) mb += (b->shape[i] - 1) * (b->stride[i] < 0 ? -b->stride[i] : b->stride[i]);
-    const char* a0 = (const char*)a->data;
-    const char* b0 = (const char*)b->data;
-    const char* a1 = a0 + (size_t)(ma + 1) * ea;
-    const char* b1 = b0 + (size_t)(mb + 1) * eb;
+    for (int i = 0; i < a->ndim; ++i) ma += (a->shape[i] - 1) * (a->stride[i] < 0 ? -a->stride[i] : a->stride[i]);
+    for (int i = 0; i < b->ndim; ++i) mb += (b->shape[i] - 1) * (b->stride[i] < 0 ? -b->stride[i] : b->stride[i]);
+    const uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    const uintptr_t a1 = a0 + (uintptr_t)(ma + 1) * ea, b1 = b0 + (uintptr_t)(mb + 1) * eb;
     return a0 < b1 && b0 < a1;
 }
 
