@@ -3220,7 +3220,9 @@ static kva_status app_data_model(wlist* wk, wlist* wv, int64_t* bad_tok, int64_t
         if (ok) {
             const int table_ok = !g_dev || (ip[b] >= 0 && ip[b + 1] >= ip[b] && (g->num_indices == 0 || ip[b + 1] <= g->num_indices));
             const int64_t np = table_ok ? (int64_t)ip[b + 1] - ip[b] : 0;
-            len = np > 0 ? (np - 1) * ps + lp[b] : 0;
+            /* a device refuses every token of a request whose last_page_len is outside [1, page_size] (the host
+               refused the call above) */
+            len = np > 0 && lp[b] >= 1 && lp[b] <= ps ? (np - 1) * ps + lp[b] : 0;
             ok = pos >= 0 && pos < len;
         }
         if (ok) {

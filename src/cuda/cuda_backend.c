@@ -877,7 +877,11 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
 
 static kva_status kva__state_view(const char* name, const kva_tensor* v, const kva_tensor* s, kvk_state_view* out) {
     memset(out, 0, sizeof *out);
-    KVA_RETURN_IF(v->stride[2] != 1, KVA_ERR_UNSUPPORTED, "%s: v must have a unit last stride", name);
+    /* the kernels step the head dim by one element: a last stride matters only where that dim has two or more
+       elements (a view with no elements, or of head dim 1, has any; NumPy gives empty views zero strides) */
+    const bool empty = v->shape[0] <= 0 || v->shape[1] <= 0 || v->shape[2] <= 0;
+    KVA_RETURN_IF(!empty && v->shape[2] > 1 && v->stride[2] != 1, KVA_ERR_UNSUPPORTED,
+                  "%s: v must have a unit last stride", name);
     KVA_RETURN_IF(!kva__al(v->data, kva_dtype_size(v->dtype)), KVA_ERR_ALIGNMENT, "%s: v.data is misaligned", name);
     out->v = v->data;
     out->v_stride_row = v->stride[0];
