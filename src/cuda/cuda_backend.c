@@ -279,8 +279,8 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
            from 270 MB (128/8 32 x 2k +21 %, 64 x 4k +37 %): a row-slot CTA streams at most ~20 GB/s (the attention
            kernel's plan does better once the call fills the GPU), hence calls under hg_rs_max_bytes (160 MB). */
         kva__kkey k;
-        if (kva__cuda_hg_rs_key(desc, params->page_size, &k) && kva__kkey_smem(&k) <= (size_t)st->max_smem_optin &&
-            st->hg_rs != 0 && (st->decode_hg > 0 || bytes < st->hg_rs_max_bytes)) {
+        if (st->hg_rs && (st->decode_hg > 0 || bytes < st->hg_rs_max_bytes) &&
+            kva__cuda_hg_rs_key(desc, params->page_size, &k) && kva__kkey_smem(&k) <= (size_t)st->max_smem_optin) {
             *row_slots = k.rows;
             *workers = st->num_sms;
             return 1;
@@ -483,7 +483,6 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     if (status == KVA_OK && st->no_bounds_check) c.key.nochk |= 1;
     if (status == KVA_OK && st->pf_exp && c.key.family == KVA__KF_PREFILL) c.key.nochk |= st->pf_exp << 4;
     if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
-    if (status == KVA_OK && st->hg_spin && c.key.family == KVA__KF_DECODE_HG) c.key.nochk |= 2;
     if (status == KVA_OK && st->tc_generic_merge && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 8;
     if (status == KVA_OK && st->tc_exp && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= st->tc_exp << 8;
     if (status == KVA_OK && st->no_l2_hint &&
@@ -837,7 +836,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     const unsigned grid = (unsigned)pd->num_workers; /* one persistent CTA per planner worker */
     const unsigned threads = ke->key.family == KVA__KF_PREFILL ? (unsigned)kva__cuda_prefill_threads(&ke->key)
                              : ke->key.family == KVA__KF_DECODE_TC && ke->key.warps == 8 ? 256u
-                             : hg ? (unsigned)KVK_HG_THREADS_RS(ke->key.rows, ke->key.mainloop == 1, ke->key.hg_rs)
+                             : hg ? (unsigned)KVK_HG_THREADS(ke->key.rows, ke->key.mainloop == 1, ke->key.hg_rs)
                                   : (unsigned)KVK_THREADS;
     /* programmatic dependent launch where asked for and the kernel waits for its predecessors (else a plain launch) */
     const int pdl = a->enable_pdl != 0 && ke->pdl;
@@ -1282,8 +1281,6 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
                                                                               : 0;
         const char* hrs = getenv("KVATTN_BENCH_HG_RS"); /* A/B: 0 = groups of 9-32 on the attention kernel, as before */
         st->hg_rs = !(hrs && hrs[0] == '0' && hrs[1] == '\0');
-        const char* hsp = getenv("KVATTN_BENCH_HG_SPIN"); /* A/B: head-group mbarrier waits without the suspend hint */
-        st->hg_spin = hsp && hsp[0] == '1' && hsp[1] == '\0';
         const char* hrm = getenv("KVATTN_BENCH_HG_RS_MAX_MB"); /* A/B: K/V megabytes below which row slots are taken */
         st->hg_rs_max_bytes = (hrm && *hrm ? strtoll(hrm, NULL, 10) : KVA__HG_RS_MAX_MB) * 1000000ll;
         const char* hgm = getenv("KVATTN_BENCH_HG_MIN_MB"); /* A/B: K/V megabytes from which head groups are taken */

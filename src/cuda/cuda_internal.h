@@ -210,7 +210,6 @@ typedef struct kva__cuda_state {
     int64_t hg_min_bytes;   /* KVATTN_BENCH_HG_MIN_MB: K/V bytes from which the default choice takes head groups */
     int hg_rs;              /* row slots for GQA groups of 9 to 32 (kva__cuda_kv_head_group; KVATTN_BENCH_HG_RS=0: off) */
     int64_t hg_rs_max_bytes; /* KVATTN_BENCH_HG_RS_MAX_MB: K/V bytes below which the default takes row slots */
-    int hg_spin;            /* KVATTN_BENCH_HG_SPIN=1: head-group kernels whose mbarrier waits spin (A/B) */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */
     int smem_sm;            /* shared memory per SM (bytes) */
     int cluster;            /* thread-block clusters of this many CTAs for the tensor-core decode kernel's cluster

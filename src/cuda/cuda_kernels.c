@@ -186,7 +186,7 @@ int kva__cuda_hg_rs_key(const kva_attention_desc* d, int32_t page_size, kva__kke
 size_t kva__kkey_smem(const kva__kkey* k) {
     if (k->family == KVA__KF_PREFILL) return kva__cuda_prefill_smem(k);
     if (k->family == KVA__KF_DECODE_HG)
-        return (size_t)KVK_HG_SMEM_RS(k->dqk, k->dqk * KVK_DEC_ES(k->kt), k->rows, k->hg_rs ? 1 : 0);
+        return (size_t)KVK_HG_SMEM(k->dqk, k->dqk * KVK_DEC_ES(k->kt), k->rows, k->hg_rs ? 1 : 0);
     if (k->family == KVA__KF_DECODE_TC)
         return (size_t)KVK_TC_SMEM_NW(k->dqk, KVK_DEC_ES(k->kt), k->rows, k->warps == 8 ? 8 : 4);
     if (k->family == KVA__KF_DECODE) return (size_t)KVK_DEC_SMEM(k->dqk, k->dvo, KVK_DEC_ES(k->kt), k->rows);
@@ -249,9 +249,9 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
                  (k->nochk & 2) ? "_trace" : "", (k->nochk & 4) ? "_nohint" : "", (k->nochk & 8) ? "_gmerge" : "", x);
     }
     else if (k->family == KVA__KF_DECODE_HG)
-        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s%s%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, k->hg_rs ? "_rs" : "", k->mainloop == 1 ? "_ga" : "",
-                 (k->nochk & 1) ? "_nochk" : "", (k->nochk & 2) ? "_spin" : "");
+                 (k->nochk & 1) ? "_nochk" : "");
     else if (k->var_hash)
         snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (unsigned long long)k->var_hash, (k->nochk & 1) ? "_nochk" : "",
@@ -292,8 +292,6 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     if (k->family == KVA__KF_DECODE_HG && max > n) snprintf(defs[n++], 128, "-DKVA_HG=%d", (int)k->rows);
     if (k->family == KVA__KF_DECODE_HG && k->mainloop == 1 && max > n) snprintf(defs[n++], 128, "-DKVA_HG_GATHER=1");
     if (k->family == KVA__KF_DECODE_HG && k->hg_rs && max > n) snprintf(defs[n++], 128, "-DKVA_HG_RS=1");
-    if (k->family == KVA__KF_DECODE_HG && (k->nochk & 2) && max > n)
-        snprintf(defs[n++], 128, "-DKVA_HG_SPIN=1"); /* benchmark A/B only */
     if (k->family == KVA__KF_DECODE_TC && (k->nochk & 8) && max > n)
         snprintf(defs[n++], 128, "-DKVA_TC_GENERIC_MERGE=1"); /* benchmark A/B only */
     if (k->family == KVA__KF_DECODE_TC && (k->nochk >> 8) && max > n)

@@ -550,15 +550,6 @@ KVA_DEV void kvp_mbar_wait(unsigned bar, unsigned parity) {
                      : "memory");
     } while (!done);
 }
-KVA_DEV void kvp_mbar_wait_spin(unsigned bar, unsigned parity) {
-    unsigned done;
-    do {
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
-    } while (!done);
-}
 KVA_DEV void kvp_mbar_arrive(unsigned bar) {
     asm volatile("{ mbarrier.arrive.shared::cta.b64 _, [%0]; }" ::"r"(bar) : "memory");
 }

@@ -14,16 +14,15 @@
  *   dim 128), KVA_OT, KVA_HG (2 or 4: heads per item), KVA_HG_GATHER (1: pages of any size, below),
  *   KVA_NO_BOUNDS_CHECK (benchmark only).
  *
- * CTA: 2 HG consumer warps (4 HG for 2 row slots: KVK_HG_PARTS) and one producer warp (two for KVA_HG_GATHER). The KV range of an item is cut into
- * 16-token subtiles on the absolute token grid (the item's first and last subtiles may be partial: masked); a page
+ * CTA: 2 HG consumer warps (4 HG for 2 row slots: KVK_HG_PARTS) and one producer warp (two for KVA_HG_GATHER). The
+ * KV range of an item is cut into 16-token subtiles on the absolute token grid (the item's first and last subtiles may be partial: masked); a page
  * size that is a multiple of 16 puts every subtile in one page. The producer warp walks the subtiles of its worker's
  * items (lanes load 32 page indices at a time, lane 0 issues) and fills a ring of HG_S stages: per subtile and
  * 64-column block, one TMA box {64 columns, 16 tokens, HG heads} of K and one of V (tensor maps over {head dim, page
  * rows, KV heads, pages} from the host, 128-byte swizzle), completing on the stage's full mbarrier. Other page sizes
  * (KVA_HG_GATHER: page 1, 3, ...) take two producer warps that gather each token's page and copy the same layout with
  * cp.async (docs/kernels/decode.md, session 29). Consumer warp w owns head w % HG of the group
- * and the subtiles j with j % P == w / HG (P = 2 consumer
- * warps a head; row slots below):
+ * and the subtiles j with j % P == w / HG (P = 2 consumer warps a head; row slots below):
  *   S^T[16 tok x 8 rows] = K[16 x D] . Q^T[D x 8]       A = K (ldmatrix), B = the head's g <= 8 query rows (registers)
  *   online softmax on S^T in registers (base 2)
  *   O^T[D x 8] += V^T[D x 16 tok] . P^T[16 x 8]         A = V^T (ldmatrix.trans), B = P^T (4 shuffles, 2 byte permutes)
@@ -75,12 +74,6 @@
 #ifndef KVA_HG_RS
 #define KVA_HG_RS 0
 #endif
-#undef HG_WAIT /* KVA_HG_SPIN (benchmark A/B): mbarrier waits without the suspend-time hint */
-#if defined(KVA_HG_SPIN) && KVA_HG_SPIN
-#define HG_WAIT kvp_mbar_wait_spin
-#else
-#define HG_WAIT kvp_mbar_wait
-#endif
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
@@ -117,7 +110,7 @@
 #define HG_P KVK_HG_PARTS(HG_G, KVA_HG_RS) /* consumer warps per head / row slot */
 #define HG_NC (HG_P * HG_G)            /* consumer warps */
 #define HG_NP KVK_HG_PRODUCERS(HG_GATHER) /* producer warps */
-#define HG_THREADS KVK_HG_THREADS_RS(HG_G, HG_GATHER, KVA_HG_RS)
+#define HG_THREADS KVK_HG_THREADS(HG_G, HG_GATHER, KVA_HG_RS)
 #define HG_D KVA_DQK
 #define HG_ES KVK_DEC_ES(KVA_KT)        /* bytes per K/V element */
 #define HG_RB (HG_D * HG_ES)            /* bytes of one head's token row */
@@ -161,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const unsigned full0 = sbase + (unsigned)(HG_S * HG_SB), empty0 = full0 + 8u * HG_S;
     int* const s_fault = (int*)(smem + HG_S * HG_SB + 16 * HG_S);  /* [S]: the stage's subtile hit a bad page */
     int* const s_flag = s_fault + HG_S;                             /* [4]: fused merge */
-    float* const s_comb = (float*)(smem + KVK_HG_OFF_COMB_RS(HG_RB, HG_G, KVA_HG_RS)); /* [HG_P-1][HG][32][HG_CW] */
+    float* const s_comb = (float*)(smem + KVK_HG_OFF_COMB(HG_RB, HG_G, KVA_HG_RS)); /* [HG_P-1][HG][32][HG_CW] */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
@@ -267,7 +260,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 const unsigned okm = __ballot_sync(0xffffffffu, ok);
                 const unsigned badm = __ballot_sync(0xffffffffu, bad) & 0xffffu;
                 const int st = cs % HG_S;
-                if (cs >= HG_S) HG_WAIT(empty0 + 8u * st, (unsigned)(((cs / HG_S) & 1) ^ 1));
+                if (cs >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((cs / HG_S) & 1) ^ 1));
                 const int bpg = __shfl_sync(0xffffffffu, pg, badm ? __ffs(badm) - 1 : 0);
                 if (lane == 0) {
                     atomicExch(s_fault + st, badm ? 1 : 0);
@@ -327,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                     const int pgl = __shfl_sync(0xffffffffu, pg, l), sll = __shfl_sync(0xffffffffu, sl, l);
                     if (lane == 0) {
                         const int st = c % HG_S;
-                        if (c >= HG_S) HG_WAIT(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
+                        if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
                         const bool bad = !KVA_NO_BOUNDS_CHECK && (unsigned long long)(unsigned)pgl >=
                                                                     (unsigned long long)p.num_pages;
                         atomicExch(s_fault + st, bad ? 1 : 0); /* shared atomics: the consumers read it after the
@@ -445,7 +438,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         for (int j = 0; j < nsub; ++j, ++c) {
             if ((j & (HG_P - 1)) != part) continue;
             const int st = c % HG_S;
-            HG_WAIT(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
+            kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
             if (atomicAdd(s_fault + st, 0)) {
                 faulted = 1;
                 __syncwarp();

@@ -66,22 +66,19 @@ typedef uint64_t kvk_u64;
 #define KVK_HG_STAGES(rb) ((rb) <= 128 ? 12 : 6)
 #define KVK_HG_STAGE_BYTES(rb, g) ((rb) * (g) * 32)
 #define KVK_HG_COMB_FLOATS(d) (5 + (d) / 4)
-#define KVK_HG_OFF_COMB(rb, g) KVK_HG_OFF_COMB_RS(rb, g, 0)
-#define KVK_HG_SMEM(d, rb, g) KVK_HG_SMEM_RS(d, rb, g, 0)
 /* row slots (rs = 1: g slots of 8 query rows over one KV head, "_rs"): stages of one head, 4 x as many (192 KB) */
 #define KVK_HG_NSTAGES(rb, rs) ((rs) ? 4 * KVK_HG_STAGES(rb) : KVK_HG_STAGES(rb))
-#define KVK_HG_OFF_COMB_RS(rb, g, rs)                                                                        \
+#define KVK_HG_OFF_COMB(rb, g, rs)                                                                           \
     ((KVK_HG_NSTAGES(rb, rs) * KVK_HG_STAGE_BYTES(rb, (rs) ? 1 : (g)) + 20 * KVK_HG_NSTAGES(rb, rs) + 16 + 15) & ~15)
-#define KVK_HG_SMEM_RS(d, rb, g, rs)                                                                          \
-    (1024 + KVK_HG_OFF_COMB_RS(rb, g, rs) + (KVK_HG_PARTS(g, rs) - 1) * (g) * 32 * KVK_HG_COMB_FLOATS(d) * 4)
+#define KVK_HG_SMEM(d, rb, g, rs)                                                                             \
+    (1024 + KVK_HG_OFF_COMB(rb, g, rs) + (KVK_HG_PARTS(g, rs) - 1) * (g) * 32 * KVK_HG_COMB_FLOATS(d) * 4)
 /* consumer warps per head / row slot (each takes every PARTS-th subtile): 2; 4 for 2 row slots (8 consumer warps, as a
    4-head CTA has: row slots compute a stage's bytes once per slot) */
 #define KVK_HG_PARTS(g, rs) ((rs) && (g) == 2 ? 4 : 2)
 /* head-group decode CTA: 2 consumer warps per head and the producer warps (1 TMA producer; 2 cp.async producers for
    pages of other than 16k tokens, the "_ga" kernels) */
 #define KVK_HG_PRODUCERS(ga) ((ga) ? 2 : 1)
-#define KVK_HG_THREADS(g, ga) KVK_HG_THREADS_RS(g, ga, 0)
-#define KVK_HG_THREADS_RS(g, ga, rs) (32 * (KVK_HG_PARTS(g, rs) * (g) + KVK_HG_PRODUCERS(ga)))
+#define KVK_HG_THREADS(g, ga, rs) (32 * (KVK_HG_PARTS(g, rs) * (g) + KVK_HG_PRODUCERS(ga)))
 
 /* runtime flags of the attention kernels */
 #define KVK_FLAG_ALIBI 1u       /* ALiBi bias (slopes from alibi_slopes, or the standard ones) */
