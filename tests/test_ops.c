@@ -1663,7 +1663,7 @@ static void suite_decode(void) {
         "op=decode B=3 kv=999 hq=40 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=3 layout=HND graph=1 lse=1",
         "op=decode B=2 kv=9000 hq=20 hkv=4 dqk=64 dvo=64 qt=f16 kvt=e4m3 ot=f16 ps=48 layout=HND ks=0.8 vs=1.1",
         /* groups of 9 to 32 (the CUDA backend's head-group kernel in row slots for calls under 160 MB): odd groups,
-           a slot with fewer than 8 rows or none, pages of 1 and 7 (its cp.async producers), fp8, many items a CTA,
+           a slot with fewer than 16 rows, pages of 1 and 7 (its cp.async producers), fp8, many items a CTA,
            split KV of a single long request, empty requests */
         "op=decode B=5 kv=1200 hq=18 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1",
         "op=decode B=3 kv=2000 hq=96 hkv=4 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f32 ps=7 layout=HND empty=30",
@@ -1671,6 +1671,11 @@ static void suite_decode(void) {
         "op=decode B=40 kv=900 hq=20 hkv=1 dqk=64 dvo=64 qt=bf16 kvt=bf16 ot=bf16 ps=1",
         "op=decode B=6 kv=3000 hq=64 hkv=4 dqk=128 dvo=128 qt=bf16 kvt=e4m3 ot=bf16 ps=32 ks=0.6 vs=1.4 lse=1",
         "op=decode B=200 kv=300 hq=44 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 empty=10",
+        /* 16-row slots: a second slot of one row, e5m2; a group of 12 at head dim 64 on pages of 5; fp8 split KV of 30
+           rows */
+        "op=decode B=7 kv=1500 hq=17 hkv=1 dqk=128 dvo=128 qt=f16 kvt=e5m2 ot=f16 ps=16 ks=0.9 vs=1.1 lse=1",
+        "op=decode B=3 kv=5000 hq=48 hkv=4 dqk=64 dvo=64 qt=f16 kvt=f16 ot=f32 ps=5 lse=1",
+        "op=decode B=2 kv=20000 hq=30 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=e4m3 ot=bf16 ps=16 ks=0.7 vs=1.3",
         /* fp8 KV at head dim 256 on the tensor-core decode kernel (groups 1-8; 4 warps, and 8 warps for the long
            single request: more than 1024 K/V rows per SM, one unit per SM; head dim 64 below) */
         "op=decode B=3 kv=1500 hq=16 hkv=8 dqk=256 dvo=256 qt=bf16 kvt=e4m3 ot=bf16 ps=16 ks=0.5 vs=2",

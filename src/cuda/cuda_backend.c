@@ -484,7 +484,8 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     if (status == KVA_OK && st->pf_exp && c.key.family == KVA__KF_PREFILL) c.key.nochk |= st->pf_exp << 4;
     if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
     if (status == KVA_OK && st->tc_generic_merge && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 8;
-    if (status == KVA_OK && st->tc_exp && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= st->tc_exp << 8;
+    if (status == KVA_OK && st->tc_exp && (c.key.family == KVA__KF_DECODE_TC || c.key.family == KVA__KF_DECODE_HG))
+        c.key.nochk |= st->tc_exp << 8; /* KVA_TC_EXP / KVA_HG_EXP: benchmark-only timing experiments */
     if (status == KVA_OK && st->no_l2_hint &&
         (c.key.family == KVA__KF_DECODE || c.key.family == KVA__KF_DECODE_TC)) c.key.nochk |= 4;
     if (status == KVA_OK) status = kva__cuda_kernel(ctx, st, &c.key, &index);

@@ -248,10 +248,13 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
                  kva__dt(k->ot), (int)k->rows, k->warps == 8 ? "_w8" : "", (k->nochk & 1) ? "_nochk" : "",
                  (k->nochk & 2) ? "_trace" : "", (k->nochk & 4) ? "_nohint" : "", (k->nochk & 8) ? "_gmerge" : "", x);
     }
-    else if (k->family == KVA__KF_DECODE_HG)
-        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+    else if (k->family == KVA__KF_DECODE_HG) {
+        char x[16] = "";
+        if (k->nochk >> 8) snprintf(x, sizeof x, "_x%d", (int)(k->nochk >> 8));
+        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s%s%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, k->hg_rs ? "_rs" : "", k->mainloop == 1 ? "_ga" : "",
-                 (k->nochk & 1) ? "_nochk" : "");
+                 (k->nochk & 1) ? "_nochk" : "", x);
+    }
     else if (k->var_hash)
         snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, (unsigned long long)k->var_hash, (k->nochk & 1) ? "_nochk" : "",
@@ -296,6 +299,8 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
         snprintf(defs[n++], 128, "-DKVA_TC_GENERIC_MERGE=1"); /* benchmark A/B only */
     if (k->family == KVA__KF_DECODE_TC && (k->nochk >> 8) && max > n)
         snprintf(defs[n++], 128, "-DKVA_TC_EXP=%d", (int)(k->nochk >> 8)); /* benchmark A/B only */
+    if (k->family == KVA__KF_DECODE_HG && (k->nochk >> 8) && max > n)
+        snprintf(defs[n++], 128, "-DKVA_HG_EXP=%d", (int)(k->nochk >> 8)); /* benchmark A/B only */
     if (k->var_hash && max > n) snprintf(defs[n++], 128, "-DKVA_VMERGE_NAME=%s_merge", name);
     return n;
 }

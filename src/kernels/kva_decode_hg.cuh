@@ -14,7 +14,7 @@
  *   dim 128), KVA_OT, KVA_HG (2 or 4: heads per item), KVA_HG_GATHER (1: pages of any size, below),
  *   KVA_NO_BOUNDS_CHECK (benchmark only).
  *
- * CTA: 2 HG consumer warps (4 HG for 2 row slots: KVK_HG_PARTS) and one producer warp (two for KVA_HG_GATHER). The
+ * CTA: 2 HG consumer warps (8 for row slots: KVK_HG_CONSUMERS) and one producer warp (two for KVA_HG_GATHER). The
  * KV range of an item is cut into 16-token subtiles on the absolute token grid (the item's first and last subtiles may be partial: masked); a page
  * size that is a multiple of 16 puts every subtile in one page. The producer warp walks the subtiles of its worker's
  * items (lanes load 32 page indices at a time, lane 0 issues) and fills a ring of HG_S stages: per subtile and
@@ -37,9 +37,12 @@
  * Row slots (KVA_HG_RS = 1, "_rs" names): GQA groups of 9 to 32 query heads over one KV head (MQA and large groups,
  * which the tensor-core decode kernel, at most 8 rows an item, would read once per 8 rows). The unit is one KV head
  * with its g rows (the planner's tile of g rows, kv_head_group 1); a stage holds 16 tokens of that one head (boxes
- * {64 columns, 16 tokens, 1 head}, a quarter of the bytes of a 4-head stage, so 4x as many stages), and consumer warp
- * w takes slot h = w % HG: query rows 8 h .. 8 h + 7 of the group (rows >= g idle), on the same shared K/V as the other
- * slots. Every K/V byte is read from memory once per item, whatever g.
+ * {64 columns, 16 tokens, 1 head}, a quarter of the bytes of a 4-head stage; 160 KB of stages). KVA_HG (2 or 4) / 2
+ * slots of 16 rows: consumer warp w (8 of them) takes slot h = w % (KVA_HG / 2), rows 16 h .. 16 h + 15 of the group
+ * (rows >= g are zero and never written), and every (8 / slots)-th subtile, with the rows as the MMA's M (S = Q.K^T,
+ * O += P.V; P from S's accumulators in registers), so one warp computes 16 rows of a stage with D / 8 independent
+ * MMAs in its P.V step (docs/kernels/decode.md, session 40; the first form, slots of 8 rows in the orientation above,
+ * streamed ~20 GB/s per CTA). Every K/V byte is read from memory once per item, whatever g.
  *
  * Faults: a page index outside the pool skips the copy, records (request, page) in the status word, and the item's
  * rows get o = 0, lse = -inf (partials: KVK_FAULT_LSE_BITS, which the merge turns into o = 0, lse = -inf).
@@ -77,6 +80,11 @@
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
+/* benchmark-only timing experiments (KVATTN_BENCH_TC_EXP at context creation), row slots: 1 consumers skip the math,
+   2 no fault word per stage, 4 the TMA producer's copies issued by one lane each */
+#ifndef KVA_HG_EXP
+#define KVA_HG_EXP 0
+#endif
 #undef HG_GATHER /* KVA_HG_GATHER = 1: the cp.async producer for page sizes that are not multiples of 16 ("_ga") */
 #if defined(KVA_HG_GATHER) && KVA_HG_GATHER
 #define HG_GATHER 1
@@ -91,6 +99,8 @@
 #undef HG_BH
 #undef HG_NC
 #undef HG_P
+#undef HG_SL
+#undef HG_RDIM
 #undef HG_THREADS
 #undef HG_NP
 #undef HG_D
@@ -107,8 +117,9 @@
 #undef HG_DHI
 #undef HG_KFIX
 #define HG_G KVA_HG
+#define HG_SL KVK_HG_SLOTS(HG_G, KVA_HG_RS) /* heads of a stage, or 16-row slots */
 #define HG_P KVK_HG_PARTS(HG_G, KVA_HG_RS) /* consumer warps per head / row slot */
-#define HG_NC (HG_P * HG_G)            /* consumer warps */
+#define HG_NC KVK_HG_CONSUMERS(HG_G, KVA_HG_RS) /* consumer warps */
 #define HG_NP KVK_HG_PRODUCERS(HG_GATHER) /* producer warps */
 #define HG_THREADS KVK_HG_THREADS(HG_G, HG_GATHER, KVA_HG_RS)
 #define HG_D KVA_DQK
@@ -121,7 +132,7 @@
 #define HG_S KVK_HG_NSTAGES(HG_RB, KVA_HG_RS)
 #define HG_KS (HG_D / 16)
 #define HG_MT (HG_D / 16)
-#define HG_CW KVK_HG_COMB_FLOATS(HG_D) /* combine record per lane: m0 m1 l0 l1, acc, fault */
+#define HG_CW KVK_HG_COMB_FLOATS(HG_D, KVA_HG_RS) /* combine record per lane: m0 m1 l0 l1 fault, acc */
 #if KVA_KT == KVK_BF16
 #define HG_MMA kva_mma_bf16
 #define HG_PACK kva_f32x2_to_bf16x2
@@ -135,6 +146,13 @@
 #define HG_KFIX 1.0f
 #endif
 /* accumulator rows r8 and r8 + 8 of m-tile mt: head dims HG_DLO(mt) and HG_DLO(mt) + HG_DHI */
+/* row slots: accumulator n-tile n, column 2 q4 + e: head dim HG_RDIM(n, e) (fp8: n-tiles of the even and the odd dims
+   of each 16-dim chunk, kva_fp8_v_afrag) */
+#if HG_FP8
+#define HG_RDIM(n, e) (16 * ((n) >> 1) + 4 * q4 + 2 * (e) + ((n) & 1))
+#else
+#define HG_RDIM(n, e) (8 * (n) + 2 * q4 + (e))
+#endif
 #if HG_FP8
 #define HG_DLO(mt) (16 * (mt) + 2 * r8)
 #define HG_DHI 1
@@ -154,7 +172,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const unsigned full0 = sbase + (unsigned)(HG_S * HG_SB), empty0 = full0 + 8u * HG_S;
     int* const s_fault = (int*)(smem + HG_S * HG_SB + 16 * HG_S);  /* [S]: the stage's subtile hit a bad page */
     int* const s_flag = s_fault + HG_S;                             /* [4]: fused merge */
-    float* const s_comb = (float*)(smem + KVK_HG_OFF_COMB(HG_RB, HG_G, KVA_HG_RS)); /* [HG_P-1][HG][32][HG_CW] */
+    float* const s_comb = (float*)(smem + KVK_HG_OFF_COMB(HG_RB, HG_G, KVA_HG_RS)); /* [HG_P-1][HG_SL][32][HG_CW] */
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const kvk_work_item* items = (const kvk_work_item*)(p.ws + p.off_items);
@@ -165,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     if (tid == 0) {
         for (int s = 0; s < HG_S; ++s) {
             kvp_mbar_init(full0 + 8u * s, HG_GATHER ? 33 : 1); /* gather: 32 cp.async arrivals and lane 0's */
-            kvp_mbar_init(empty0 + 8u * s, HG_G);
+            kvp_mbar_init(empty0 + 8u * s, HG_SL); /* one consumer warp of each head / slot */
         }
         asm volatile("{ fence.mbarrier_init.release.cluster; }" ::: "memory");
     }
@@ -318,13 +336,36 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 const int n = nsub - s0 < 32 ? nsub - s0 : 32;
                 for (int l = 0; l < n; ++l, ++c) {
                     const int pgl = __shfl_sync(0xffffffffu, pg, l), sll = __shfl_sync(0xffffffffu, sl, l);
+#if KVA_HG_EXP & 4
+                    {
+                        const int st = c % HG_S;
+                        if (lane == 0) {
+                            if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
+                            kvp_mbar_arrive_expect_tx(full0 + 8u * st, (unsigned)HG_SB);
+                        }
+                        __syncwarp();
+                        const unsigned fb = full0 + 8u * st, dst = sbase + (unsigned)(st * HG_SB);
+                        if (lane < 2 * HG_NCB) {
+                            const int cb = lane % HG_NCB;
+                            if (lane < HG_NCB)
+                                kvp_tma_load4(dst + (unsigned)(cb * HG_BOX), tm.k, cb * (128 / HG_ES), sll, head0, pgl, fb);
+                            else
+                                kvp_tma_load4(dst + (unsigned)((HG_NCB + cb) * HG_BOX), tm.v, cb * (128 / HG_ES), sll,
+                                              head0, pgl, fb);
+                        }
+                    }
+                    if (0) {
+#else
                     if (lane == 0) {
+#endif
                         const int st = c % HG_S;
                         if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
                         const bool bad = !KVA_NO_BOUNDS_CHECK && (unsigned long long)(unsigned)pgl >=
                                                                     (unsigned long long)p.num_pages;
+#if !(KVA_HG_EXP & 2)
                         atomicExch(s_fault + st, bad ? 1 : 0); /* shared atomics: the consumers read it after the
                                                                    full barrier, racecheck-clean */
+#endif
                         const unsigned fb = full0 + 8u * st, dst = sbase + (unsigned)(st * HG_SB);
                         if (bad) {
                             const unsigned long long k = ~(((unsigned long long)(unsigned)w.req << 32) |
@@ -351,12 +392,12 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
 #endif
 
     /* ================= consumers ================= */
-    const int h = warp % HG_G, part = warp / HG_G;
+    const int h = warp % HG_SL, part = warp / HG_SL;
     const int q4 = lane & 3, r8 = lane >> 2;
     const int g = p.group_size;
     /* this warp's rows: the group's rows hb0 .. hb0 + gl - 1 (gl <= 8; row-slot warps past the group have none), and
        its K/V block in a stage (head hs) */
-    const int hb0 = KVA_HG_RS ? 8 * h : 0, gl = KVA_HG_RS ? (g - hb0 < 8 ? g - hb0 : 8) : g;
+    const int hb0 = KVA_HG_RS ? 16 * h : 0, gl = KVA_HG_RS ? (g - hb0 < 16 ? g - hb0 : 16) : g;
     const int hs = KVA_HG_RS ? 0 : h;
     /* K ldmatrix (A = K[16 tok x 16 cols]): token (lane & 7) + 8 ((lane >> 3) & 1), 16-byte chunk 2 ks + (lane >> 4);
        V ldmatrix.trans (A = V^T): token (lane & 7) + 8 (lane >> 4), chunk 2 mt + ((lane >> 3) & 1). Row r of a box is
@@ -373,16 +414,327 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const unsigned v8row = (unsigned)((hs * 16 + v8t) * 128);
 #endif
     static_assert((HG_P & (HG_P - 1)) == 0, "parts: a power of two");
-    float* const comb = s_comb + (((part > 0 ? part - 1 : 0) * HG_G + h) * 32 + lane) * HG_CW; /* parts >= 1 publish */
+    float* const comb = s_comb + (((part > 0 ? part - 1 : 0) * HG_SL + h) * 32 + lane) * HG_CW; /* parts >= 1 publish */
     const bool fused = (p.flags & KVK_FLAG_FUSED_MERGE) != 0u;
     int c = 0;
+#if KVA_HG_RS
+    kvk_work_item w = h_item; /* the item and its request: the header's first, then loaded (the header's copies do not
+                                 stay live through the loop: 168 registers at 9-10 warps) */
+    kvk_request rq = h_rq;
+#endif
     for (int it = it0; it < it1; ++it) {
+#if KVA_HG_RS
+        if (it != it0) {
+            w = items[it];
+            rq = reqs[w.req];
+        }
+#else
         const kvk_work_item w = it == it0 ? h_item : items[it];
         const kvk_request rq = it == it0 ? h_rq : reqs[w.req];
+#endif
         const int kv0 = w.kv_start, kv1 = w.kv_end;
         const int t0 = kv0 & ~15;
         const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
         const int kvh = KVA_HG_RS ? w.kv_head : w.kv_head * HG_G + h;
+#if KVA_HG_RS
+        /* ---- row slots: this warp's 16-row tile (rows hb0 .. hb0 + 15 of the group; rows >= gl are zero and never
+           written), the rows as the MMA's M:
+             S[16 rows x 16 tok] = Q[16 x D] . K^T[D x 16 tok]    A = q (registers), B = K (ldmatrix, as the K
+                                                                 A fragment of the other orientation: n-tile 0 takes
+                                                                 its words 0 and 2, n-tile 1 words 1 and 3)
+             online softmax on S in registers (rows r8 and r8 + 8, four tokens each; a quad holds a row)
+             O[16 rows x D] += P[16 x 16 tok] . V[16 tok x D]     A = P from S's accumulators (no shuffles), B = V
+                                                                 (ldmatrix.trans), D / 8 independent MMAs
+           so one warp computes 16 rows of a stage where the 8-row orientation needs two warps' serial chains.
+           Q A fragments: rows r8 (a[0], a[2]) and r8 + 8 (a[1], a[3]), columns 16 ks + 2 q4 (+1) and + 8; fp8 KV:
+           dims 32 q4 + 4 ks (+1) and + 2 (+3), the k permutation of the fp8 K fragments (kva_fp8_k_afrag), q scaled
+           into the f16 range by a power of two that the logit scale takes back. ---- */
+        unsigned qa[HG_KS][4];
+        float qscale = p.q_scale;
+        {
+            const bool ha = r8 < gl, hb = r8 + 8 < gl;
+            const unsigned short* const q0 = (const unsigned short*)p.q + (long long)rq.qo_start * p.q_stride_row +
+                                             (long long)(kvh * g + hb0) * p.q_stride_head;
+            const unsigned short* const qra = q0 + (long long)(ha ? r8 : 0) * p.q_stride_head;
+            const unsigned short* const qrb = q0 + (long long)(hb ? r8 + 8 : 0) * p.q_stride_head;
+#if !HG_FP8
+#pragma unroll
+            for (int ks = 0; ks < HG_KS; ++ks) {
+                qa[ks][0] = ha ? __ldg((const unsigned*)(qra + 16 * ks + 2 * q4)) : 0u;
+                qa[ks][1] = hb ? __ldg((const unsigned*)(qrb + 16 * ks + 2 * q4)) : 0u;
+                qa[ks][2] = ha ? __ldg((const unsigned*)(qra + 16 * ks + 8 + 2 * q4)) : 0u;
+                qa[ks][3] = hb ? __ldg((const unsigned*)(qrb + 16 * ks + 8 + 2 * q4)) : 0u;
+            }
+#else
+            float qf[2][HG_D / 4];
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+                const bool has = rr ? hb : ha;
+                const unsigned short* const qr = rr ? qrb : qra;
+#pragma unroll
+                for (int h8 = 0; h8 < HG_D / 32; ++h8) {
+                    const uint4 w4 =
+                        has ? __ldg((const uint4*)(qr + q4 * (HG_D / 4) + 8 * h8)) : make_uint4(0u, 0u, 0u, 0u);
+                    const unsigned wv[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+#if KVA_QT == KVK_BF16
+                        kva_bf16x2_to_f32(wv[e], &qf[rr][8 * h8 + 2 * e], &qf[rr][8 * h8 + 2 * e + 1]);
+#else
+                        kva_f16x2_to_f32(wv[e], &qf[rr][8 * h8 + 2 * e], &qf[rr][8 * h8 + 2 * e + 1]);
+#endif
+                    }
+                }
+            }
+            /* one power of two for the warp's rows keeps the largest |q| below 2^14 in f16 */
+            float mx = 0.f;
+#pragma unroll
+            for (int i = 0; i < HG_D / 4; ++i) mx = fmaxf(mx, fmaxf(fabsf(qf[0][i]), fabsf(qf[1][i])));
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            const int ex = (int)((__float_as_uint(mx) >> 23) & 0xffu) - 127;
+            const int sh = ex > 13 ? ex - 13 : 0;
+            const float down = __uint_as_float((unsigned)(127 - sh) << 23);
+            qscale *= __uint_as_float((unsigned)(127 + (sh > 127 ? 127 : sh)) << 23) * HG_KFIX;
+#pragma unroll
+            for (int ks = 0; ks < HG_KS; ++ks) {
+                qa[ks][0] = kva_f32x2_to_f16x2(qf[0][4 * ks] * down, qf[0][4 * ks + 1] * down);
+                qa[ks][1] = kva_f32x2_to_f16x2(qf[1][4 * ks] * down, qf[1][4 * ks + 1] * down);
+                qa[ks][2] = kva_f32x2_to_f16x2(qf[0][4 * ks + 2] * down, qf[0][4 * ks + 3] * down);
+                qa[ks][3] = kva_f32x2_to_f16x2(qf[1][4 * ks + 2] * down, qf[1][4 * ks + 3] * down);
+            }
+#endif
+        }
+        /* rows r8 (m0, l0) and r8 + 8 (m1, l1); l: this lane's share of the row sum until the item's end */
+        float m0 = neg_inf, m1 = neg_inf, l0 = 0.f, l1 = 0.f;
+        float acc[HG_D / 8][4]; /* n-tile n: rows r8 (0, 1) and r8 + 8 (2, 3), dims HG_RDIM(n, 0 / 1) */
+#pragma unroll
+        for (int n = 0; n < HG_D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+        int faulted = 0;
+        for (int j = 0; j < nsub; ++j, ++c) {
+            if ((j & (HG_P - 1)) != part) continue;
+            const int st = c % HG_S;
+            kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
+#if KVA_HG_EXP & 1
+            if (1) {
+                __syncwarp();
+                if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
+                continue;
+            }
+#endif
+            if (!(KVA_HG_EXP & 2) && atomicAdd(s_fault + st, 0)) {
+                faulted = 1;
+                __syncwarp();
+                if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
+                continue;
+            }
+            const unsigned kbase = sbase + (unsigned)(st * HG_SB), vbase = kbase + (unsigned)(HG_NCB * HG_BOX);
+            float sa[2][2][4] = {}; /* [n-tile: tokens 0-7, 8-15][two chains over the k-steps] */
+#if !HG_FP8
+#pragma unroll
+            for (int ks = 0; ks < HG_KS; ++ks) {
+                const int ch = 2 * ks + kc;
+                unsigned a[4];
+                kva_ldsm_x4(kbase + (unsigned)((ch >> 3) * HG_BOX) + krow + 16u * (unsigned)((ch & 7) ^ (kt & 7)), a);
+                HG_MMA(sa[0][ks & 1], qa[ks], a[0], a[2]);
+                HG_MMA(sa[1][ks & 1], qa[ks], a[1], a[3]);
+            }
+#else
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const unsigned co = 16u * (unsigned)((2 * q4 + hh) ^ (r8 & 7));
+                const uint4 wlo = kva_ld_shared16(kbase + k8row + co);
+                const uint4 whi = kva_ld_shared16(kbase + k8row + 8u * 128u + co);
+                const unsigned lo[4] = {wlo.x, wlo.y, wlo.z, wlo.w};
+                const unsigned hi[4] = {whi.x, whi.y, whi.z, whi.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int ks = 4 * hh + e;
+                    unsigned a[4];
+                    kva_fp8_k_afrag(lo[e], hi[e], KVA_KT == KVK_E4M3, a);
+                    HG_MMA(sa[0][ks & 1], qa[ks], a[0], a[2]);
+                    HG_MMA(sa[1][ks & 1], qa[ks], a[1], a[3]);
+                }
+            }
+#endif
+            /* x[nt][0 / 1]: row r8, tokens tb + 8 nt (+1); x[nt][2 / 3]: row r8 + 8, the same tokens */
+            const int tb = t0 + 16 * j + 2 * q4;
+            const bool edge = t0 + 16 * j < kv0 || t0 + 16 * j + 16 > kv1;
+            float x[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int tk = tb + 8 * nt + (e & 1);
+                    x[nt][e] = !edge || (tk >= kv0 && tk < kv1) ? (sa[nt][0][e] + sa[nt][1][e]) * qscale : neg_inf;
+                }
+            float mx0 = fmaxf(fmaxf(x[0][0], x[0][1]), fmaxf(x[1][0], x[1][1]));
+            float mx1 = fmaxf(fmaxf(x[0][2], x[0][3]), fmaxf(x[1][2], x[1][3]));
+#pragma unroll
+            for (int o = 1; o < 4; o <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+            }
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            const float mu0 = mn0 == neg_inf ? 0.f : mn0, mu1 = mn1 == neg_inf ? 0.f : mn1;
+            const float al0 = kva_exp2(m0 - mu0), al1 = kva_exp2(m1 - mu1);
+            m0 = mn0;
+            m1 = mn1;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                x[nt][0] = kva_exp2(x[nt][0] - mu0);
+                x[nt][1] = kva_exp2(x[nt][1] - mu0);
+                x[nt][2] = kva_exp2(x[nt][2] - mu1);
+                x[nt][3] = kva_exp2(x[nt][3] - mu1);
+            }
+            l0 = l0 * al0 + ((x[0][0] + x[0][1]) + (x[1][0] + x[1][1]));
+            l1 = l1 * al1 + ((x[0][2] + x[0][3]) + (x[1][2] + x[1][3]));
+            if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+                for (int n = 0; n < HG_D / 8; ++n) {
+                    acc[n][0] *= al0;
+                    acc[n][1] *= al0;
+                    acc[n][2] *= al1;
+                    acc[n][3] *= al1;
+                }
+            }
+            /* P as the A fragment: rows r8 / r8 + 8, tokens 2 q4 (+1) and 2 q4 + 8 (+9) */
+            unsigned pa[4];
+            pa[0] = HG_PACK(x[0][0], x[0][1]);
+            pa[1] = HG_PACK(x[0][2], x[0][3]);
+            pa[2] = HG_PACK(x[1][0], x[1][1]);
+            pa[3] = HG_PACK(x[1][2], x[1][3]);
+            /* tokens outside the item: their V rows may hold anything (NaN, Inf); P is 0 there and 0 * NaN is NaN, so
+               the B elements are zeroed: tokens 2 q4, 2 q4 + 1 (mlo) and 2 q4 + 8, + 9 (mhi) */
+            unsigned mlo = 0xffffffffu, mhi = 0xffffffffu;
+            if (edge) {
+                mlo = (tb >= kv0 && tb < kv1 ? 0xffffu : 0u) | (tb + 1 >= kv0 && tb + 1 < kv1 ? 0xffff0000u : 0u);
+                mhi = (tb + 8 >= kv0 && tb + 8 < kv1 ? 0xffffu : 0u) | (tb + 9 >= kv0 && tb + 9 < kv1 ? 0xffff0000u : 0u);
+            }
+#if !HG_FP8
+#pragma unroll
+            for (int mt = 0; mt < HG_MT; ++mt) {
+                /* words: tokens 0-7 / dims 16 mt .., tokens 0-7 / + 8, tokens 8-15 / 16 mt .., tokens 8-15 / + 8 */
+                const int ch = 2 * mt + vc;
+                unsigned b[4];
+                kva_ldsm_x4_t(vbase + (unsigned)((ch >> 3) * HG_BOX) + vrow + 16u * (unsigned)((ch & 7) ^ (vt & 7)), b);
+                b[0] &= mlo;
+                b[1] &= mlo;
+                b[2] &= mhi;
+                b[3] &= mhi;
+                HG_MMA(acc[2 * mt], pa, b[0], b[2]);
+                HG_MMA(acc[2 * mt + 1], pa, b[1], b[3]);
+            }
+#else
+#pragma unroll
+            for (int m2 = 0; m2 < HG_MT / 2; ++m2) {
+                /* byte pairs (kva_fp8_v_afrag): chunk 2 m2 + hh gives n-tiles of the even dims (words 0, 2) and of the
+                   odd dims (words 1, 3) of dims 32 m2 + 16 hh .. */
+                unsigned r[4];
+                kva_ldsm_x4_t(vbase + v8row + 16u * (unsigned)((2 * m2 + v8c) ^ (v8t & 7)), r);
+                r[0] &= mlo;
+                r[1] &= mhi;
+                r[2] &= mlo;
+                r[3] &= mhi;
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    unsigned b[4];
+                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], KVA_KT == KVK_E4M3, b);
+                    HG_MMA(acc[2 * (2 * m2 + hh)], pa, b[0], b[2]);
+                    HG_MMA(acc[2 * (2 * m2 + hh) + 1], pa, b[1], b[3]);
+                }
+            }
+#endif
+            __syncwarp();
+            if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
+        }
+#pragma unroll
+        for (int o = 1; o < 4; o <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+        }
+        /* ---- the slot's HG_P warps: parts >= 1 publish, part 0 combines (named barrier 1 + h) ---- */
+        if (part >= 1) {
+            comb[0] = m0, comb[1] = m1, comb[2] = l0, comb[3] = l1, comb[4] = (float)faulted;
+#pragma unroll
+            for (int n = 0; n < HG_D / 8; ++n) {
+                comb[5 + 4 * n] = acc[n][0];
+                comb[6 + 4 * n] = acc[n][1];
+                comb[7 + 4 * n] = acc[n][2];
+                comb[8 + 4 * n] = acc[n][3];
+            }
+        }
+        kvp_named_sync(1u + (unsigned)h, 32u * HG_P);
+#pragma unroll 1
+        for (int pp = 1; pp < HG_P && part == 0; ++pp) {
+            const float* const cr = s_comb + (((pp - 1) * HG_SL + h) * 32 + lane) * HG_CW;
+            const float mo0 = cr[0], mo1 = cr[1];
+            const float n0 = fmaxf(m0, mo0), n1 = fmaxf(m1, mo1);
+            const float b0 = n0 == neg_inf ? 0.f : n0, b1 = n1 == neg_inf ? 0.f : n1;
+            const float sa0 = kva_exp2(m0 - b0), sb0 = kva_exp2(mo0 - b0);
+            const float sa1 = kva_exp2(m1 - b1), sb1 = kva_exp2(mo1 - b1);
+            l0 = l0 * sa0 + cr[2] * sb0;
+            l1 = l1 * sa1 + cr[3] * sb1;
+            m0 = n0;
+            m1 = n1;
+            faulted |= cr[4] != 0.f;
+#pragma unroll
+            for (int n = 0; n < HG_D / 8; ++n) {
+                acc[n][0] = acc[n][0] * sa0 + cr[5 + 4 * n] * sb0;
+                acc[n][1] = acc[n][1] * sa0 + cr[6 + 4 * n] * sb0;
+                acc[n][2] = acc[n][2] * sa1 + cr[7 + 4 * n] * sb1;
+                acc[n][3] = acc[n][3] * sa1 + cr[8 + 4 * n] * sb1;
+            }
+        }
+        kvp_named_sync(1u + (unsigned)h, 32u * HG_P);
+        const bool to_partial = w.partial >= 0;
+        if (part == 0) {
+            /* ---- write rows r8 and r8 + 8 of the slot's tile (dims HG_RDIM) ---- */
+            const float lg0 = l0 > 0.f ? m0 + kva_log2(l0) : neg_inf, lg1 = l1 > 0.f ? m1 + kva_log2(l1) : neg_inf;
+            const float vs = p.v_scale * HG_KFIX;
+            float i0 = l0 > 0.f ? vs * kva_rcp(l0) : 0.f, i1 = l1 > 0.f ? vs * kva_rcp(l1) : 0.f;
+            float e0 = lg0, e1 = lg1;
+            if (faulted) {
+                i0 = i1 = 0.f;
+                e0 = e1 = to_partial ? __uint_as_float(KVK_FAULT_LSE_BITS) : neg_inf;
+            }
+            const int ra = r8, rb = r8 + 8;
+            if (to_partial) {
+                float* const po = (float*)(p.ws + p.off_partial_o) + ((long long)w.partial * p.tile_q + hb0) * HG_D;
+                float* const pl = (float*)(p.ws + p.off_partial_lse) + (long long)w.partial * p.tile_q + hb0;
+#pragma unroll
+                for (int n = 0; n < HG_D / 8; ++n) {
+#if HG_FP8
+                    if (ra < gl) po[ra * HG_D + HG_RDIM(n, 0)] = acc[n][0] * i0, po[ra * HG_D + HG_RDIM(n, 1)] = acc[n][1] * i0;
+                    if (rb < gl) po[rb * HG_D + HG_RDIM(n, 0)] = acc[n][2] * i1, po[rb * HG_D + HG_RDIM(n, 1)] = acc[n][3] * i1;
+#else /* adjacent dims */
+                    if (ra < gl) *(float2*)(po + ra * HG_D + HG_RDIM(n, 0)) = make_float2(acc[n][0] * i0, acc[n][1] * i0);
+                    if (rb < gl) *(float2*)(po + rb * HG_D + HG_RDIM(n, 0)) = make_float2(acc[n][2] * i1, acc[n][3] * i1);
+#endif
+                }
+                if (q4 == 0) {
+                    if (ra < gl) pl[ra] = e0;
+                    if (rb < gl) pl[rb] = e1;
+                }
+            } else {
+                const long long oa =
+                    (long long)rq.qo_start * p.o_stride_row + (long long)(kvh * g + hb0 + ra) * p.o_stride_head;
+                const long long ob = oa + 8ll * p.o_stride_head;
+#pragma unroll
+                for (int n = 0; n < HG_D / 8; ++n) {
+                    if (ra < gl) kva_store_elem(p.o, oa + HG_RDIM(n, 0), KVA_OT, acc[n][0] * i0), kva_store_elem(p.o, oa + HG_RDIM(n, 1), KVA_OT, acc[n][1] * i0);
+                    if (rb < gl) kva_store_elem(p.o, ob + HG_RDIM(n, 0), KVA_OT, acc[n][2] * i1), kva_store_elem(p.o, ob + HG_RDIM(n, 1), KVA_OT, acc[n][3] * i1);
+                }
+                if (q4 == 0 && p.lse) {
+                    const long long la =
+                        (long long)rq.qo_start * p.lse_stride_row + (long long)(kvh * g + hb0) * p.lse_stride_head;
+                    if (ra < gl) p.lse[la + (long long)ra * p.lse_stride_head] = e0;
+                    if (rb < gl) p.lse[la + (long long)rb * p.lse_stride_head] = e1;
+                }
+            }
+            if (faulted && h == 0 && lane == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
+        }
+#else /* !KVA_HG_RS */
         /* Q^T fragments (B = Q^T[16 cols x 8 rows]): row r8 (query head kvh * g + r8), columns 16 ks + 2 q4 (+1), +8;
            fp8 KV: dims 32 q4 + 4 ks (+1), + 2 (+3) in f16, scaled down by 2^qsh (the logit scale takes it back) */
         unsigned qb[HG_KS][2];
@@ -562,7 +914,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         kvp_named_sync(1u + (unsigned)h, 32u * HG_P);
 #pragma unroll 1
         for (int pp = 1; pp < HG_P && part == 0; ++pp) {
-            const float* const cr = s_comb + (((pp - 1) * HG_G + h) * 32 + lane) * HG_CW;
+            const float* const cr = s_comb + (((pp - 1) * HG_SL + h) * 32 + lane) * HG_CW;
             const float mo0 = cr[0], mo1 = cr[1];
             const float n0 = fmaxf(m0, mo0), n1 = fmaxf(m1, mo1);
             const float b0 = n0 == neg_inf ? 0.f : n0, b1 = n1 == neg_inf ? 0.f : n1;
@@ -627,6 +979,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
             if (faulted && h == 0 && lane == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
         }
+#endif /* KVA_HG_RS */
         /* ---- fused split-KV merge (kva_decode_tc.cuh's protocol): the consumer warps' partial writes are ordered
            before thread 0's acq_rel arrival by the named barrier; the last arriving CTA merges the task ---- */
         if (to_partial && fused) {

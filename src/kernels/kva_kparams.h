@@ -61,24 +61,32 @@ typedef uint64_t kvk_u64;
 /* geometry of the head-group decode kernel (kva_decode_hg.cuh, sm_90): a ring of stages of one 16-token subtile of
    K and V for g heads (rb / 128 TMA boxes of [g][16][128 B] each for K and for V: rb * g * 32 bytes, where rb is the
    bytes of one head's token row: 256 at head dim 128 x 16-bit, 128 at 64 x 16-bit and at 128 x fp8), 192 KB at 256 B x
-   4 heads; full and empty mbarriers and a fault word per stage, 16 bytes of merge flags; the combine buffer [g][32
-   lanes] of 5 + d / 4 floats (odd: conflict-free); 1 KB of slack to align the stages to the 128-byte swizzle's period. */
+   4 heads; full and empty mbarriers and a fault word per stage, 16 bytes of merge flags; the combine buffer [consumer
+   warps but one a head / slot][32 lanes] of KVK_HG_COMB_FLOATS (odd: conflict-free); 1 KB of slack to align the stages
+   to the 128-byte swizzle's period. */
 #define KVK_HG_STAGES(rb) ((rb) <= 128 ? 12 : 6)
 #define KVK_HG_STAGE_BYTES(rb, g) ((rb) * (g) * 32)
-#define KVK_HG_COMB_FLOATS(d) (5 + (d) / 4)
-/* row slots (rs = 1: g slots of 8 query rows over one KV head, "_rs"): stages of one head, 4 x as many (192 KB) */
-#define KVK_HG_NSTAGES(rb, rs) ((rs) ? 4 * KVK_HG_STAGES(rb) : KVK_HG_STAGES(rb))
+/* combine record per lane: m0 m1 l0 l1 fault, then the lane's output accumulators (d / 4 floats of 2 rows; row slots:
+   d / 2 of 2 rows of a 16-row tile) */
+#define KVK_HG_COMB_FLOATS(d, rs) ((rs) ? 5 + (d) / 2 : 5 + (d) / 4)
+/* row slots (rs = 1, "_rs": g / 2 slots of 16 query rows over one KV head): stages of one head, 160 KB of them (the
+   combine buffer of 8 consumer warps' 16-row tiles takes the rest) */
+#define KVK_HG_NSTAGES(rb, rs) ((rs) ? KVK_HG_STAGES(rb) * 10 / 3 : KVK_HG_STAGES(rb))
+/* consumer warps: 2 per head; row slots: 8 (g / 2 slots of 16 rows, 16 / g warps a slot) */
+#define KVK_HG_CONSUMERS(g, rs) ((rs) ? 8 : 2 * (g))
+#define KVK_HG_SLOTS(g, rs) ((rs) ? (g) / 2 : (g))
+/* consumer warps per head / row slot (each takes every PARTS-th subtile) */
+#define KVK_HG_PARTS(g, rs) (KVK_HG_CONSUMERS(g, rs) / KVK_HG_SLOTS(g, rs))
 #define KVK_HG_OFF_COMB(rb, g, rs)                                                                           \
     ((KVK_HG_NSTAGES(rb, rs) * KVK_HG_STAGE_BYTES(rb, (rs) ? 1 : (g)) + 20 * KVK_HG_NSTAGES(rb, rs) + 16 + 15) & ~15)
+/* every consumer warp but the first of each head / slot publishes its combine record */
 #define KVK_HG_SMEM(d, rb, g, rs)                                                                             \
-    (1024 + KVK_HG_OFF_COMB(rb, g, rs) + (KVK_HG_PARTS(g, rs) - 1) * (g) * 32 * KVK_HG_COMB_FLOATS(d) * 4)
-/* consumer warps per head / row slot (each takes every PARTS-th subtile): 2; 4 for 2 row slots (8 consumer warps, as a
-   4-head CTA has: row slots compute a stage's bytes once per slot) */
-#define KVK_HG_PARTS(g, rs) ((rs) && (g) == 2 ? 4 : 2)
-/* head-group decode CTA: 2 consumer warps per head and the producer warps (1 TMA producer; 2 cp.async producers for
+    (1024 + KVK_HG_OFF_COMB(rb, g, rs) +                                                                      \
+     (KVK_HG_CONSUMERS(g, rs) - KVK_HG_SLOTS(g, rs)) * 32 * KVK_HG_COMB_FLOATS(d, rs) * 4)
+/* head-group decode CTA: the consumer warps and the producer warps (1 TMA producer; 2 cp.async producers for
    pages of other than 16k tokens, the "_ga" kernels) */
 #define KVK_HG_PRODUCERS(ga) ((ga) ? 2 : 1)
-#define KVK_HG_THREADS(g, ga, rs) (32 * (KVK_HG_PARTS(g, rs) * (g) + KVK_HG_PRODUCERS(ga)))
+#define KVK_HG_THREADS(g, ga, rs) (32 * (KVK_HG_CONSUMERS(g, rs) + KVK_HG_PRODUCERS(ga)))
 
 /* runtime flags of the attention kernels */
 #define KVK_FLAG_ALIBI 1u       /* ALiBi bias (slopes from alibi_slopes, or the standard ones) */
