@@ -484,8 +484,8 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     if (status == KVA_OK && st->pf_exp && c.key.family == KVA__KF_PREFILL) c.key.nochk |= st->pf_exp << 4;
     if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
     if (status == KVA_OK && st->tc_generic_merge && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 8;
-    if (status == KVA_OK && st->tc_exp && (c.key.family == KVA__KF_DECODE_TC || c.key.family == KVA__KF_DECODE_HG))
-        c.key.nochk |= st->tc_exp << 8; /* KVA_TC_EXP / KVA_HG_EXP: benchmark-only timing experiments */
+    if (status == KVA_OK && st->tc_exp && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= st->tc_exp << 8;
+    if (status == KVA_OK && st->hg_exp && c.key.family == KVA__KF_DECODE_HG) c.key.nochk |= st->hg_exp << 8;
     if (status == KVA_OK && st->no_l2_hint &&
         (c.key.family == KVA__KF_DECODE || c.key.family == KVA__KF_DECODE_TC)) c.key.nochk |= 4;
     if (status == KVA_OK) status = kva__cuda_kernel(ctx, st, &c.key, &index);
@@ -1256,6 +1256,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->tc_generic_merge = gm && gm[0] == '1' && gm[1] == '\0';
         const char* te = getenv("KVATTN_BENCH_TC_EXP"); /* A/B experiments in the tensor-core decode kernel */
         st->tc_exp = te ? (int)(strtol(te, NULL, 0) & 0x3fff) : 0;
+        const char* he = getenv("KVATTN_BENCH_HG_EXP"); /* A/B experiments in the head-group decode kernel */
+        st->hg_exp = he ? (int)(strtol(he, NULL, 0) & 0x3fff) : 0;
         const char* npt = getenv("KVATTN_BENCH_NO_PAGED_TMA"); /* A/B: paged K/V by cp.async (ragged keeps TMA) */
         st->no_paged_tma = npt && npt[0] == '1' && npt[1] == '\0';
         const char* nh = getenv("KVATTN_BENCH_NO_L2_HINT"); /* A/B: decode K/V copies without the L2 evict-first policy */

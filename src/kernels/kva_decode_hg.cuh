@@ -80,8 +80,9 @@
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
-/* benchmark-only timing experiments (KVATTN_BENCH_TC_EXP at context creation), row slots: 1 consumers skip the math,
-   2 no fault word per stage, 4 the TMA producer's copies issued by one lane each */
+/* benchmark-only timing experiments (KVATTN_BENCH_HG_EXP at context creation; docs/kernels/decode.md, session 40):
+   2 no fault word per stage (row slots' consumers; every TMA producer), 4 the TMA producer's copies issued by one lane
+   each */
 #ifndef KVA_HG_EXP
 #define KVA_HG_EXP 0
 #endif
@@ -364,7 +365,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                                                                     (unsigned long long)p.num_pages;
 #if !(KVA_HG_EXP & 2)
                         atomicExch(s_fault + st, bad ? 1 : 0); /* shared atomics: the consumers read it after the
-                                                                   full barrier, racecheck-clean */
+                                                                   full barrier, racecheck-clean (a plain load there
+                                                                   was 4-11 % slower on row slots: session 40) */
 #endif
                         const unsigned fb = full0 + 8u * st, dst = sbase + (unsigned)(st * HG_SB);
                         if (bad) {
@@ -515,13 +517,6 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             if ((j & (HG_P - 1)) != part) continue;
             const int st = c % HG_S;
             kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
-#if KVA_HG_EXP & 1
-            if (1) {
-                __syncwarp();
-                if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
-                continue;
-            }
-#endif
             if (!(KVA_HG_EXP & 2) && atomicAdd(s_fault + st, 0)) {
                 faulted = 1;
                 __syncwarp();
@@ -529,15 +524,15 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 continue;
             }
             const unsigned kbase = sbase + (unsigned)(st * HG_SB), vbase = kbase + (unsigned)(HG_NCB * HG_BOX);
-            float sa[2][2][4] = {}; /* [n-tile: tokens 0-7, 8-15][two chains over the k-steps] */
+            float sa[2][4] = {}; /* n-tiles: tokens 0-7, 8-15 (two independent MMA chains) */
 #if !HG_FP8
 #pragma unroll
             for (int ks = 0; ks < HG_KS; ++ks) {
                 const int ch = 2 * ks + kc;
                 unsigned a[4];
                 kva_ldsm_x4(kbase + (unsigned)((ch >> 3) * HG_BOX) + krow + 16u * (unsigned)((ch & 7) ^ (kt & 7)), a);
-                HG_MMA(sa[0][ks & 1], qa[ks], a[0], a[2]);
-                HG_MMA(sa[1][ks & 1], qa[ks], a[1], a[3]);
+                HG_MMA(sa[0], qa[ks], a[0], a[2]);
+                HG_MMA(sa[1], qa[ks], a[1], a[3]);
             }
 #else
 #pragma unroll
@@ -552,8 +547,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                     const int ks = 4 * hh + e;
                     unsigned a[4];
                     kva_fp8_k_afrag(lo[e], hi[e], KVA_KT == KVK_E4M3, a);
-                    HG_MMA(sa[0][ks & 1], qa[ks], a[0], a[2]);
-                    HG_MMA(sa[1][ks & 1], qa[ks], a[1], a[3]);
+                    HG_MMA(sa[0], qa[ks], a[0], a[2]);
+                    HG_MMA(sa[1], qa[ks], a[1], a[3]);
                 }
             }
 #endif
@@ -566,7 +561,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int tk = tb + 8 * nt + (e & 1);
-                    x[nt][e] = !edge || (tk >= kv0 && tk < kv1) ? (sa[nt][0][e] + sa[nt][1][e]) * qscale : neg_inf;
+                    x[nt][e] = !edge || (tk >= kv0 && tk < kv1) ? sa[nt][e] * qscale : neg_inf;
                 }
             float mx0 = fmaxf(fmaxf(x[0][0], x[0][1]), fmaxf(x[1][0], x[1][1]));
             float mx1 = fmaxf(fmaxf(x[0][2], x[0][3]), fmaxf(x[1][2], x[1][3]));
