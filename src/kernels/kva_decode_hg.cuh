@@ -82,7 +82,7 @@
 #endif
 /* benchmark-only timing experiments (KVATTN_BENCH_HG_EXP at context creation; docs/kernels/decode.md, session 40):
    2 no fault word per stage (row slots' consumers; every TMA producer), 4 the TMA producer's copies issued by one lane
-   each */
+   each, 32 row slots of 8 rows (HG_RS8), 16 none (the same kernel, compiled at plan time) */
 #ifndef KVA_HG_EXP
 #define KVA_HG_EXP 0
 #endif
@@ -101,6 +101,8 @@
 #undef HG_NC
 #undef HG_P
 #undef HG_SL
+#undef HG_RS8
+#undef HG_RS16
 #undef HG_RDIM
 #undef HG_THREADS
 #undef HG_NP
@@ -118,8 +120,12 @@
 #undef HG_DHI
 #undef HG_KFIX
 #define HG_G KVA_HG
-#define HG_SL KVK_HG_SLOTS(HG_G, KVA_HG_RS) /* heads of a stage, or 16-row slots */
-#define HG_P KVK_HG_PARTS(HG_G, KVA_HG_RS) /* consumer warps per head / row slot */
+/* HG_RS8 (benchmark only, KVA_HG_EXP & 32): row slots in the 8-row form of session 39 (HG slots of 8 rows in the
+   one-head orientation, 8 / HG consumer warps a slot) on this file's geometry, for a same-run A/B */
+#define HG_RS8 (KVA_HG_RS && (KVA_HG_EXP & 32))
+#define HG_RS16 (KVA_HG_RS && !HG_RS8)
+#define HG_SL (HG_RS8 ? HG_G : KVK_HG_SLOTS(HG_G, KVA_HG_RS)) /* heads of a stage, or row slots */
+#define HG_P (KVK_HG_CONSUMERS(HG_G, KVA_HG_RS) / HG_SL) /* consumer warps per head / row slot */
 #define HG_NC KVK_HG_CONSUMERS(HG_G, KVA_HG_RS) /* consumer warps */
 #define HG_NP KVK_HG_PRODUCERS(HG_GATHER) /* producer warps */
 #define HG_THREADS KVK_HG_THREADS(HG_G, HG_GATHER, KVA_HG_RS)
@@ -133,7 +139,7 @@
 #define HG_S KVK_HG_NSTAGES(HG_RB, KVA_HG_RS)
 #define HG_KS (HG_D / 16)
 #define HG_MT (HG_D / 16)
-#define HG_CW KVK_HG_COMB_FLOATS(HG_D, KVA_HG_RS) /* combine record per lane: m0 m1 l0 l1 fault, acc */
+#define HG_CW KVK_HG_COMB_FLOATS(HG_D, HG_RS16) /* combine record per lane: m0 m1 l0 l1 fault, acc */
 #if KVA_KT == KVK_BF16
 #define HG_MMA kva_mma_bf16
 #define HG_PACK kva_f32x2_to_bf16x2
@@ -399,7 +405,8 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const int g = p.group_size;
     /* this warp's rows: the group's rows hb0 .. hb0 + gl - 1 (gl <= 8; row-slot warps past the group have none), and
        its K/V block in a stage (head hs) */
-    const int hb0 = KVA_HG_RS ? 16 * h : 0, gl = KVA_HG_RS ? (g - hb0 < 16 ? g - hb0 : 16) : g;
+    constexpr int RSR = HG_RS16 ? 16 : 8; /* rows of a row slot */
+    const int hb0 = KVA_HG_RS ? RSR * h : 0, gl = KVA_HG_RS ? (g - hb0 < RSR ? g - hb0 : RSR) : g;
     const int hs = KVA_HG_RS ? 0 : h;
     /* K ldmatrix (A = K[16 tok x 16 cols]): token (lane & 7) + 8 ((lane >> 3) & 1), 16-byte chunk 2 ks + (lane >> 4);
        V ldmatrix.trans (A = V^T): token (lane & 7) + 8 (lane >> 4), chunk 2 mt + ((lane >> 3) & 1). Row r of a box is
@@ -438,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         const int t0 = kv0 & ~15;
         const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
         const int kvh = KVA_HG_RS ? w.kv_head : w.kv_head * HG_G + h;
-#if KVA_HG_RS
+#if HG_RS16
         /* ---- row slots: this warp's 16-row tile (rows hb0 .. hb0 + 15 of the group; rows >= gl are zero and never
            written), the rows as the MMA's M:
              S[16 rows x 16 tok] = Q[16 x D] . K^T[D x 16 tok]    A = q (registers), B = K (ldmatrix, as the K
@@ -648,40 +655,45 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             l0 += __shfl_xor_sync(0xffffffffu, l0, o);
             l1 += __shfl_xor_sync(0xffffffffu, l1, o);
         }
-        /* ---- the slot's HG_P warps: parts >= 1 publish, part 0 combines (named barrier 1 + h) ---- */
-        if (part >= 1) {
-            comb[0] = m0, comb[1] = m1, comb[2] = l0, comb[3] = l1, comb[4] = (float)faulted;
-#pragma unroll
-            for (int n = 0; n < HG_D / 8; ++n) {
-                comb[5 + 4 * n] = acc[n][0];
-                comb[6 + 4 * n] = acc[n][1];
-                comb[7 + 4 * n] = acc[n][2];
-                comb[8 + 4 * n] = acc[n][3];
-            }
-        }
-        kvp_named_sync(1u + (unsigned)h, 32u * HG_P);
+        /* ---- the slot's HG_P warps combine in a tree (named barrier 1 + h): in the round of width `half`, parts
+           half .. 2 half - 1 publish their record and parts 0 .. half - 1 merge one each (log2 HG_P records deep
+           where one warp merging HG_P - 1 of them cost small calls 7-11 %: docs/kernels/decode.md, session 40) ---- */
+        (void)comb;
 #pragma unroll 1
-        for (int pp = 1; pp < HG_P && part == 0; ++pp) {
-            const float* const cr = s_comb + (((pp - 1) * HG_SL + h) * 32 + lane) * HG_CW;
-            const float mo0 = cr[0], mo1 = cr[1];
-            const float n0 = fmaxf(m0, mo0), n1 = fmaxf(m1, mo1);
-            const float b0 = n0 == neg_inf ? 0.f : n0, b1 = n1 == neg_inf ? 0.f : n1;
-            const float sa0 = kva_exp2(m0 - b0), sb0 = kva_exp2(mo0 - b0);
-            const float sa1 = kva_exp2(m1 - b1), sb1 = kva_exp2(mo1 - b1);
-            l0 = l0 * sa0 + cr[2] * sb0;
-            l1 = l1 * sa1 + cr[3] * sb1;
-            m0 = n0;
-            m1 = n1;
-            faulted |= cr[4] != 0.f;
+        for (int half = HG_P / 2; half >= 1; half >>= 1) {
+            float* const cr = s_comb + (((part >= half ? part - half : part) * HG_SL + h) * 32 + lane) * HG_CW;
+            if (part >= half && part < 2 * half) {
+                cr[0] = m0, cr[1] = m1, cr[2] = l0, cr[3] = l1, cr[4] = (float)faulted;
 #pragma unroll
-            for (int n = 0; n < HG_D / 8; ++n) {
-                acc[n][0] = acc[n][0] * sa0 + cr[5 + 4 * n] * sb0;
-                acc[n][1] = acc[n][1] * sa0 + cr[6 + 4 * n] * sb0;
-                acc[n][2] = acc[n][2] * sa1 + cr[7 + 4 * n] * sb1;
-                acc[n][3] = acc[n][3] * sa1 + cr[8 + 4 * n] * sb1;
+                for (int n = 0; n < HG_D / 8; ++n) {
+                    cr[5 + 4 * n] = acc[n][0];
+                    cr[6 + 4 * n] = acc[n][1];
+                    cr[7 + 4 * n] = acc[n][2];
+                    cr[8 + 4 * n] = acc[n][3];
+                }
             }
+            kvp_named_sync(1u + (unsigned)h, 32u * HG_P);
+            if (part < half) {
+                const float mo0 = cr[0], mo1 = cr[1];
+                const float n0 = fmaxf(m0, mo0), n1 = fmaxf(m1, mo1);
+                const float b0 = n0 == neg_inf ? 0.f : n0, b1 = n1 == neg_inf ? 0.f : n1;
+                const float sa0 = kva_exp2(m0 - b0), sb0 = kva_exp2(mo0 - b0);
+                const float sa1 = kva_exp2(m1 - b1), sb1 = kva_exp2(mo1 - b1);
+                l0 = l0 * sa0 + cr[2] * sb0;
+                l1 = l1 * sa1 + cr[3] * sb1;
+                m0 = n0;
+                m1 = n1;
+                faulted |= cr[4] != 0.f;
+#pragma unroll
+                for (int n = 0; n < HG_D / 8; ++n) {
+                    acc[n][0] = acc[n][0] * sa0 + cr[5 + 4 * n] * sb0;
+                    acc[n][1] = acc[n][1] * sa0 + cr[6 + 4 * n] * sb0;
+                    acc[n][2] = acc[n][2] * sa1 + cr[7 + 4 * n] * sb1;
+                    acc[n][3] = acc[n][3] * sa1 + cr[8 + 4 * n] * sb1;
+                }
+            }
+            kvp_named_sync(1u + (unsigned)h, 32u * HG_P);
         }
-        kvp_named_sync(1u + (unsigned)h, 32u * HG_P);
         const bool to_partial = w.partial >= 0;
         if (part == 0) {
             /* ---- write rows r8 and r8 + 8 of the slot's tile (dims HG_RDIM) ---- */
@@ -729,7 +741,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
             if (faulted && h == 0 && lane == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
         }
-#else /* !KVA_HG_RS */
+#else /* !HG_RS16 */
         /* Q^T fragments (B = Q^T[16 cols x 8 rows]): row r8 (query head kvh * g + r8), columns 16 ks + 2 q4 (+1), +8;
            fp8 KV: dims 32 q4 + 4 ks (+1), + 2 (+3) in f16, scaled down by 2^qsh (the logit scale takes it back) */
         unsigned qb[HG_KS][2];
@@ -974,7 +986,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
             if (faulted && h == 0 && lane == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
         }
-#endif /* KVA_HG_RS */
+#endif /* HG_RS16 */
         /* ---- fused split-KV merge (kva_decode_tc.cuh's protocol): the consumer warps' partial writes are ordered
            before thread 0's acq_rel arrival by the named barrier; the last arriving CTA merges the task ---- */
         if (to_partial && fused) {
