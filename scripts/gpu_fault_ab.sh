@@ -8,16 +8,7 @@ cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh fab
 export LD_LIBRARY_PATH="$PWD/$BUILD/tests:$LD_LIBRARY_PATH"
 STEPS=${STEPS:-ab tests san}
-SUM=()
-step() { # name limit cmd...
-    local name=$1 limit=$2; shift 2
-    local t0=$(date +%s) log="$OUT/fab_$(echo "$name" | tr -c 'A-Za-z0-9_' '_').log"
-    timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
-    local rc=$? dt=$(( $(date +%s) - t0 ))
-    echo "== $name (rc $rc, ${dt}s): $(grep -E "passed|ERROR SUMMARY" "$log" | tail -1)"
-    [ $rc -ne 0 ] && grep -m 12 -E "FAIL|replay|=========" "$log"
-    SUM+=("rc $rc  $name (${dt}s)")
-}
+STEP_PREFIX=fab # step(): scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 if [[ " $STEPS " == *" ab "* ]]; then
     export KVATTN_BENCH_SHAPES="${SHAPES:-128/8:32x2048,32/1:64x4096,128/8:64x4096,32/1:1x32768,48/4:16x1024,64/4:32x4096}"

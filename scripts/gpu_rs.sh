@@ -12,16 +12,7 @@ source scripts/gpu_env.sh rs
 export LD_LIBRARY_PATH="$PWD/$BUILD/tests:$LD_LIBRARY_PATH"
 T="$BUILD/tests/test_ops"
 STEPS=${STEPS:-bench tests san}
-SUM=()
-step() { # name limit cmd...
-    local name=$1 limit=$2; shift 2
-    local t0=$(date +%s) log="$OUT/rs_$(echo "$name" | tr -c 'A-Za-z0-9_' '_').log"
-    timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
-    local rc=$? dt=$(( $(date +%s) - t0 ))
-    echo "== $name (rc $rc, ${dt}s): $(grep -E "passed|ERROR SUMMARY" "$log" | tail -1)"
-    [ $rc -ne 0 ] && grep -m 12 -E "FAIL|replay|=========" "$log"
-    SUM+=("rc $rc  $name (${dt}s)")
-}
+STEP_PREFIX=rs # step(): scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 if [[ " $STEPS " == *" bench "* ]]; then
     S="16/1:64x4096,32/1:64x4096,32/1:8x4096,32/1:1x32768,32/1:1x131072,48/4:16x1024,128/8:1x1024,128/8:1x32768"
