@@ -209,7 +209,8 @@ typedef struct kva__plan_data {
                                 their G x g query heads as packed rows (kv_head is the group's index); 1 = one head */
     int32_t kv_chunk_size;   /* 0 = no split */
     int32_t row_slots;       /* > 1 (batch decode, kv_head_group 1): the backend's kernel reads each unit's K/V once for
-                                its tile of all g rows, in this many slots of rows (0 = not) */
+                                its tile of all g rows; the backend's kernel key (CUDA: 2 = one slot of 16 rows, 4 = two;
+                                0 = not) */
     int32_t cluster_size;    /* > 1: the kernel is launched in thread-block clusters of this many CTAs (0 = not) */
     int32_t cluster_combine; /* 1: unit u's chunks are on CTAs u * cluster_size + c and combine inside the cluster */
     int32_t num_items;

@@ -292,7 +292,8 @@ static void test_select(void) {
         CHECK(!kva__cuda_hg_key(&d, 16, 2, NULL), "hg: head dims 64 and 128");
         kva_attention_desc_init(&d, 12, 6, 64, KVA_DTYPE_F16);
         CHECK(kva__cuda_hg_key(&d, 16, 2, NULL) && !kva__cuda_hg_key(&d, 16, 4, NULL), "hg: the heads divide by G");
-        /* row slots (kva__cuda_hg_rs_key): groups of 9 to 32 over one KV head, 2 slots up to 16 rows, else 4 */
+        /* row slots (kva__cuda_hg_rs_key): groups of 9 to 32 over one KV head, key rows 2 up to 16 rows (one slot of 16),
+           else 4 (two) */
         for (int g = 1; g <= 40; ++g) {
             kva_attention_desc_init(&d, 3 * g, 3, 128, KVA_DTYPE_BF16);
             const int ok = kva__cuda_hg_rs_key(&d, 16, &k);
