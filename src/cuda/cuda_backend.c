@@ -1256,7 +1256,7 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->tc_generic_merge = gm && gm[0] == '1' && gm[1] == '\0';
         const char* te = getenv("KVATTN_BENCH_TC_EXP"); /* A/B experiments in the tensor-core decode kernel */
         st->tc_exp = te ? (int)(strtol(te, NULL, 0) & 0x3fff) : 0;
-        const char* he = getenv("KVATTN_BENCH_HG_EXP"); /* A/B experiments in the head-group decode kernel */
+        const char* he = getenv("KVATTN_BENCH_HG_EXP"); /* A/B: the head-group kernel built at plan time */
         st->hg_exp = he ? (int)(strtol(he, NULL, 0) & 0x3fff) : 0;
         const char* npt = getenv("KVATTN_BENCH_NO_PAGED_TMA"); /* A/B: paged K/V by cp.async (ragged keeps TMA) */
         st->no_paged_tma = npt && npt[0] == '1' && npt[1] == '\0';

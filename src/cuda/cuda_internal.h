@@ -192,7 +192,9 @@ typedef struct kva__cuda_state {
     int tc_warps;           /* KVATTN_BENCH_TC_WARPS=4|8: warps of the tensor-core decode kernel in plans with one CTA
                                per SM (A/B; 0 = the default choice) */
     int tc_exp;             /* KVATTN_BENCH_TC_EXP=n: A/B experiments n compiled into the tensor-core decode kernel */
-    int hg_exp;             /* KVATTN_BENCH_HG_EXP=n: the same for the head-group decode kernel (KVA_HG_EXP) */
+    int hg_exp;             /* KVATTN_BENCH_HG_EXP=n (n > 0): the head-group decode kernel under its own name, compiled
+                               at plan time (KVA_HG_EXP=n; no experiment is compiled in now): an A/B of NVRTC builds
+                               against NVRTC builds (docs/kernels/decode.md, session 40) */
     int tc_generic_merge;   /* KVATTN_BENCH_TC_GENERIC_MERGE=1: the tensor-core decode kernel's fused merge always
                                through kva_merge_task_rows (A/B of the small-task path) */
     int no_paged_tma;       /* KVATTN_BENCH_NO_PAGED_TMA=1: paged K/V by cp.async, ragged keeps TMA (benchmark A/B) */

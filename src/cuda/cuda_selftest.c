@@ -1258,12 +1258,12 @@ static void test_pdl(kva_context* ctx, const char* tag, int graph_plan, int batc
 
 /* many: 300 requests, several work items per worker (the kernels' item boundaries: epilogue, next item's q and page
    indices; the bad request's item is then neither a worker's only nor, mostly, its last) */
-static int fault_hkv; /* test_fault: KV heads of the case (0: base_case's 8; 1 or 2: GQA groups of 32 or 16, which the
-                         head-group kernel runs in row slots) */
-static void test_fault(kva_context* ctx, int split, int negative, int kt, int many) {
+/* hkv: KV heads of the case (0: base_case's 8; 1 or 2: GQA groups of 32 or 16, which the head-group kernel runs in row
+   slots) */
+static void test_fault(kva_context* ctx, int split, int negative, int kt, int many, int hkv) {
     tcase c = base_case("fault");
     c.kt = kt;
-    if (fault_hkv) c.hkv = fault_hkv;
+    if (hkv) c.hkv = hkv;
     c.B = many ? 300 : 5;
     c.max_kv = 600;
     prob P;
@@ -1291,9 +1291,9 @@ static void test_fault(kva_context* ctx, int split, int negative, int kt, int ma
     if (many)
         CHECK(info.num_work_items >= 2 * info.num_workers, "fault: several items per worker (%d items, %d workers)",
               info.num_work_items, info.num_workers);
-    if (hg_ctx && hg_device && !fault_hkv)
+    if (hg_ctx && hg_device && !hkv)
         CHECK(info.kv_head_group > 1, "fault: the plan reads KV heads in groups (kv_head_group %d)", info.kv_head_group);
-    if (hg_ctx && hg_device && fault_hkv)
+    if (hg_ctx && hg_device && hkv)
         CHECK(info.kv_head_group == 1 && info.tile_q == c.hq / c.hkv, "fault: row slots (kv_head_group %d, tile_q %d)",
               info.kv_head_group, info.tile_q);
     kva_run_args a;
@@ -1786,11 +1786,11 @@ int main(int argc, char** argv) {
     }
     test_decode_matrix(ctx);
     if (!cpu_mode) {
-        test_fault(ctx, 0, 0, KVA_DTYPE_BF16, 0);
-        test_fault(ctx, 1, 0, KVA_DTYPE_BF16, 0);
-        test_fault(ctx, 1, 1, KVA_DTYPE_BF16, 0);
-        test_fault(ctx, 0, 0, KVA_DTYPE_BF16, 1);
-        test_fault(ctx, 1, 0, KVA_DTYPE_BF16, 1);
+        test_fault(ctx, 0, 0, KVA_DTYPE_BF16, 0, 0);
+        test_fault(ctx, 1, 0, KVA_DTYPE_BF16, 0, 0);
+        test_fault(ctx, 1, 1, KVA_DTYPE_BF16, 0, 0);
+        test_fault(ctx, 0, 0, KVA_DTYPE_BF16, 1, 0);
+        test_fault(ctx, 1, 0, KVA_DTYPE_BF16, 1, 0);
         test_graph(ctx);
         test_bsr_graph(ctx);
     }
@@ -1815,17 +1815,16 @@ int main(int argc, char** argv) {
             test_decode_hg(hctx, nofused);
             test_pdl(hctx, nofused ? "head groups, merge kernel" : "head groups", 0, 5, 7000);
             if (!nofused) {
-                test_fault(hctx, 0, 0, KVA_DTYPE_BF16, 0);
-                test_fault(hctx, 1, 0, KVA_DTYPE_BF16, 0);
-                test_fault(hctx, 1, 1, KVA_DTYPE_BF16, 0);
-                test_fault(hctx, 0, 1, KVA_DTYPE_E4M3, 0); /* fp8 KV in head groups */
-                test_fault(hctx, 1, 0, KVA_DTYPE_E4M3, 0);
-                for (fault_hkv = 1; fault_hkv <= 2; ++fault_hkv) { /* row slots: groups of 32 and 16 */
-                    test_fault(hctx, 0, 0, KVA_DTYPE_BF16, 0);
-                    test_fault(hctx, 1, 1, KVA_DTYPE_BF16, 0);
-                    test_fault(hctx, 1, 0, KVA_DTYPE_E4M3, 0);
+                test_fault(hctx, 0, 0, KVA_DTYPE_BF16, 0, 0);
+                test_fault(hctx, 1, 0, KVA_DTYPE_BF16, 0, 0);
+                test_fault(hctx, 1, 1, KVA_DTYPE_BF16, 0, 0);
+                test_fault(hctx, 0, 1, KVA_DTYPE_E4M3, 0, 0); /* fp8 KV in head groups */
+                test_fault(hctx, 1, 0, KVA_DTYPE_E4M3, 0, 0);
+                for (int hkv = 1; hkv <= 2; ++hkv) { /* row slots: groups of 32 and 16 */
+                    test_fault(hctx, 0, 0, KVA_DTYPE_BF16, 0, hkv);
+                    test_fault(hctx, 1, 1, KVA_DTYPE_BF16, 0, hkv);
+                    test_fault(hctx, 1, 0, KVA_DTYPE_E4M3, 0, hkv);
                 }
-                fault_hkv = 0;
             }
             hg_ctx = 0;
             kva_context_destroy(hctx);

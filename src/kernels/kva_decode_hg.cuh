@@ -80,12 +80,6 @@
 #ifndef KVA_NO_BOUNDS_CHECK
 #define KVA_NO_BOUNDS_CHECK 0
 #endif
-/* benchmark-only timing experiments (KVATTN_BENCH_HG_EXP at context creation; docs/kernels/decode.md, session 40):
-   2 no fault word per stage (row slots' consumers; every TMA producer), 4 the TMA producer's copies issued by one lane
-   each, 32 row slots of 8 rows (HG_RS8), 16 none (the same kernel, compiled at plan time) */
-#ifndef KVA_HG_EXP
-#define KVA_HG_EXP 0
-#endif
 #undef HG_GATHER /* KVA_HG_GATHER = 1: the cp.async producer for page sizes that are not multiples of 16 ("_ga") */
 #if defined(KVA_HG_GATHER) && KVA_HG_GATHER
 #define HG_GATHER 1
@@ -101,8 +95,6 @@
 #undef HG_NC
 #undef HG_P
 #undef HG_SL
-#undef HG_RS8
-#undef HG_RS16
 #undef HG_RDIM
 #undef HG_THREADS
 #undef HG_NP
@@ -120,12 +112,8 @@
 #undef HG_DHI
 #undef HG_KFIX
 #define HG_G KVA_HG
-/* HG_RS8 (benchmark only, KVA_HG_EXP & 32): row slots in the 8-row form of session 39 (HG slots of 8 rows in the
-   one-head orientation, 8 / HG consumer warps a slot) on this file's geometry, for a same-run A/B */
-#define HG_RS8 (KVA_HG_RS && (KVA_HG_EXP & 32))
-#define HG_RS16 (KVA_HG_RS && !HG_RS8)
-#define HG_SL (HG_RS8 ? HG_G : KVK_HG_SLOTS(HG_G, KVA_HG_RS)) /* heads of a stage, or row slots */
-#define HG_P (KVK_HG_CONSUMERS(HG_G, KVA_HG_RS) / HG_SL) /* consumer warps per head / row slot */
+#define HG_SL KVK_HG_SLOTS(HG_G, KVA_HG_RS) /* heads of a stage, or 16-row slots */
+#define HG_P KVK_HG_PARTS(HG_G, KVA_HG_RS) /* consumer warps per head / row slot */
 #define HG_NC KVK_HG_CONSUMERS(HG_G, KVA_HG_RS) /* consumer warps */
 #define HG_NP KVK_HG_PRODUCERS(HG_GATHER) /* producer warps */
 #define HG_THREADS KVK_HG_THREADS(HG_G, HG_GATHER, KVA_HG_RS)
@@ -139,7 +127,7 @@
 #define HG_S KVK_HG_NSTAGES(HG_RB, KVA_HG_RS)
 #define HG_KS (HG_D / 16)
 #define HG_MT (HG_D / 16)
-#define HG_CW KVK_HG_COMB_FLOATS(HG_D, HG_RS16) /* combine record per lane: m0 m1 l0 l1 fault, acc */
+#define HG_CW KVK_HG_COMB_FLOATS(HG_D, KVA_HG_RS) /* combine record per lane: m0 m1 l0 l1 fault, acc */
 #if KVA_KT == KVK_BF16
 #define HG_MMA kva_mma_bf16
 #define HG_PACK kva_f32x2_to_bf16x2
@@ -343,37 +331,14 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 const int n = nsub - s0 < 32 ? nsub - s0 : 32;
                 for (int l = 0; l < n; ++l, ++c) {
                     const int pgl = __shfl_sync(0xffffffffu, pg, l), sll = __shfl_sync(0xffffffffu, sl, l);
-#if KVA_HG_EXP & 4
-                    {
-                        const int st = c % HG_S;
-                        if (lane == 0) {
-                            if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
-                            kvp_mbar_arrive_expect_tx(full0 + 8u * st, (unsigned)HG_SB);
-                        }
-                        __syncwarp();
-                        const unsigned fb = full0 + 8u * st, dst = sbase + (unsigned)(st * HG_SB);
-                        if (lane < 2 * HG_NCB) {
-                            const int cb = lane % HG_NCB;
-                            if (lane < HG_NCB)
-                                kvp_tma_load4(dst + (unsigned)(cb * HG_BOX), tm.k, cb * (128 / HG_ES), sll, head0, pgl, fb);
-                            else
-                                kvp_tma_load4(dst + (unsigned)((HG_NCB + cb) * HG_BOX), tm.v, cb * (128 / HG_ES), sll,
-                                              head0, pgl, fb);
-                        }
-                    }
-                    if (0) {
-#else
                     if (lane == 0) {
-#endif
                         const int st = c % HG_S;
                         if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
                         const bool bad = !KVA_NO_BOUNDS_CHECK && (unsigned long long)(unsigned)pgl >=
                                                                     (unsigned long long)p.num_pages;
-#if !(KVA_HG_EXP & 2)
                         atomicExch(s_fault + st, bad ? 1 : 0); /* shared atomics: the consumers read it after the
                                                                    full barrier, racecheck-clean (a plain load there
-                                                                   was 4-11 % slower on row slots: session 40) */
-#endif
+                                                                   was no faster on row slots: session 40) */
                         const unsigned fb = full0 + 8u * st, dst = sbase + (unsigned)(st * HG_SB);
                         if (bad) {
                             const unsigned long long k = ~(((unsigned long long)(unsigned)w.req << 32) |
@@ -405,8 +370,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const int g = p.group_size;
     /* this warp's rows: the group's rows hb0 .. hb0 + gl - 1 (gl <= 8; row-slot warps past the group have none), and
        its K/V block in a stage (head hs) */
-    constexpr int RSR = HG_RS16 ? 16 : 8; /* rows of a row slot */
-    const int hb0 = KVA_HG_RS ? RSR * h : 0, gl = KVA_HG_RS ? (g - hb0 < RSR ? g - hb0 : RSR) : g;
+    const int hb0 = KVA_HG_RS ? 16 * h : 0, gl = KVA_HG_RS ? (g - hb0 < 16 ? g - hb0 : 16) : g;
     const int hs = KVA_HG_RS ? 0 : h;
     /* K ldmatrix (A = K[16 tok x 16 cols]): token (lane & 7) + 8 ((lane >> 3) & 1), 16-byte chunk 2 ks + (lane >> 4);
        V ldmatrix.trans (A = V^T): token (lane & 7) + 8 (lane >> 4), chunk 2 mt + ((lane >> 3) & 1). Row r of a box is
@@ -423,7 +387,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const unsigned v8row = (unsigned)((hs * 16 + v8t) * 128);
 #endif
     static_assert((HG_P & (HG_P - 1)) == 0, "parts: a power of two");
+#if !KVA_HG_RS
     float* const comb = s_comb + (((part > 0 ? part - 1 : 0) * HG_SL + h) * 32 + lane) * HG_CW; /* parts >= 1 publish */
+#endif
     const bool fused = (p.flags & KVK_FLAG_FUSED_MERGE) != 0u;
     int c = 0;
 #if KVA_HG_RS
@@ -445,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         const int t0 = kv0 & ~15;
         const int nsub = kv1 > kv0 ? (kv1 - t0 + 15) >> 4 : 0;
         const int kvh = KVA_HG_RS ? w.kv_head : w.kv_head * HG_G + h;
-#if HG_RS16
+#if KVA_HG_RS
         /* ---- row slots: this warp's 16-row tile (rows hb0 .. hb0 + 15 of the group; rows >= gl are zero and never
            written), the rows as the MMA's M:
              S[16 rows x 16 tok] = Q[16 x D] . K^T[D x 16 tok]    A = q (registers), B = K (ldmatrix, as the K
@@ -524,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             if ((j & (HG_P - 1)) != part) continue;
             const int st = c % HG_S;
             kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
-            if (!(KVA_HG_EXP & 2) && atomicAdd(s_fault + st, 0)) {
+            if (atomicAdd(s_fault + st, 0)) {
                 faulted = 1;
                 __syncwarp();
                 if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
@@ -658,7 +624,6 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         /* ---- the slot's HG_P warps combine in a tree (named barrier 1 + h): in the round of width `half`, parts
            half .. 2 half - 1 publish their record and parts 0 .. half - 1 merge one each (log2 HG_P records deep
            where one warp merging HG_P - 1 of them cost small calls 7-11 %: docs/kernels/decode.md, session 40) ---- */
-        (void)comb;
 #pragma unroll 1
         for (int half = HG_P / 2; half >= 1; half >>= 1) {
             float* const cr = s_comb + (((part >= half ? part - half : part) * HG_SL + h) * 32 + lane) * HG_CW;
@@ -741,7 +706,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
             if (faulted && h == 0 && lane == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
         }
-#else /* !HG_RS16 */
+#else /* !KVA_HG_RS */
         /* Q^T fragments (B = Q^T[16 cols x 8 rows]): row r8 (query head kvh * g + r8), columns 16 ks + 2 q4 (+1), +8;
            fp8 KV: dims 32 q4 + 4 ks (+1), + 2 (+3) in f16, scaled down by 2^qsh (the logit scale takes it back) */
         unsigned qb[HG_KS][2];
@@ -907,7 +872,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             l0 += __shfl_xor_sync(0xffffffffu, l0, o);
             l1 += __shfl_xor_sync(0xffffffffu, l1, o);
         }
-        /* ---- the head's (slot's) HG_P warps: parts >= 1 publish, part 0 combines (named barrier 1 + h) ---- */
+        /* ---- the head's HG_P warps: parts >= 1 publish, part 0 combines (named barrier 1 + h) ---- */
         if (part >= 1) {
             comb[0] = m0, comb[1] = m1, comb[2] = l0, comb[3] = l1, comb[4] = (float)faulted;
 #pragma unroll
@@ -954,7 +919,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
             const int ra = 2 * q4, rb = 2 * q4 + 1;
             if (to_partial) {
-                const int pr0 = KVA_HG_RS ? hb0 : h * g; /* the warp's first row in the item's tile */
+                const int pr0 = h * g; /* the warp's first row in the item's tile */
                 float* const po = (float*)(p.ws + p.off_partial_o) + ((long long)w.partial * p.tile_q + pr0) * HG_D;
                 float* const pl = (float*)(p.ws + p.off_partial_lse) + (long long)w.partial * p.tile_q + pr0;
 #pragma unroll
@@ -986,7 +951,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             }
             if (faulted && h == 0 && lane == 0) atomicAdd(&((kvk_status*)p.ws)->count, 1u);
         }
-#endif /* HG_RS16 */
+#endif /* KVA_HG_RS */
         /* ---- fused split-KV merge (kva_decode_tc.cuh's protocol): the consumer warps' partial writes are ordered
            before thread 0's acq_rel arrival by the named barrier; the last arriving CTA merges the task ---- */
         if (to_partial && fused) {
