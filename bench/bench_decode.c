@@ -453,7 +453,11 @@ static void capture_layers(kva_context* ctx, wl_run* R, int L, cudaStream_t s, c
    clock at points of its first item (see kva_decode_tc.cuh) and the global timer at start and end. */
 static void trace_workload(const kva_context_options* opt, const wl* w, const wl_run* R, void* dsrc, size_t src_bytes,
                            cudaStream_t s, const struct cudaDeviceProp* prop) {
-    const int nslot = 16, maxw = 4096;
+    /* KVATTN_BENCH_TRACE_HG=1: the head-group kernel's trace (kva_decode_hg.cuh, KVA_HG_TRACE: 512 slots per CTA,
+       written raw to KVA_BENCH_TRACE_DIR and summed up by scripts/hg_trace.py) */
+    const char* thg = getenv("KVATTN_BENCH_TRACE_HG");
+    const int hgt = thg && thg[0] == '1';
+    const int nslot = hgt ? 512 : 16, maxw = 4096;
     unsigned long long* dtr = NULL;
     /* 16 slots per CTA, then one SM id per CTA (at grid * 16 + CTA) */
     CU(cudaMalloc((void**)&dtr, sizeof(unsigned long long) * (nslot + 1) * maxw));
@@ -501,6 +505,39 @@ static void trace_workload(const kva_context_options* opt, const wl* w, const wl
         if (rep < 3) continue;
         printf("%s", rep == 3 ? "[cold L2] " : "[warm, no flush] ");
         CU(cudaMemcpy(h, dtr, sizeof(unsigned long long) * (nslot + 1) * (W < maxw ? W : maxw), cudaMemcpyDeviceToHost));
+        if (hgt) {
+            const char* tdir = getenv("KVA_BENCH_TRACE_DIR");
+            unsigned long long g0 = ~0ull, g1 = 0;
+            int nw = 0;
+            const int wn = W < maxw ? W : maxw;
+            for (int b = 0; b < wn; ++b) {
+                const unsigned long long* t = h + (size_t)b * nslot;
+                if (!t[1]) continue;
+                nw++;
+                if (t[1] < g0) g0 = t[1];
+                if (t[3] > g1) g1 = t[3];
+            }
+            printf("trace %s %s: event %.1f us; kernel span %.2f us (global timer), %d CTAs traced\n", w->name, w->label,
+                   us, nw ? (g1 - g0) / 1e3 : 0.0, nw);
+            if (tdir) {
+                char fn[512];
+                snprintf(fn, sizeof fn, "%s/hgtrace_%s_%d_%d_%d_%s.csv", tdir, w->name, w->batch, w->lens[0], w->hkv,
+                         rep == 3 ? "cold" : "warm");
+                for (char* q = fn + strlen(tdir) + 1; *q; ++q)
+                    if (*q == ' ' || *q == '/' || *q == ':') *q = '_';
+                FILE* f = fopen(fn, "w");
+                if (f) {
+                    for (int b = 0; b < wn; ++b) {
+                        const unsigned long long* t = h + (size_t)b * nslot;
+                        fprintf(f, "%d", b);
+                        for (int i = 0; i < nslot; ++i) fprintf(f, ",%llu", t[i]);
+                        fprintf(f, "\n");
+                    }
+                    fclose(f);
+                }
+            }
+            continue;
+        }
         const char* tdir = getenv("KVA_BENCH_TRACE_DIR");
         if (tdir && rep == 3) { /* raw per-CTA trace (SM clock slots, global timer start/end) */
             char fn[512];

@@ -482,7 +482,8 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
     }
     if (status == KVA_OK && st->no_bounds_check) c.key.nochk |= 1;
     if (status == KVA_OK && st->pf_exp && c.key.family == KVA__KF_PREFILL) c.key.nochk |= st->pf_exp << 4;
-    if (status == KVA_OK && st->trace_ptr && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 2;
+    if (status == KVA_OK && st->trace_ptr &&
+        c.key.family == (st->trace_hg ? KVA__KF_DECODE_HG : KVA__KF_DECODE_TC)) c.key.nochk |= 2;
     if (status == KVA_OK && st->tc_generic_merge && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= 8;
     if (status == KVA_OK && st->tc_exp && c.key.family == KVA__KF_DECODE_TC) c.key.nochk |= st->tc_exp << 8;
     if (status == KVA_OK && st->hg_exp && c.key.family == KVA__KF_DECODE_HG) c.key.nochk |= st->hg_exp << 8;
@@ -1290,6 +1291,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->hg_min_bytes = (hgm && *hgm ? strtoll(hgm, NULL, 10) : KVA__HG_MIN_MB) * 1000000ll;
         const char* tp = getenv("KVATTN_BENCH_TRACE_PTR"); /* benchmark: kernel timestamps into this buffer */
         st->trace_ptr = tp && *tp ? strtoull(tp, NULL, 0) : 0ull;
+        const char* th = getenv("KVATTN_BENCH_TRACE_HG"); /* 1: the trace is the head-group kernel's (KVA_HG_TRACE) */
+        st->trace_hg = th && th[0] == '1' && th[1] == '\0';
         if (st->no_bounds_check)
             kva__log(ctx, KVA_LOG_WARN, "kvattn: KVATTN_BENCH_NO_BOUNDS_CHECK=1: page indices are NOT checked "
                                         "(benchmark builds only)");

@@ -214,6 +214,7 @@ typedef struct kva__cuda_state {
     int hg_rs;              /* row slots for GQA groups of 9 to 32 (kva__cuda_kv_head_group; KVATTN_BENCH_HG_RS=0: off) */
     int64_t hg_rs_max_bytes; /* KVATTN_BENCH_HG_RS_MAX_MB: K/V bytes below which the default takes row slots */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */
+    int trace_hg;                 /* KVATTN_BENCH_TRACE_HG=1: trace the head-group kernel, not the tensor-core one */
     int smem_sm;            /* shared memory per SM (bytes) */
     int cluster;            /* thread-block clusters of this many CTAs for the tensor-core decode kernel's cluster
                                combine (sm_90; KVATTN_CUDA_CLUSTER=0 off, 2/4/8 the size; default 8); 0 = none */

@@ -251,9 +251,9 @@ void kva__kkey_name(const kva__kkey* k, char* buf, size_t size) {
     else if (k->family == KVA__KF_DECODE_HG) {
         char x[16] = "";
         if (k->nochk >> 8) snprintf(x, sizeof x, "_x%d", (int)(k->nochk >> 8));
-        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s%s%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
+        snprintf(buf, size, "kva_hg_d%d_q%s_kv%s_o%s_g%d%s%s%s%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
                  kva__dt(k->ot), (int)k->rows, k->hg_rs ? "_rs" : "", k->mainloop == 1 ? "_ga" : "",
-                 (k->nochk & 1) ? "_nochk" : "", x);
+                 (k->nochk & 1) ? "_nochk" : "", (k->nochk & 2) ? "_trace" : "", x);
     }
     else if (k->var_hash)
         snprintf(buf, size, "kva_dec_d%d_q%s_kv%s_o%s_r%d_v%016llx%s%s", (int)k->dqk, kva__dt(k->qt), kva__dt(k->kt),
@@ -289,7 +289,8 @@ int kva__kkey_defines(const kva__kkey* k, char (*defs)[128], int max) {
     snprintf(defs[7], 128, "-DKVA_ROPE=%d", (int)k->rope);
     int n = 8;
     if ((k->nochk & 1) && max > n) snprintf(defs[n++], 128, "-DKVA_NO_BOUNDS_CHECK=1");
-    if ((k->nochk & 2) && max > n) snprintf(defs[n++], 128, "-DKVA_TC_TRACE=1");
+    if ((k->nochk & 2) && max > n)
+        snprintf(defs[n++], 128, k->family == KVA__KF_DECODE_HG ? "-DKVA_HG_TRACE=1" : "-DKVA_TC_TRACE=1");
     if ((k->nochk & 4) && max > n) snprintf(defs[n++], 128, "-DKVA_KV_L2_HINT=0"); /* benchmark A/B only */
     if (k->family == KVA__KF_DECODE_TC && k->warps == 8 && max > n) snprintf(defs[n++], 128, "-DKVA_TC_NW=8");
     if (k->family == KVA__KF_DECODE_HG && max > n) snprintf(defs[n++], 128, "-DKVA_HG=%d", (int)k->rows);

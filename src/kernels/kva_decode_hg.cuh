@@ -14,7 +14,8 @@
  *   dim 128), KVA_OT, KVA_HG (2 or 4: heads per item), KVA_HG_GATHER (1: pages of any size, below),
  *   KVA_NO_BOUNDS_CHECK (benchmark only).
  *
- * CTA: 2 HG consumer warps (8 for row slots: KVK_HG_CONSUMERS) and one producer warp (two for KVA_HG_GATHER). The
+ * CTA: 2 HG consumer warps (8 for row slots: KVK_HG_CONSUMERS) and one producer warp (two for row slots and for
+ * KVA_HG_GATHER: KVK_HG_PRODUCERS). The
  * KV range of an item is cut into 16-token subtiles on the absolute token grid (the item's first and last subtiles may be partial: masked); a page
  * size that is a multiple of 16 puts every subtile in one page. The producer warp walks the subtiles of its worker's
  * items (lanes load 32 page indices at a time, lane 0 issues) and fills a ring of HG_S stages: per subtile and
@@ -115,7 +116,7 @@
 #define HG_SL KVK_HG_SLOTS(HG_G, KVA_HG_RS) /* heads of a stage, or 16-row slots */
 #define HG_P KVK_HG_PARTS(HG_G, KVA_HG_RS) /* consumer warps per head / row slot */
 #define HG_NC KVK_HG_CONSUMERS(HG_G, KVA_HG_RS) /* consumer warps */
-#define HG_NP KVK_HG_PRODUCERS(HG_GATHER) /* producer warps */
+#define HG_NP KVK_HG_PRODUCERS(HG_GATHER, KVA_HG_RS) /* producer warps */
 #define HG_THREADS KVK_HG_THREADS(HG_G, HG_GATHER, KVA_HG_RS)
 #define HG_D KVA_DQK
 #define HG_ES KVK_DEC_ES(KVA_KT)        /* bytes per K/V element */
@@ -124,7 +125,7 @@
 #define HG_BH (KVA_HG_RS ? 1 : HG_G)    /* KV heads in a stage: HG heads, or the one head of a row-slot item */
 #define HG_BOX (HG_BH * 16 * 128)      /* bytes of one box: [HG_BH heads][16 tokens][128 B] */
 #define HG_SB KVK_HG_STAGE_BYTES(HG_RB, HG_BH) /* stage: K blocks, then V blocks (2 * HG_NCB * HG_BOX) */
-#define HG_S KVK_HG_NSTAGES(HG_RB, KVA_HG_RS)
+#define HG_S KVK_HG_NSTAGES(HG_RB, HG_G, KVA_HG_RS)
 #define HG_KS (HG_D / 16)
 #define HG_MT (HG_D / 16)
 #define HG_CW KVK_HG_COMB_FLOATS(HG_D, KVA_HG_RS) /* combine record per lane: m0 m1 l0 l1 fault, acc */
@@ -139,6 +140,31 @@
 #define HG_KFIX KVA_E4M3_FIX
 #else
 #define HG_KFIX 1.0f
+#endif
+#ifndef KVA_HG_TRACE
+#define KVA_HG_TRACE 0
+#endif
+/* benchmark trace (KVA_HG_TRACE, built at plan time only; bench_decode.c --trace): per CTA, KVK_HGT_SLOTS 64-bit slots
+   at p.trace + KVK_HGT_SLOTS * blockIdx.x: 0 SM clock at start, 1 global timer at start, 2 SM clock at the end of the
+   consumers, 3 global timer then, 4 SM id, 5 the worker's subtiles, 6 SM clock after the prologue; per subtile c <
+   KVK_HGT_N, at 8 + 6 c: the producer before its empty-barrier wait, after it, after the fault word and the
+   expect_tx arrival, after the copies' issue; the consumer of head / slot 0 after its full-barrier wait, and at its
+   release */
+#undef HG_TRC
+#if KVA_HG_TRACE
+#define KVK_HGT_SLOTS 512
+#define KVK_HGT_N 80
+#define HG_TRC(i) (p.trace + (size_t)KVK_HGT_SLOTS * blockIdx.x + (i))
+KVA_DEV unsigned long long kva_hg_clock(void) {
+    unsigned long long t;
+    asm volatile("{ mov.u64 %0, %%clock64; }" : "=l"(t)::"memory");
+    return t;
+}
+KVA_DEV unsigned long long kva_hg_gtimer(void) {
+    unsigned long long t;
+    asm volatile("{ mov.u64 %0, %%globaltimer; }" : "=l"(t)::"memory");
+    return t;
+}
 #endif
 /* accumulator rows r8 and r8 + 8 of m-tile mt: head dims HG_DLO(mt) and HG_DLO(mt) + HG_DHI */
 /* row slots: accumulator n-tile n, column 2 q4 + e: head dim HG_RDIM(n, e) (fp8: n-tiles of the even and the odd dims
@@ -174,6 +200,15 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
     const float neg_inf = KVA_NEG_INF;
 
+#if KVA_HG_TRACE
+    if (tid == 0 && p.trace) {
+        *HG_TRC(0) = kva_hg_clock();
+        *HG_TRC(1) = kva_hg_gtimer();
+        unsigned smid;
+        asm volatile("{ mov.u32 %0, %%smid; }" : "=r"(smid));
+        *HG_TRC(4) = smid;
+    }
+#endif
     kva_pdl_start();
     if (tid == 0) {
         for (int s = 0; s < HG_S; ++s) {
@@ -206,6 +241,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     }
     kva_pdl_wait(); /* programmatic dependent launch (kva_common.cuh): only the read-only header was read so far */
     __syncthreads();
+#if KVA_HG_TRACE
+    if (tid == 0 && p.trace) *HG_TRC(6) = kva_hg_clock();
+#endif
 
 #if HG_GATHER
     if (warp >= HG_NC) {
@@ -310,9 +348,19 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
         return;
     }
 #else
-    if (warp == HG_NC) {
-        /* ================= producer ================= */
+    if (HG_NP > 1 ? warp >= HG_NC : warp == HG_NC) {
+        /* ================= producers =================
+           HG_NP warps (row slots: 2) walk the worker's subtiles; warp HG_NC + pw issues those (counted over the
+           worker's items, c) with c % HG_NP == pw. One warp issues a stage in ~340 ns (SM clock trace, H200: the
+           empty-barrier check, the fault word and expect_tx arrival, 4 TMA issues ~165 ns, the loop ~90 ns), which
+           caps a CTA of one-head 8 KB stages at ~22 GB/s (docs/kernels/decode.md, session 41); 4-head stages of 32 KB
+           need one. */
+#if HG_NP > 1
+        const int pw = warp - HG_NC;
+        int c0 = 0; /* subtiles of the earlier 32-subtile batches and items */
+#else
         int c = 0;
+#endif
         for (int it = it0; it < it1; ++it) {
             const kvk_work_item w = it == it0 ? h_item : items[it];
             const int t0 = w.kv_start & ~15;
@@ -329,11 +377,22 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                     sl = tok - e * p.page_size;
                 }
                 const int n = nsub - s0 < 32 ? nsub - s0 : 32;
+#if HG_NP > 1
+                for (int l = (pw - c0 % HG_NP + HG_NP) % HG_NP; l < n; l += HG_NP) {
+                    const int c = c0 + l; /* the subtile's place in the worker's ring */
+#else
                 for (int l = 0; l < n; ++l, ++c) {
+#endif
                     const int pgl = __shfl_sync(0xffffffffu, pg, l), sll = __shfl_sync(0xffffffffu, sl, l);
                     if (lane == 0) {
                         const int st = c % HG_S;
+#if KVA_HG_TRACE
+                        if (p.trace && c < KVK_HGT_N) *HG_TRC(8 + 6 * c) = kva_hg_clock();
+#endif
                         if (c >= HG_S) kvp_mbar_wait(empty0 + 8u * st, (unsigned)(((c / HG_S) & 1) ^ 1));
+#if KVA_HG_TRACE
+                        if (p.trace && c < KVK_HGT_N) *HG_TRC(9 + 6 * c) = kva_hg_clock();
+#endif
                         const bool bad = !KVA_NO_BOUNDS_CHECK && (unsigned long long)(unsigned)pgl >=
                                                                     (unsigned long long)p.num_pages;
                         atomicExch(s_fault + st, bad ? 1 : 0); /* shared atomics: the consumers read it after the
@@ -347,6 +406,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                             kvp_mbar_arrive(fb);
                         } else {
                             kvp_mbar_arrive_expect_tx(fb, (unsigned)HG_SB);
+#if KVA_HG_TRACE
+                            if (p.trace && c < KVK_HGT_N) *HG_TRC(10 + 6 * c) = kva_hg_clock();
+#endif
 #pragma unroll
                             for (int cb = 0; cb < HG_NCB; ++cb) {
                                 kvp_tma_load4(dst + (unsigned)(cb * HG_BOX), tm.k, cb * (128 / HG_ES), sll, head0,
@@ -354,10 +416,16 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                                 kvp_tma_load4(dst + (unsigned)((HG_NCB + cb) * HG_BOX), tm.v, cb * (128 / HG_ES), sll,
                                               head0, pgl, fb);
                             }
+#if KVA_HG_TRACE
+                            if (p.trace && c < KVK_HGT_N) *HG_TRC(11 + 6 * c) = kva_hg_clock();
+#endif
                         }
                     }
                     __syncwarp();
                 }
+#if HG_NP > 1
+                c0 += n;
+#endif
             }
         }
         return;
@@ -387,6 +455,13 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
     const unsigned v8row = (unsigned)((hs * 16 + v8t) * 128);
 #endif
     static_assert((HG_P & (HG_P - 1)) == 0, "parts: a power of two");
+    /* A stage's successive rounds must go to one part: a part waits on a stage's full barrier by parity, which cannot
+       tell the round it wants from the one before it, so a part one round ahead of another on the same stage would
+       pass a wait whose copies are still in flight (and its release would end the empty phase early). Subtile j of
+       an item goes to part j % HG_P, so within an item stage c % HG_S stays with one part when HG_P divides HG_S; at
+       an item's end the parts meet at the combine's barrier. (Session 41: row slots of one slot, 8 parts over 20
+       stages, failed so once two producers kept the ring full.) */
+    static_assert(HG_S % HG_P == 0, "each stage is consumed by one part within an item");
 #if !KVA_HG_RS
     float* const comb = s_comb + (((part > 0 ? part - 1 : 0) * HG_SL + h) * 32 + lane) * HG_CW; /* parts >= 1 publish */
 #endif
@@ -490,6 +565,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             if ((j & (HG_P - 1)) != part) continue;
             const int st = c % HG_S;
             kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
+#if KVA_HG_TRACE
+            if (p.trace && h == 0 && lane == 0 && c < KVK_HGT_N) *HG_TRC(12 + 6 * c) = kva_hg_clock();
+#endif
             if (atomicAdd(s_fault + st, 0)) {
                 faulted = 1;
                 __syncwarp();
@@ -615,6 +693,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
 #endif
             __syncwarp();
             if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
+#if KVA_HG_TRACE
+            if (p.trace && h == 0 && lane == 0 && c < KVK_HGT_N) *HG_TRC(13 + 6 * c) = kva_hg_clock();
+#endif
         }
 #pragma unroll
         for (int o = 1; o < 4; o <<= 1) {
@@ -763,6 +844,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             if ((j & (HG_P - 1)) != part) continue;
             const int st = c % HG_S;
             kvp_mbar_wait(full0 + 8u * st, (unsigned)((c / HG_S) & 1));
+#if KVA_HG_TRACE
+            if (p.trace && h == 0 && lane == 0 && c < KVK_HGT_N) *HG_TRC(12 + 6 * c) = kva_hg_clock();
+#endif
             if (atomicAdd(s_fault + st, 0)) {
                 faulted = 1;
                 __syncwarp();
@@ -866,6 +950,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
 #endif
             __syncwarp();
             if (lane == 0) kvp_mbar_arrive(empty0 + 8u * st);
+#if KVA_HG_TRACE
+            if (p.trace && h == 0 && lane == 0 && c < KVK_HGT_N) *HG_TRC(13 + 6 * c) = kva_hg_clock();
+#endif
         }
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) {
@@ -975,6 +1062,13 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
             kvp_named_sync(1u + HG_G, 32u * HG_NC); /* s_flag is reused by the next item */
         }
     }
+#if KVA_HG_TRACE
+    if (tid == 0 && p.trace) {
+        *HG_TRC(2) = kva_hg_clock();
+        *HG_TRC(3) = kva_hg_gtimer();
+        *HG_TRC(5) = (unsigned long long)c;
+    }
+#endif
 #else
     (void)p, (void)tm; /* sm_90 only: the host never selects it elsewhere */
 #endif

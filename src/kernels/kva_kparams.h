@@ -70,23 +70,26 @@ typedef uint64_t kvk_u64;
    d / 2 of 2 rows of a 16-row tile) */
 #define KVK_HG_COMB_FLOATS(d, rs) ((rs) ? 5 + (d) / 2 : 5 + (d) / 4)
 /* row slots (rs = 1, "_rs": g / 2 slots of 16 query rows over one KV head): stages of one head, 160 KB of them (the
-   combine buffer of 8 consumer warps' 16-row tiles takes the rest) */
-#define KVK_HG_NSTAGES(rb, rs) ((rs) ? KVK_HG_STAGES(rb) * 10 / 3 : KVK_HG_STAGES(rb))
+   combine buffer of 8 consumer warps' 16-row tiles takes the rest), 128 KB (16 stages) for one slot of 8 parts: the
+   stage count is a multiple of the parts (kva_decode_hg.cuh) */
+#define KVK_HG_NSTAGES(rb, g, rs) \
+    ((rs) ? ((rb) > 128 && (g) == 2 ? 16 : KVK_HG_STAGES(rb) * 10 / 3) : KVK_HG_STAGES(rb))
 /* consumer warps: 2 per head; row slots: 8 (g / 2 slots of 16 rows, 16 / g warps a slot) */
 #define KVK_HG_CONSUMERS(g, rs) ((rs) ? 8 : 2 * (g))
 #define KVK_HG_SLOTS(g, rs) ((rs) ? (g) / 2 : (g))
 /* consumer warps per head / row slot (each takes every PARTS-th subtile) */
 #define KVK_HG_PARTS(g, rs) (KVK_HG_CONSUMERS(g, rs) / KVK_HG_SLOTS(g, rs))
 #define KVK_HG_OFF_COMB(rb, g, rs)                                                                           \
-    ((KVK_HG_NSTAGES(rb, rs) * KVK_HG_STAGE_BYTES(rb, (rs) ? 1 : (g)) + 20 * KVK_HG_NSTAGES(rb, rs) + 16 + 15) & ~15)
+    ((KVK_HG_NSTAGES(rb, g, rs) * KVK_HG_STAGE_BYTES(rb, (rs) ? 1 : (g)) + 20 * KVK_HG_NSTAGES(rb, g, rs) + 16 + 15) & \
+     ~15)
 /* every consumer warp but the first of each head / slot publishes its combine record */
 #define KVK_HG_SMEM(d, rb, g, rs)                                                                             \
     (1024 + KVK_HG_OFF_COMB(rb, g, rs) +                                                                      \
      (KVK_HG_CONSUMERS(g, rs) - KVK_HG_SLOTS(g, rs)) * 32 * KVK_HG_COMB_FLOATS(d, rs) * 4)
-/* head-group decode CTA: the consumer warps and the producer warps (1 TMA producer; 2 cp.async producers for
-   pages of other than 16k tokens, the "_ga" kernels) */
-#define KVK_HG_PRODUCERS(ga) ((ga) ? 2 : 1)
-#define KVK_HG_THREADS(g, ga, rs) (32 * (KVK_HG_CONSUMERS(g, rs) + KVK_HG_PRODUCERS(ga)))
+/* head-group decode CTA: the consumer warps and the producer warps (1 TMA producer for stages of 2 or 4 heads; 2 for
+   row slots' one-head stages; 2 cp.async producers for pages of other than 16k tokens, the "_ga" kernels) */
+#define KVK_HG_PRODUCERS(ga, rs) ((ga) || (rs) ? 2 : 1)
+#define KVK_HG_THREADS(g, ga, rs) (32 * (KVK_HG_CONSUMERS(g, rs) + KVK_HG_PRODUCERS(ga, rs)))
 
 /* runtime flags of the attention kernels */
 #define KVK_FLAG_ALIBI 1u       /* ALiBi bias (slopes from alibi_slopes, or the standard ones) */
