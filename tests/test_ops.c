@@ -1662,7 +1662,8 @@ static void suite_decode(void) {
         "op=decode B=4 kv=3333 hq=16 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 pos=rope",
         "op=decode B=3 kv=999 hq=40 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=3 layout=HND graph=1 lse=1",
         "op=decode B=2 kv=9000 hq=20 hkv=4 dqk=64 dvo=64 qt=f16 kvt=e4m3 ot=f16 ps=48 layout=HND ks=0.8 vs=1.1",
-        /* groups of 9 to 32 (the CUDA backend's head-group kernel in row slots for calls under 160 MB): odd groups,
+        /* groups of 9 to 32 (the CUDA backend's head-group kernel in row slots; with pages of other than 16k tokens for
+           calls under 160 MB): odd groups,
            a slot with fewer than 16 rows, pages of 1 and 7 (its cp.async producers), fp8, many items a CTA,
            split KV of a single long request, empty requests */
         "op=decode B=5 kv=1200 hq=18 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1",

@@ -273,14 +273,16 @@ static int32_t kva__cuda_kv_head_group(const kva_context* ctx, const kva_attenti
                           (int64_t)kva_dtype_size(desc->kv_dtype);
     {
         /* Row slots (kva_decode_hg.cuh, KVA_HG_RS): GQA groups of 9 to 32 otherwise run the tensor-core attention
-           kernel (kva__cuda_prefill_prefer_for_decode). One CTA per SM (192 KB of stages). Interleaved A/B on an H200
-           (bench/results/rowslots_h200_2026-11-29_session39.md): faster on every call measured below 140 MB of K/V
-           (MQA 32/1 64 x 4k -8.6 %, 8 x 4k -40 %, 1 x 32k -54 %; GQA 48/4 16 x 1k -22 %; 128/8 1 x 1k -30 %), slower
-           from 270 MB (128/8 32 x 2k +21 %, 64 x 4k +37 %): a row-slot CTA streams at most ~20 GB/s (the attention
-           kernel's plan does better once the call fills the GPU), hence calls under hg_rs_max_bytes (160 MB). */
+           kernel (kva__cuda_prefill_prefer_for_decode). One CTA per SM (128-160 KB of stages). Interleaved A/B on an
+           H200 against that kernel, two TMA producers (bench/results/rowslots_producers_h200_2026-11-29_session41.md):
+           faster on every call measured with pages of 16k tokens, 17 MB to 1.08 GB (MQA 32/1 64 x 4k -15 %, 512 x 4k
+           -5.4 %, 1 x 32k -72 %; 64/2 128 x 4k -3.3 %; 128/8 1 x 1k -29 %, 32 x 2k -0.2 %, 64 x 4k -1.5 %); with other
+           page sizes (the cp.async producers) slower from 270 MB (128/8 32 x 2k page 1 +16 %), hence those calls only
+           under hg_rs_max_bytes (160 MB) */
         kva__kkey k;
-        if (st->hg_rs && (st->decode_hg > 0 || bytes < st->hg_rs_max_bytes) &&
-            kva__cuda_hg_rs_key(desc, params->page_size, &k) && kva__kkey_smem(&k) <= (size_t)st->max_smem_optin) {
+        if (st->hg_rs && kva__cuda_hg_rs_key(desc, params->page_size, &k) &&
+            (st->decode_hg > 0 || k.mainloop != 1 || bytes < st->hg_rs_max_bytes) &&
+            kva__kkey_smem(&k) <= (size_t)st->max_smem_optin) {
             *row_slots = k.rows;
             *workers = st->num_sms;
             return 1;
@@ -1285,7 +1287,7 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
                                                                               : 0;
         const char* hrs = getenv("KVATTN_BENCH_HG_RS"); /* A/B: 0 = groups of 9-32 on the attention kernel, as before */
         st->hg_rs = !(hrs && hrs[0] == '0' && hrs[1] == '\0');
-        const char* hrm = getenv("KVATTN_BENCH_HG_RS_MAX_MB"); /* A/B: K/V megabytes below which row slots are taken */
+        const char* hrm = getenv("KVATTN_BENCH_HG_RS_MAX_MB"); /* A/B: K/V megabytes below which row slots with cp.async producers are taken */
         st->hg_rs_max_bytes = (hrm && *hrm ? strtoll(hrm, NULL, 10) : KVA__HG_RS_MAX_MB) * 1000000ll;
         const char* hgm = getenv("KVATTN_BENCH_HG_MIN_MB"); /* A/B: K/V megabytes from which head groups are taken */
         st->hg_min_bytes = (hgm && *hgm ? strtoll(hgm, NULL, 10) : KVA__HG_MIN_MB) * 1000000ll;

@@ -212,7 +212,8 @@ typedef struct kva__cuda_state {
                                dram_gbps; KVATTN_BENCH_HG_L2_PROMO=0|1|2 for A/B) */
     int64_t hg_min_bytes;   /* KVATTN_BENCH_HG_MIN_MB: K/V bytes from which the default choice takes head groups */
     int hg_rs;              /* row slots for GQA groups of 9 to 32 (kva__cuda_kv_head_group; KVATTN_BENCH_HG_RS=0: off) */
-    int64_t hg_rs_max_bytes; /* KVATTN_BENCH_HG_RS_MAX_MB: K/V bytes below which the default takes row slots */
+    int64_t hg_rs_max_bytes; /* KVATTN_BENCH_HG_RS_MAX_MB: K/V bytes below which the default takes row slots on
+                                pages of other than 16k tokens */
     unsigned long long trace_ptr; /* KVATTN_BENCH_TRACE_PTR=0x...: device buffer for kernel timestamps (benchmark) */
     int trace_hg;                 /* KVATTN_BENCH_TRACE_HG=1: trace the head-group kernel, not the tensor-core one */
     int smem_sm;            /* shared memory per SM (bytes) */
