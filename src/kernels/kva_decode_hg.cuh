@@ -38,12 +38,13 @@
  * Row slots (KVA_HG_RS = 1, "_rs" names): GQA groups of 9 to 32 query heads over one KV head (MQA and large groups,
  * which the tensor-core decode kernel, at most 8 rows an item, would read once per 8 rows). The unit is one KV head
  * with its g rows (the planner's tile of g rows, kv_head_group 1); a stage holds 16 tokens of that one head (boxes
- * {64 columns, 16 tokens, 1 head}, a quarter of the bytes of a 4-head stage; 160 KB of stages). KVA_HG (2 or 4) / 2
+ * {64 columns, 16 tokens, 1 head}, a quarter of the bytes of a 4-head stage; 128-160 KB of stages, issued by two
+ * producer warps: one issues a stage in ~340 ns, docs/kernels/decode.md, session 41). KVA_HG (2 or 4) / 2
  * slots of 16 rows: consumer warp w (8 of them) takes slot h = w % (KVA_HG / 2), rows 16 h .. 16 h + 15 of the group
  * (rows >= g are zero and never written), and every (8 / slots)-th subtile, with the rows as the MMA's M (S = Q.K^T,
  * O += P.V; P from S's accumulators in registers), so one warp computes 16 rows of a stage with D / 8 independent
- * MMAs in its P.V step (docs/kernels/decode.md, session 40; the first form, slots of 8 rows in the orientation above,
- * streamed ~20 GB/s per CTA). Every K/V byte is read from memory once per item, whatever g.
+ * MMAs in its P.V step (docs/kernels/decode.md, session 40; the first form had slots of 8 rows in the orientation
+ * above). Every K/V byte is read from memory once per item, whatever g.
  *
  * Faults: a page index outside the pool skips the copy, records (request, page) in the status word, and the item's
  * rows get o = 0, lse = -inf (partials: KVK_FAULT_LSE_BITS, which the merge turns into o = 0, lse = -inf).
