@@ -866,8 +866,10 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
                                 cluster > 1 ? "run: launching the attention kernel in clusters"
                                             : "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
+        /* a warp per (task, row) (kva_merge_partials); graph mode keeps the worker count whatever the plan */
         unsigned mgrid = (unsigned)pd->num_workers;
-        if (!graph && pd->num_merge < pd->num_workers) mgrid = (unsigned)pd->num_merge;
+        const int64_t wpb = KVK_THREADS / 32, units = (int64_t)pd->num_merge * (pd->tile_q > 0 ? pd->tile_q : 1);
+        if (!graph && (units + wpb - 1) / wpb < (int64_t)pd->num_workers) mgrid = (unsigned)((units + wpb - 1) / wpb);
         status = kva__launch_ex(st, st->fn_merge_partials, mgrid, KVK_THREADS, 0, s, &mp, NULL, 0u,
                                 a->enable_pdl != 0 && st->merge_pdl, "run: launching the merge kernel");
     }

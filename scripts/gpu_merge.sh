@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# gpu_merge.sh - the split-KV merge kernel (kva_merge_partials: a warp per (task, row) over the grid) on the GPU
+# machine, in one call. bench: for each arm of ARMS (default: the separate merge kernel at the planner's row-slot split
+# cap, and at caps of 64 and 128 chunks) an interleaved A/B against the default plan on SHAPES (batch-1 and small-batch
+# GQA groups of 9 to 32, where a split unit's rows are merged), then cuDNN / flash SDPA on the same shapes. tests:
+# test_ops split / decode / prefill with the separate merge kernel for every split plan (KVATTN_BENCH_NO_FUSED_MERGE=1),
+# decode with row slots for every call in scope, the selftest, a fuzz run with PDL. san: memcheck and racecheck on
+# split cases through the merge kernel. Steps: STEPS="bench tests san" (default all).
+set -u
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh merge
+export LD_LIBRARY_PATH="$PWD/$BUILD/tests:$LD_LIBRARY_PATH"
+T="$BUILD/tests/test_ops"
+STEPS=${STEPS:-bench tests san}
+STEP_PREFIX=merge # step(): scripts/gpu_env.sh
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
+NF=KVATTN_BENCH_NO_FUSED_MERGE=1
+if [[ " $STEPS " == *" bench "* ]]; then
+    S="32/1:1x8192,32/1:1x32768,32/1:1x131072,32/1:4x32768,64/2:1x65536,128/8:1x32768,16/1:4x16384,16/1:1x32768"
+    S="$S,32/8:1x32768,32/8:1x131072"
+    export KVATTN_BENCH_SHAPES="${SHAPES:-$S}"
+    ARMS=${ARMS:-"$NF $NF,KVATTN_BENCH_RS_SPLIT=64 $NF,KVATTN_BENCH_RS_SPLIT=128 KVATTN_BENCH_RS_SPLIT=128"}
+    i=0
+    for arm in $ARMS; do
+        i=$((i + 1))
+        echo "== arm $i: B = $arm"
+        csv=""; [ $i = 1 ] && csv="--csv $OUT/shapes.csv"
+        timeout 300 "$BUILD/kva_bench_decode" --only XS --ab-env "$arm" --ab-only XS $csv > "$OUT/bench_$i.log" 2>&1 ||
+            echo "kva_bench_decode rc=$?"
+        grep "^A/B" "$OUT/bench_$i.log" | sed 's/(medians.*//'
+    done
+    timeout 240 python3 bench/peers_decode.py --csv "$OUT/shapes.csv" --out "$OUT/shapes.md" > "$OUT/peers.log" 2>&1 ||
+        { echo "peers_decode.py failed rc=$?"; tail -20 "$OUT/peers.log"; }
+fi
+if [[ " $STEPS " == *" tests "* ]]; then
+    step "test_ops split" 200 "$T" --backend cuda --suite split
+    step "test_ops split [no fused]" 200 env $NF "$T" --backend cuda --suite split
+    step "test_ops decode [no fused]" 240 env $NF "$T" --backend cuda --suite decode
+    step "test_ops decode [HG=1 no fused]" 240 env $NF KVATTN_CUDA_DECODE_HG=1 "$T" --backend cuda --suite decode
+    step "test_ops prefill" 300 "$T" --backend cuda --suite prefill
+    step "test_ops ragged" 200 "$T" --backend cuda --suite ragged
+    step "selftest --quick" 200 "$BUILD/kva_cuda_selftest" --quick
+    step "fuzz seed ${SEED:-4101} [no fused, PDL]" 300 env $NF KVA_TEST_PDL=1 "$T" --backend cuda \
+        --suite fuzz --seed "${SEED:-4101}" --count "${COUNT:-300}"
+    step "fuzz seed ${SEED:-4102} [HG=1 no fused, PDL]" 300 env $NF KVATTN_CUDA_DECODE_HG=1 KVA_TEST_PDL=1 "$T" \
+        --backend cuda --suite fuzz --seed "${SEED:-4102}" --count "${COUNT:-300}"
+fi
+if [[ " $STEPS " == *" san "* ]]; then
+    CASES=("op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
+        "op=decode B=3 kv=9000 hq=20 hkv=2 dqk=64 dvo=64 qt=f16 kvt=f16 ot=f16 ps=3 lse=1 empty=1"
+        "op=decode B=4 kv=3000 hq=32 hkv=8 dqk=256 dvo=256 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
+        "op=prefill B=3 qo=64 kv=2000 hq=8 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 mask=causal ps=16 fsplit=256 lse=1")
+    for tool in memcheck racecheck; do
+        for cs in "${CASES[@]}"; do
+            step "$tool [no fused]: $cs" 150 env $NF compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
+                "$T" --backend cuda --case "$cs"
+        done
+    done
+fi
+echo "==== summary ===="
+printf '%s\n' "${SUM[@]}"
+[ -f "$OUT/shapes.md" ] && cat "$OUT/shapes.md"
