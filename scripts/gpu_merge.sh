@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# gpu_merge.sh - the split-KV merge kernel (kva_merge_partials: a warp per (task, row) over the grid) on the GPU
-# machine, in one call. bench: for each arm of ARMS (default: the separate merge kernel at the planner's row-slot split
-# cap, and at caps of 64 and 128 chunks) an interleaved A/B against the default plan on SHAPES (batch-1 and small-batch
-# GQA groups of 9 to 32, where a split unit's rows are merged), then cuDNN / flash SDPA on the same shapes. tests:
-# test_ops split / decode / prefill with the separate merge kernel for every split plan (KVATTN_BENCH_NO_FUSED_MERGE=1),
-# decode with row slots for every call in scope, the selftest, a fuzz run with PDL. san: memcheck and racecheck on
-# split cases through the merge kernel. Steps: STEPS="bench tests san" (default all).
+# gpu_merge.sh - the split-KV merge kernel's warp per (task, row) over the grid (kva_merge_partials with row_units,
+# KVATTN_BENCH_MERGE_ROWS=1) on the GPU machine, in one call. bench: for each arm of ARMS (default: the separate merge
+# kernel as it is (a CTA per task), then with a warp per (task, row) at the planner's row-slot split cap of 32 chunks
+# and at caps of 64 and 128) an interleaved A/B against the default plan (fused merge) on SHAPES (batch-1 and
+# small-batch GQA groups of 9 to 32, where a split unit's g rows are merged; 32/8 for the tensor-core kernel), then
+# cuDNN / flash SDPA on the same shapes. tests: test_ops split / decode / prefill / ragged through the separate merge
+# kernel with row units (KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=1), decode with row slots for every call
+# in scope, the selftest, fuzz runs with PDL; the default split suite. san: memcheck and racecheck on split cases
+# through the merge kernel. Steps: STEPS="bench tests san" (default all).
 set -u
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh merge
@@ -14,12 +16,13 @@ T="$BUILD/tests/test_ops"
 STEPS=${STEPS:-bench tests san}
 STEP_PREFIX=merge # step(): scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
-NF=KVATTN_BENCH_NO_FUSED_MERGE=1
+NF=KVATTN_BENCH_NO_FUSED_MERGE=1,KVATTN_BENCH_MERGE_ROWS=1
+NFE="KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=1"
 if [[ " $STEPS " == *" bench "* ]]; then
     S="32/1:1x8192,32/1:1x32768,32/1:1x131072,32/1:4x32768,64/2:1x65536,128/8:1x32768,16/1:4x16384,16/1:1x32768"
     S="$S,32/8:1x32768,32/8:1x131072"
     export KVATTN_BENCH_SHAPES="${SHAPES:-$S}"
-    ARMS=${ARMS:-"$NF $NF,KVATTN_BENCH_RS_SPLIT=64 $NF,KVATTN_BENCH_RS_SPLIT=128 KVATTN_BENCH_RS_SPLIT=128"}
+    ARMS=${ARMS:-"KVATTN_BENCH_NO_FUSED_MERGE=1 $NF $NF,KVATTN_BENCH_RS_SPLIT=64 $NF,KVATTN_BENCH_RS_SPLIT=128"}
     i=0
     for arm in $ARMS; do
         i=$((i + 1))
@@ -34,15 +37,15 @@ if [[ " $STEPS " == *" bench "* ]]; then
 fi
 if [[ " $STEPS " == *" tests "* ]]; then
     step "test_ops split" 200 "$T" --backend cuda --suite split
-    step "test_ops split [no fused]" 200 env $NF "$T" --backend cuda --suite split
-    step "test_ops decode [no fused]" 240 env $NF "$T" --backend cuda --suite decode
-    step "test_ops decode [HG=1 no fused]" 240 env $NF KVATTN_CUDA_DECODE_HG=1 "$T" --backend cuda --suite decode
-    step "test_ops prefill" 300 "$T" --backend cuda --suite prefill
-    step "test_ops ragged" 200 "$T" --backend cuda --suite ragged
+    step "test_ops split [no fused]" 200 env $NFE "$T" --backend cuda --suite split
+    step "test_ops decode [no fused]" 240 env $NFE "$T" --backend cuda --suite decode
+    step "test_ops decode [HG=1 no fused]" 240 env $NFE KVATTN_CUDA_DECODE_HG=1 "$T" --backend cuda --suite decode
+    step "test_ops prefill [merge rows]" 300 env $NFE "$T" --backend cuda --suite prefill
+    step "test_ops ragged [merge rows]" 200 env $NFE "$T" --backend cuda --suite ragged
     step "selftest --quick" 200 "$BUILD/kva_cuda_selftest" --quick
-    step "fuzz seed ${SEED:-4101} [no fused, PDL]" 300 env $NF KVA_TEST_PDL=1 "$T" --backend cuda \
+    step "fuzz seed ${SEED:-4101} [no fused, PDL]" 300 env $NFE KVA_TEST_PDL=1 "$T" --backend cuda \
         --suite fuzz --seed "${SEED:-4101}" --count "${COUNT:-300}"
-    step "fuzz seed ${SEED:-4102} [HG=1 no fused, PDL]" 300 env $NF KVATTN_CUDA_DECODE_HG=1 KVA_TEST_PDL=1 "$T" \
+    step "fuzz seed ${SEED:-4102} [HG=1 no fused, PDL]" 300 env $NFE KVATTN_CUDA_DECODE_HG=1 KVA_TEST_PDL=1 "$T" \
         --backend cuda --suite fuzz --seed "${SEED:-4102}" --count "${COUNT:-300}"
 fi
 if [[ " $STEPS " == *" san "* ]]; then
@@ -52,7 +55,7 @@ if [[ " $STEPS " == *" san "* ]]; then
         "op=prefill B=3 qo=64 kv=2000 hq=8 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 mask=causal ps=16 fsplit=256 lse=1")
     for tool in memcheck racecheck; do
         for cs in "${CASES[@]}"; do
-            step "$tool [no fused]: $cs" 150 env $NF compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
+            step "$tool [no fused]: $cs" 150 env $NFE compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
                 "$T" --backend cuda --case "$cs"
         done
     done

@@ -202,6 +202,7 @@ typedef struct kva__cuda_state {
     int64_t l2_bytes;       /* L2 cache size (CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE; 0 if unknown) */
     int no_l2_hint;         /* KVATTN_BENCH_NO_L2_HINT=1: decode kernels built without the K/V L2 evict-first policy */
     int pf_exp;             /* KVATTN_BENCH_PF_EXP=n: timing experiments n compiled into the prefill kernels (KVP_EXP) */
+    int merge_rows;         /* KVATTN_BENCH_MERGE_ROWS=1: kva_merge_partials with a warp per (task, row) (A/B) */
     int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
     int decode_hg;          /* KVATTN_CUDA_DECODE_HG: -1 (default) head-group decode plans where they pay
                                (kva__cuda_kv_head_group), 0 never, 1 wherever supported */

@@ -8,10 +8,12 @@
 /* kva_warp_max, kva_warp_sum, kva_store4, kva_merge_task_rows: kva_common.cuh */
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Plan merge: task t merges partial slots partial_first .. +num_partials of rows [0, rows) of its tile. A warp per
-   (task, row) over the whole grid (unit u: task u / tile_q, row u % tile_q; rows past the task's are skipped), so a
-   task of many rows (row-slot units of a GQA group, prefill tiles) is spread over many CTAs and SMs instead of the
-   four warps of one CTA: a single SM reads the partials at L2 rates of ~100 GB/s at best. */
+/* Plan merge: task t merges partial slots partial_first .. +num_partials of rows [0, rows) of its tile. Two mappings:
+   a CTA per task, its warps over the task's rows (row_units 0, the default), or a warp per (task, row) over the whole
+   grid (row_units 1: unit u is task u / tile_q, row u % tile_q; rows past the task's are skipped), which spreads a task
+   of many rows (a row-slot unit of a GQA group of 9-32, a prefill tile) over many CTAs and SMs: one SM reads the
+   partials at L2 rates of ~100 GB/s at best. row_units is a benchmark A/B (KVATTN_BENCH_MERGE_ROWS=1) until it has run
+   on a GPU. */
 
 extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_partials(const kvk_merge_params p) {
     kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh) */
@@ -22,16 +24,25 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_partials(
     const float* po = (const float*)(p.ws + p.off_partial_o);
     const float* pl = (const float*)(p.ws + p.off_partial_lse);
     const int ntasks = counts->num_merge;
-    const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
-    const long long nunits = (long long)ntasks * p.tile_q, stride = (long long)gridDim.x * wpb;
-    for (long long u = (long long)blockIdx.x * wpb + (threadIdx.x >> 5); u < nunits; u += stride) {
-        const int t = (int)(u / p.tile_q), r = (int)(u % p.tile_q);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if (p.row_units) {
+        const long long nunits = (long long)ntasks * p.tile_q, stride = (long long)gridDim.x * nwarps;
+        for (long long u = (long long)blockIdx.x * nwarps + warp; u < nunits; u += stride) {
+            const int t = (int)(u / p.tile_q), r = (int)(u % p.tile_q);
+            const kvk_merge_task tk = tasks[t];
+            if (r >= tk.rows) continue;
+            /* first row r, row step tile_q > r: row r alone */
+            kva_merge_task_rows(&tk, reqs[tk.req].qo_start, po, pl, p.tile_q, p.dvo, p.group_size, p.sigmoid, p.o,
+                                p.o_dtype, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
+                                p.lse_stride_head, r, p.tile_q, lane, 16);
+        }
+        return;
+    }
+    for (int t = blockIdx.x; t < ntasks; t += gridDim.x) {
         const kvk_merge_task tk = tasks[t];
-        if (r >= tk.rows) continue;
-        /* (first row r, row step tile_q > r: exactly row r) */
         kva_merge_task_rows(&tk, reqs[tk.req].qo_start, po, pl, p.tile_q, p.dvo, p.group_size, p.sigmoid, p.o,
                             p.o_dtype, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row, p.lse_stride_head,
-                            r, p.tile_q, lane, 16);
+                            warp, nwarps, lane, 16);
     }
 }
 
