@@ -284,6 +284,16 @@ typedef struct kva_plan_params {
                                         the bounds below, so a captured run replays with new plans */
     int32_t max_batch_size;          /* graph mode: bound on batch_size */
     int64_t max_total_qo_rows;       /* graph mode: bound on qo_indptr[B] (decode: = max_batch_size) */
+    /* Appended fields: the block-table form of the page table (paged ops), as engines that keep a 2-D block table
+     * [B, max_blocks] and per-request lengths (vLLM's block_table and seq_lens) hold it, in place of the CSR arrays.
+     * kv_seq_lens non-NULL selects it: request b has kv_seq_lens[b] >= 0 KV tokens on its first
+     * ceil(kv_seq_lens[b] / page_size) pages, page-table entries b * block_table_stride + j; kv_indptr and
+     * kv_last_page_len are not read (may be NULL); kv_indices (host copy) and the run's paged.indices are the block
+     * table, row-major with that stride. Entries past a request's pages are never read, so they may hold anything
+     * (e.g. -1 or a null block); the plan's page table spans entries up to the last request's last used one
+     * (paged.num_indices, where given, must cover that). kva_plan_params_init sets the CSR form. */
+    const int32_t* kv_seq_lens;      /* host [B] */
+    int32_t block_table_stride;      /* entries per row: >= every request's page count; B * stride < 2^31 */
 } kva_plan_params;
 
 KVA_API void kva_plan_params_init(kva_plan_params* params);

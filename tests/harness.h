@@ -208,6 +208,8 @@ typedef struct h_case {
     int32_t api;          /* 0: kva_plan/kva_run, 1: the named wrappers */
     int32_t hidx;         /* pass the host copy of the page table to plan */
     int32_t alias;        /* merge_state: 0 separate out, 1 out = a, 2 out = b */
+    int32_t bt;           /* paged batch ops: the block-table form (kv_seq_lens + block_table_stride) of the page
+                             table, rows padded past each request's pages with entries outside the pool */
     uint64_t seed;
 } h_case;
 

@@ -490,6 +490,40 @@ static void test_plan(void) {
     p.num_pages = 9; /* index 11 of request 0 now outside */
     PLAN("plan: host page index >= a smaller num_pages", KVA_ERR_PAGE_INDEX_OUT_OF_RANGE, &p);
 
+    /* the block-table form (kv_seq_lens + block_table_stride): lengths 10, 0, 7 on pages of 4 = 3, 0, 2 pages in rows
+       of 3 entries; the entries past each request's pages hold values outside the pool, which are never checked */
+    {
+        int32_t sl[B] = {10, 0, 7};
+        int32_t bt[3 * B] = {7, 2, 9, -1, NPAGES, -5, 0, 11, INT32_MAX};
+        kva_plan_params pb = F.pp;
+        pb.kv_indptr = NULL;
+        pb.kv_last_page_len = NULL;
+        pb.kv_seq_lens = sl;
+        pb.block_table_stride = 3;
+        pb.kv_indices = bt;
+        size_t db = 0, hb = 0;
+        kva_status sb = kva_plan_workspace_size(F.ctx, &d, PP, &pb, &db, &hb);
+        H_CHECK(sb == KVA_OK && db > 0, "plan: a block table with out-of-pool entries past the pages is accepted: %s: %s",
+                kva_status_string(sb), kva_last_error_message());
+        p = pb; p.block_table_stride = 0;
+        PLAN("plan: block table with stride 0", KVA_ERR_INVALID_ARGUMENT, &p);
+        p = pb; p.block_table_stride = INT32_MAX;
+        PLAN("plan: block table of more than 2^31 entries", KVA_ERR_UNSUPPORTED, &p);
+        p = pb; p.block_table_stride = 2; /* request 0 needs 3 pages */
+        PLAN("plan: block table row shorter than a request's pages", KVA_ERR_PAGETABLE_MALFORMED, &p);
+        sl[2] = -1;
+        p = pb;
+        PLAN("plan: block table with a negative length", KVA_ERR_PAGETABLE_MALFORMED, &p);
+        sl[2] = 7;
+        bt[7] = NPAGES; /* request 2's second page */
+        PLAN("plan: block table page index == num_pages", KVA_ERR_PAGE_INDEX_OUT_OF_RANGE, &p);
+        bt[7] = 11;
+        ERR(KVA_ERR_INVALID_ARGUMENT, "plan: block table for ragged KV",
+            kva_plan_make(F.ctx, &d, KVA_OP_BATCH_PREFILL_RAGGED, &p, ws, pl, NULL));
+        p = pb; p.kv_seq_lens = NULL;
+        PLAN("plan: no kv_indptr and no kv_seq_lens", KVA_ERR_INVALID_ARGUMENT, &p);
+    }
+
     /* decode: one row per request; no custom mask */
     int32_t qi[B + 1] = {0, 1, 3, 4};
     p = F.pp_dec; p.qo_indptr = qi;

@@ -40,6 +40,7 @@ typedef struct att {
     int32_t B;
     int32_t *qo, *kv;
     int32_t *qo_indptr, *kv_indptr, *last, *indices; /* host; kv_indptr: pages (paged) or tokens (ragged) */
+    int32_t *bt, bt_stride; /* the block-table form (h_case.bt): [B][bt_stride] host, the pages of indices */
     int64_t *kv_off;   /* first token of request b in k_ref / v_ref */
     int64_t total_rows, total_kv, num_pages, num_entries, max_kv_len;
     int64_t *mask_off, mask_bytes;
@@ -61,6 +62,7 @@ static void att_free(att* a) {
     free(a->kv_indptr);
     free(a->last);
     free(a->indices);
+    free(a->bt);
     free(a->kv_off);
     free(a->mask_off);
     free(a->mask);
@@ -259,8 +261,25 @@ static void att_build(const h_case* c, h_rng* r, int32_t B, att* a) {
         a->paged.v_stride_page = a->v_s[0];
         a->paged.v_stride_token = a->v_s[1];
         a->paged.v_stride_head = a->v_s[2];
-        a->idx_d = h_buf_alloc(KVA_DTYPE_I32, (size_t)a->num_entries);
-        memcpy(h_buf_hp(&a->idx_d), a->indices, sizeof(int32_t) * (size_t)a->num_entries);
+        if (c->bt) {
+            /* the block-table form: row b holds request b's pages, then entries outside the pool that must never be
+               read (a read faults the request); one to three spare entries a row */
+            int32_t maxp = 0;
+            for (int32_t b = 0; b < B; ++b)
+                if (a->kv_indptr[b + 1] - a->kv_indptr[b] > maxp) maxp = a->kv_indptr[b + 1] - a->kv_indptr[b];
+            a->bt_stride = maxp + (int32_t)h_rng_range(r, 1, 3);
+            const int64_t n = (int64_t)B * a->bt_stride;
+            a->bt = (int32_t*)xcalloc((size_t)n + 1, sizeof(int32_t));
+            for (int64_t i = 0; i < n; ++i) a->bt[i] = i % 3 == 0 ? -1 : i % 3 == 1 ? INT32_MAX : (int32_t)a->num_pages;
+            for (int32_t b = 0; b < B; ++b)
+                memcpy(a->bt + (int64_t)b * a->bt_stride, a->indices + a->kv_indptr[b],
+                       sizeof(int32_t) * (size_t)(a->kv_indptr[b + 1] - a->kv_indptr[b]));
+            a->idx_d = h_buf_alloc(KVA_DTYPE_I32, (size_t)n);
+            memcpy(h_buf_hp(&a->idx_d), a->bt, sizeof(int32_t) * (size_t)n);
+        } else {
+            a->idx_d = h_buf_alloc(KVA_DTYPE_I32, (size_t)a->num_entries);
+            memcpy(h_buf_hp(&a->idx_d), a->indices, sizeof(int32_t) * (size_t)a->num_entries);
+        }
         a->indptr_d = h_buf_alloc(KVA_DTYPE_I32, (size_t)B + 1);
         memcpy(h_buf_hp(&a->indptr_d), a->kv_indptr, sizeof(int32_t) * ((size_t)B + 1));
         a->last_d = h_buf_alloc(KVA_DTYPE_I32, (size_t)B);
@@ -269,6 +288,7 @@ static void att_build(const h_case* c, h_rng* r, int32_t B, att* a) {
         h_buf_upload(&a->indptr_d);
         h_buf_upload(&a->last_d);
         a->paged.indices = (const int32_t*)h_buf_dp(&a->idx_d);
+        if (c->bt) a->paged.num_indices = (int64_t)B * a->bt_stride; /* checked against the plan's span */
         a->paged.indptr = (const int32_t*)h_buf_dp(&a->indptr_d);
         a->paged.last_page_len = (const int32_t*)h_buf_dp(&a->last_d);
         h_buf_upload(&a->kp);
@@ -591,6 +611,13 @@ static void params_of(const h_case* c, att* a, kva_plan_params* pp) {
         pp->page_size = c->page_size;
         pp->num_pages = a->num_pages;
         pp->kv_indices = c->hidx ? a->indices : NULL;
+        if (c->bt) { /* the block-table form: the CSR arrays are not read */
+            pp->kv_indptr = NULL;
+            pp->kv_last_page_len = NULL;
+            pp->kv_seq_lens = a->kv;
+            pp->block_table_stride = a->bt_stride;
+            pp->kv_indices = c->hidx ? a->bt : NULL;
+        }
     }
     pp->fixed_split_size = c->fixed_split;
     pp->disable_split_kv = c->no_split;
@@ -1691,6 +1718,15 @@ static void suite_decode(void) {
         "op=decode B=1 kv=30000 hq=16 hkv=8 dqk=64 dvo=64 qt=bf16 kvt=e4m3 ot=bf16 ps=16",
         "op=decode B=5 kv=600 hq=12 hkv=4 dqk=64 dvo=64 qt=bf16 kvt=e4m3 ot=bf16 ps=3 layout=HND graph=1 lse=1",
         "op=decode B=2 kv=3000 hq=28 hkv=4 dqk=64 dvo=64 qt=f16 kvt=e4m3 ot=f16 ps=16 cap=20 pos=alibi",
+        /* the block-table form of the page table (rows padded with entries outside the pool, never read): the
+           tensor-core and head-group kernels, row slots, page 1, split KV, empty requests (a trailing one too),
+           graph mode, the host copy checked, a scratch region */
+        "op=decode B=6 kv=2000 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 bt=1 empty=30 lse=1",
+        "op=decode B=3 kv=5000 hq=32 hkv=2 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 bt=1 hidx=1",
+        "op=decode B=2 kv=20000 hq=24 hkv=1 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=16 bt=1 lse=1",
+        "op=decode B=5 kv=900 hq=8 hkv=2 dqk=64 dvo=64 qt=bf16 kvt=e4m3 ot=bf16 ps=1 bt=1 ks=0.7 vs=1.2",
+        "op=decode B=7 kv=777 hq=40 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=5 layout=HND bt=1 graph=1 lse=1",
+        "op=decode B=4 kv=1500 hq=16 hkv=4 dqk=256 dvo=256 qt=f16 kvt=f16 ot=f16 ps=32 bt=1 scratch=1 empty=40",
         /* fp8 KV near saturation (values up to 448 / 57344 with scales of about 1 / amplitude), scales on 16-bit KV */
         "op=decode B=4 kv=1200 hq=32 hkv=8 dqk=128 dvo=128 qt=bf16 kvt=e4m3 ot=bf16 ps=16 amp=300 ks=0.003 vs=0.004",
         "op=decode B=4 kv=1200 hq=16 hkv=2 dqk=128 dvo=128 qt=f16 kvt=e5m2 ot=f32 ps=16 amp=30000 ks=3e-5 vs=4e-5",
@@ -1738,6 +1774,15 @@ static void suite_prefill(void) {
         "op=prefill B=3 qo=16 kv=300 hq=8 hkv=2 qt=f16 kvt=e5m2 ot=f16 mask=causal amp=30000 ks=3e-5 vs=4e-5 ps=1",
     };
     go_strings(scaled, sizeof scaled / sizeof scaled[0]);
+    /* the block-table form of the page table (rows padded with entries outside the pool): causal append and prefill,
+       a custom mask, split KV, graph mode, the host copy checked, 128-row tiles at D 128 (TMA on page-aligned tiles) */
+    static const char* const btab[] = {
+        "op=prefill B=4 qo=20 kv=300 hq=8 hkv=2 mask=causal ps=16 bt=1 lse=1 empty=25",
+        "op=prefill B=3 qo=30 kv=200 hq=4 hkv=1 mask=custom ps=3 bt=1 hidx=1 fsplit=32",
+        "op=prefill B=3 qo=12 kv=500 hq=6 hkv=2 mask=causal ps=1 bt=1 graph=1 lse=1",
+        "op=prefill B=2 qo=300 kv=700 hq=16 hkv=4 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 mask=causal ps=64 bt=1",
+    };
+    go_strings(btab, sizeof btab / sizeof btab[0]);
     /* long queries at D 128, 16-bit: 128-row tiles (the Hopper mainloop on sm_90, whose paged K/V goes through TMA
        at page sizes 16-128 dividing 128 or multiples of 128, page-aligned tiles only); graph mode keeps the
        paged tensor maps; split chunks off page boundaries take cp.async */

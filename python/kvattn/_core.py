@@ -345,6 +345,10 @@ class PlanState:
     h_kv_indptr: np.ndarray
     h_last_page_len: Optional[np.ndarray]
     h_indices: Optional[np.ndarray]
+    # the block-table form (plan(block_tables=, seq_lens=)): per-request lengths and the table's row length; the
+    # page table (h_indices / indices) is then the [B, bt_stride] table flattened, and h_kv_indptr is None
+    h_seq_lens: Optional[np.ndarray]
+    bt_stride: int
     fixed_split_tokens: int
     disable_split_kv: bool
     max_batch: int
@@ -368,6 +372,8 @@ class PlanState:
         self.h_qo_indptr = None
         self.h_last_page_len = None
         self.h_indices = None
+        self.h_seq_lens = None
+        self.bt_stride = 0
         self.num_pages = 0
         self.total_kv = 0
         self.page_size = 0
@@ -385,8 +391,12 @@ class PlanState:
         F.lib().kva_plan_params_init(ctypes.byref(p))
         p.batch_size = self.batch_size
         p.qo_indptr = self.h_qo_indptr.ctypes.data if self.h_qo_indptr is not None else None
-        p.kv_indptr = self.h_kv_indptr.ctypes.data
-        p.kv_last_page_len = self.h_last_page_len.ctypes.data if self.h_last_page_len is not None else None
+        if self.bt_stride:  # the block-table form: the CSR arrays are not read
+            p.kv_seq_lens = self.h_seq_lens.ctypes.data
+            p.block_table_stride = self.bt_stride
+        else:
+            p.kv_indptr = self.h_kv_indptr.ctypes.data
+            p.kv_last_page_len = self.h_last_page_len.ctypes.data if self.h_last_page_len is not None else None
         p.page_size = self.page_size
         p.num_pages = self.num_pages
         p.kv_indices = self.h_indices.ctypes.data if self.h_indices is not None and self.h_indices.size else None
@@ -946,6 +956,80 @@ class BatchWrapperBase:
         st.page_size = page_size
         st.batch_size = B
         st.num_pages = self._choose_num_pages(num_pages, h_indices, d_indices, n)
+
+    def _setup_block_table(self, st: PlanState, block_tables: Any, seq_lens: Any, page_size: int, num_pages: Any,
+                           indices_buf: Any = None, dry: bool = False) -> None:
+        """The block-table form of the page table: ``block_tables [B, max_blocks]`` (int32; request b's pages are
+        row b's first ceil(seq_lens[b] / page_size) entries, the rest are never read) and ``seq_lens [B]`` (KV
+        tokens; a device tensor is copied to the host, which synchronises). The table is used in place, flattened
+        (no copy when it is a contiguous int32 array in the backend's memory); graph mode copies it into the fixed
+        indices buffer, which must hold B * max_blocks entries. dry: host arrays only (size queries)."""
+        page_size = size_arg(page_size, "page_size")
+        h_sl = T.host_int32_owned(seq_lens, "seq_lens")
+        B = int(h_sl.size)
+        bt = block_tables
+        if not (T.is_torch(bt) or isinstance(bt, np.ndarray)):
+            bt = T.host_int32(bt, "block_tables", ndim=2)  # a nested sequence
+        if len(bt.shape) != 2:
+            raise ValueError("kvattn: block_tables must be 2-D [batch_size, max_blocks], got shape %s"
+                             % (tuple(bt.shape),))
+        if int(bt.shape[0]) < B:
+            raise ValueError("kvattn: block_tables has %d rows, seq_lens %d requests" % (int(bt.shape[0]), B))
+        stride = int(bt.shape[1])
+        if B and h_sl.min() < 0:
+            raise ValueError("kvattn: seq_lens[%d] = %d is negative" % (int(np.argmin(h_sl)), int(h_sl.min())))
+        pages = (h_sl.astype(np.int64) + page_size - 1) // page_size
+        if B and int(pages.max()) > stride:
+            i = int(np.argmax(pages))
+            raise ValueError("kvattn: seq_lens[%d] = %d needs %d pages of %d but block_tables rows hold %d"
+                             % (i, int(h_sl[i]), int(pages[i]), page_size, stride))
+        if B and stride < 1:
+            raise ValueError("kvattn: block_tables has rows of 0 entries")
+        host_side = not T.is_torch(bt) or bt.device.type == "cpu"
+        h_flat = T.host_int32(bt[:B].reshape(-1) if T.is_torch(bt) else np.asarray(bt)[:B].reshape(-1),
+                              "block_tables") if host_side else None
+        used = np.arange(stride)[None, :] < pages[:, None]  # [B, stride]: the entries the kernels read
+        st.h_seq_lens = h_sl
+        st.bt_stride = max(stride, 1)
+        st.h_kv_indptr = None
+        st.h_last_page_len = None
+        st.h_indices = h_flat
+        st.page_size = page_size
+        st.batch_size = B
+        hi = None
+        if h_flat is not None:
+            hi = int(h_flat.reshape(B, stride)[used].max()) + 1 if B and used.any() else 1
+        if dry:
+            st.indices = None
+            st.num_pages = int(num_pages) if num_pages is not None else max(self._pool_pages or 2 ** 31 - 1, hi or 1)
+            return
+        if T.is_torch(bt) and not host_side:
+            t = T._torch()
+            flat = bt[:B].reshape(-1)
+            if flat.dtype != t.int32:
+                if flat.dtype.is_floating_point or flat.dtype == t.bool:
+                    raise TypeError("kvattn: block_tables must be an integer tensor (int32), got %s" % flat.dtype)
+                flat = flat.to(t.int32)
+        else:
+            flat = h_flat
+        if self._use_cuda_graph:
+            copy_into(indices_buf, flat, "paged_kv_indices_buffer (block_tables: batch_size x max_blocks entries)")
+            d_indices = indices_buf
+        else:
+            d_indices = T.backend_int32(flat, self._dev, "block_tables")
+        st.indices = d_indices
+        if num_pages is not None:
+            st.num_pages = max(size_arg(num_pages, "num_pages", lo=0, hi=2 ** 63 - 1), 1)
+        elif self._pool_pages is not None:
+            st.num_pages = max(self._pool_pages, hi or 1)
+        elif hi is not None:
+            st.num_pages = max(hi, 1)
+        elif not used.any():
+            st.num_pages = 1
+        else:  # the largest page index in use on the device + 1 (synchronises; first plan only)
+            t = T._torch()
+            m = t.from_numpy(used.reshape(-1)).to(flat.device)
+            st.num_pages = max(int(t.where(m, flat, t.full_like(flat, -1)).max().item()) + 1, 1)
 
     def _set_pool_shapes(self, st: PlanState) -> None:
         if st.kv_layout == "NHD":

@@ -204,6 +204,8 @@ class kva_plan_params(Structure):
         ("graph_mode", c_int32),
         ("max_batch_size", c_int32),
         ("max_total_qo_rows", c_int64),
+        ("kv_seq_lens", c_void_p),  # const int32_t*: the block-table form (NULL: CSR)
+        ("block_table_stride", c_int32),
     ]
 
 

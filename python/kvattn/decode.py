@@ -93,7 +93,6 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
                fixed_split_size: Any, disable_split_kv: Any, q_len_per_req: Any, num_pages: Any,
                dry: bool, variant: Any = None, variant_scalars: Any = None,
                variant_tensors: Any = None) -> PlanState:
-        reject(block_tables=block_tables)
         if window_right not in (None, 0, -1):
             raise NotImplementedError("kvattn: window_right=%r is not supported by decode (keys after the query "
                                       "do not exist)" % (window_right,))
@@ -102,7 +101,13 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         if qlen < 1:
             raise ValueError("kvattn: q_len_per_req=%d must be >= 1" % qlen)
         st = PlanState()
-        if dry:
+        if block_tables is not None:
+            # the block-table form (kvattn runs it natively): indptr / indices / last_page_len are not read
+            if seq_lens is None:
+                raise ValueError("kvattn: block_tables needs seq_lens (the KV length of each request)")
+            self._setup_block_table(st, block_tables, seq_lens, page_size, num_pages, self._paged_kv_indices_buf,
+                                    dry=dry)
+        elif dry:
             _setup_dry(self, st, indptr, indices, last_page_len, page_size, num_pages)
         else:
             self._setup_paged(st, indptr, indices, last_page_len, page_size, num_pages,
@@ -112,9 +117,12 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         if self._use_cuda_graph and B != self._fixed_batch_size:
             raise ValueError("kvattn: the batch size is fixed to %d in CUDA-graph mode (len(last_page_len_buffer)); "
                              "plan() got %d requests (pad with empty requests)" % (self._fixed_batch_size, B))
-        lens = _seq_lens_np(st.h_kv_indptr, st.h_last_page_len, st.page_size) if seq_lens is not None or qlen > 1 \
-            else None
-        if seq_lens is not None:
+        if st.bt_stride:
+            lens = st.h_seq_lens
+        else:
+            lens = _seq_lens_np(st.h_kv_indptr, st.h_last_page_len, st.page_size) \
+                if seq_lens is not None or qlen > 1 else None
+        if seq_lens is not None and not st.bt_stride:
             given = T.host_int32(seq_lens, "seq_lens")
             if given.shape != lens.shape or np.any(given != lens):
                 raise ValueError("kvattn: seq_lens disagrees with indptr / last_page_len / page_size")
@@ -156,6 +164,10 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
 
         ``indptr [B+1]``, ``last_page_len [B]`` are read on the host (device tensors are copied, which
         synchronises); ``indices`` may live on the host or the wrapper's device. ``fixed_split_size`` is in pages.
+        ``block_tables [B, max_blocks]`` (int32, host or device) with ``seq_lens [B]`` (KV tokens, read on the host)
+        give the page table in block-table form instead (vLLM's layout; indptr / indices / last_page_len are then
+        not read and may be None): request b's pages are row b's first ceil(seq_lens[b] / page_size) entries, the
+        rest are never read; the table is used in place (CUDA-graph wrappers copy it into the indices buffer).
         kvattn extensions (keyword only): ``num_pages``, the pool's page count (default: the pool seen by the
         previous run, else the largest index + 1); ``variant`` (a :class:`kvattn.Variant`, compiled for the
         wrapper's device on first use) with default ``variant_scalars`` / ``variant_tensors`` for every run (run()

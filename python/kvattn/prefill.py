@@ -210,23 +210,29 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
                seq_lens_q: Any, block_tables: Any, max_token_per_sequence: Any, max_sequence_kv: Any,
                fixed_split_size: Any, disable_split_kv: Any, num_pages: Any, dry: bool, variant: Any = None,
                variant_scalars: Any = None, variant_tensors: Any = None) -> PlanState:
+        # seq_lens goes with block_tables (the block-table form of the page table, run natively)
         reject(prefix_len_ptr=prefix_len_ptr, token_pos_in_items_ptr=token_pos_in_items_ptr,
-               token_pos_in_items_len=token_pos_in_items_len, max_item_len_ptr=max_item_len_ptr, seq_lens=seq_lens,
-               seq_lens_q=seq_lens_q, block_tables=block_tables, max_token_per_sequence=max_token_per_sequence,
-               max_sequence_kv=max_sequence_kv)
+               token_pos_in_items_len=token_pos_in_items_len, max_item_len_ptr=max_item_len_ptr,
+               seq_lens=seq_lens if block_tables is None else None, seq_lens_q=seq_lens_q,
+               max_token_per_sequence=max_token_per_sequence, max_sequence_kv=max_sequence_kv)
         if use_fp16_qk_reduction:
             raise NotImplementedError("kvattn: use_fp16_qk_reduction=True is not supported (kvattn always "
                                       "accumulates QK in float32)")
         dtypes = _core.resolve_dtypes(q_data_type, kv_data_type, o_data_type)
         st = PlanState()
         st.causal = bool(causal)
-        if dry:
+        if block_tables is not None:
+            if seq_lens is None:
+                raise ValueError("kvattn: block_tables needs seq_lens (the KV length of each request)")
+            self._setup_block_table(st, block_tables, seq_lens, page_size, num_pages, self._paged_kv_indices_buf,
+                                    dry=dry)
+        elif dry:
             _setup_dry(self, st, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size, num_pages)
         else:
             self._setup_paged(st, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size, num_pages,
                               self._paged_kv_indptr_buf, self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf)
         self._setup_qo(st, qo_indptr, dry)
-        kv_lens = _seq_lens_np(st.h_kv_indptr, st.h_last_page_len, st.page_size)
+        kv_lens = st.h_seq_lens if st.bt_stride else _seq_lens_np(st.h_kv_indptr, st.h_last_page_len, st.page_size)
         mask_mode = self._setup_mask(st, kv_lens, custom_mask, packed_custom_mask, dry)
         dvo = head_dim_qk if head_dim_vo is None else head_dim_vo
         self._fill_common(st, F.KVA_OP_BATCH_PREFILL_PAGED, num_qo_heads, num_kv_heads, head_dim_qk, dvo, dtypes,
@@ -250,7 +256,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
              num_pages: Optional[int] = None, variant: Any = None, variant_scalars: Any = None,
              variant_tensors: Any = None) -> None:
         """Plan a batch (host work; reused by every layer's run()). Arguments follow FlashInfer;
-        ``fixed_split_size`` is in pages. kvattn extensions: ``num_pages`` (the pool's page count); ``variant`` (a
+        ``fixed_split_size`` is in pages. ``block_tables [B, max_blocks]`` with ``seq_lens [B]`` (KV tokens) give the
+        page table in block-table form instead of the CSR arrays (which are then not read; see
+        BatchDecodeWithPagedKVCacheWrapper.plan). kvattn extensions: ``num_pages`` (the pool's page count); ``variant`` (a
         :class:`kvattn.Variant`) with default ``variant_scalars`` / ``variant_tensors`` for every run."""
         st = self._build(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                          num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask, packed_custom_mask, causal,

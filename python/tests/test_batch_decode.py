@@ -321,3 +321,76 @@ def test_page_size_one_cache_without_page_dim(rng, layout):
     w.plan(indptr, indices, last, hq, hkv, d, 2, q_data_type="float32")
     with pytest.raises(kvattn.PlanMismatchError, match="k_cache"):
         w.run(q, (kbuf, vbuf))
+
+
+def _block_table(indptr, indices, extra, fill=-1):
+    """The [B, max_pages + extra] block-table form of a CSR page table, rows padded with `fill` (never read)."""
+    B = len(indptr) - 1
+    pages = np.diff(indptr)
+    bt = np.full((B, int(pages.max(initial=0)) + extra), fill, np.int32)
+    for b in range(B):
+        bt[b, :pages[b]] = indices[indptr[b]:indptr[b + 1]]
+    return bt
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_decode_block_tables(rng, page_size, layout):
+    """plan(block_tables=, seq_lens=) (vLLM's page-table form, run natively): the same result as the CSR form,
+    bit for bit, and the reference; the padding entries (outside the pool) are never read."""
+    lens, hq, hkv, d = [0, 1, 16, 17, 45, 3, 0], 8, 2, 32
+    cache, indptr, indices, last, P = make_paged(rng, lens, page_size, hkv, d, layout=layout)
+    q = rng.standard_normal((len(lens), hq, d)).astype(np.float32)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(), kv_layout=layout)
+    w.plan(indptr, indices, last, hq, hkv, d, page_size, q_data_type="float32")
+    o_csr, lse_csr = w.run(q, cache, return_lse=True)
+    for fill in (-1, P, 2 ** 31 - 1):
+        bt = _block_table(indptr, indices, 2, fill)
+        wb = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(), kv_layout=layout)
+        wb.plan(None, None, None, hq, hkv, d, page_size, q_data_type="float32", block_tables=bt,
+                seq_lens=np.array(lens, np.int32), num_pages=P)
+        o, lse = wb.run(q, cache, return_lse=True)
+        np.testing.assert_array_equal(o, o_csr)
+        np.testing.assert_array_equal(lse, lse_csr)
+    _check(q, cache, indptr, indices, o, lse, lens, layout, np.float32)
+    # the pool size from the pages in use (the padding is not an index), a row-strided view of a wider table, and a
+    # list of lists
+    wide = np.full((len(lens), bt.shape[1] + 5), 7, np.int32)
+    wide[:, :bt.shape[1]] = _block_table(indptr, indices, 2, -1)
+    for table in (wide[:, :bt.shape[1]], _block_table(indptr, indices, 2, -1).tolist()):
+        wb = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(), kv_layout=layout)
+        wb.plan(None, None, None, hq, hkv, d, page_size, q_data_type="float32", block_tables=table, seq_lens=lens)
+        np.testing.assert_array_equal(wb.run(q, cache), o_csr)
+
+
+def test_decode_block_tables_errors_graph_and_size(rng):
+    lens, ps, hq, hkv, d = [5, 19, 0], 4, 4, 2, 16
+    cache, indptr, indices, last, P = make_paged(rng, lens, ps, hkv, d)
+    bt = _block_table(indptr, indices, 1)
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace())
+    with pytest.raises(ValueError, match="seq_lens"):
+        w.plan(None, None, None, hq, hkv, d, ps, q_data_type="float32", block_tables=bt)
+    with pytest.raises(ValueError, match="needs 7 pages"):
+        w.plan(None, None, None, hq, hkv, d, ps, q_data_type="float32", block_tables=bt, seq_lens=[5, 27, 0])
+    with pytest.raises(ValueError, match="negative"):
+        w.plan(None, None, None, hq, hkv, d, ps, q_data_type="float32", block_tables=bt, seq_lens=[5, -1, 0])
+    with pytest.raises(ValueError, match="rows"):
+        w.plan(None, None, None, hq, hkv, d, ps, q_data_type="float32", block_tables=bt[:2], seq_lens=lens)
+    bad = bt.copy()
+    bad[1, 0] = P  # a page in use outside the pool
+    with pytest.raises(kvattn.KvattnError):
+        w.plan(None, None, None, hq, hkv, d, ps, q_data_type="float32", block_tables=bad, seq_lens=lens,
+               num_pages=P)
+    sizes = w.workspace_size(None, None, None, hq, hkv, d, ps, q_data_type="float32", block_tables=bt,
+                             seq_lens=lens)
+    assert sizes == w.workspace_size(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    # use_cuda_graph=True semantics on the CPU backend: the table is copied into the indices buffer
+    B = len(lens)
+    indices_buf = np.zeros(B * bt.shape[1] + 3, np.int32)
+    wg = kvattn.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(workspace(), np.zeros(B + 1, np.int32), indices_buf,
+                                                            np.zeros(B, np.int32))
+    q = rng.standard_normal((B, hq, d)).astype(np.float32)
+    wg.plan(None, None, None, hq, hkv, d, ps, q_data_type="float32", block_tables=bt, seq_lens=lens)
+    np.testing.assert_array_equal(indices_buf[:bt.size], bt.reshape(-1))
+    o, lse = wg.run(q, cache, return_lse=True)
+    _check(q, cache, indptr, indices, o, lse, lens, "NHD", np.float32)

@@ -59,6 +59,34 @@ def test_paged_prefill_gqa_pages_layouts(rng, group, page_size, layout):
     _paged(rng, QO_LENS, KV_LENS, page_size, 2 * group, 2, 32, layout, causal=True)
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_paged_prefill_block_tables(rng, page_size):
+    """plan(block_tables=, seq_lens=): the block-table form of the page table gives the CSR form's result bit for bit
+    (causal, and a custom mask); padding entries outside the pool are never read; seq_lens alone is refused."""
+    hq, hkv, d = 8, 2, 32
+    cache, indptr, indices, last, P = make_paged(rng, KV_LENS, page_size, hkv, d)
+    qo_indptr = _qo_indptr(QO_LENS)
+    q = rng.standard_normal((int(qo_indptr[-1]), hq, d)).astype(np.float32)
+    pages = np.diff(indptr)
+    bt = np.full((len(KV_LENS), int(pages.max()) + 3), P + 5, np.int32)
+    for b in range(len(KV_LENS)):
+        bt[b, :pages[b]] = indices[indptr[b]:indptr[b + 1]]
+    bits = sum(a * b for a, b in zip(QO_LENS, KV_LENS))
+    mask = rng.random(bits) < 0.7
+    for kw in (dict(causal=True), dict(custom_mask=mask)):
+        w = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+        w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page_size, q_data_type="float32", **kw)
+        ref = w.run(q, cache, return_lse=True)
+        wb = kvattn.BatchPrefillWithPagedKVCacheWrapper(workspace())
+        wb.plan(qo_indptr, None, None, None, hq, hkv, d, page_size, q_data_type="float32", block_tables=bt,
+                seq_lens=KV_LENS, num_pages=P, **kw)
+        got = wb.run(q, cache, return_lse=True)
+        np.testing.assert_array_equal(got[0], ref[0])
+        np.testing.assert_array_equal(got[1], ref[1])
+    with pytest.raises(NotImplementedError, match="seq_lens"):
+        wb.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page_size, q_data_type="float32", seq_lens=KV_LENS)
+
+
 @pytest.mark.parametrize("feature", [
     dict(causal=False),
     dict(causal=True, window_left=4),

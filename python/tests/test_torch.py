@@ -58,6 +58,42 @@ def test_batch_decode(rng, device, dtype, layout, group):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("graph", [False, True])
+def test_batch_decode_block_tables(rng, device, graph):
+    """plan(block_tables=, seq_lens=): a torch [B, max_blocks] table on the device (int32, or int64 converted; a row
+    slice of a wider table), lengths on the host; the same output as the CSR form, bit for bit. Graph wrappers copy
+    the table into their indices buffer."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    lens, ps, hkv, hq, d = [0, 1, 33, 130, 16, 0], 16, 2, 8, 64
+    cache, indptr, indices, last, P = paged_case(rng, lens, ps, hkv, d, dtype, device)
+    q = torch.randn(len(lens), hq, d, device=device).to(dtype)
+    B = len(lens)
+
+    def wrapper(nidx):
+        if not graph:
+            return kvattn.BatchDecodeWithPagedKVCacheWrapper(ws(device))
+        return kvattn.BatchDecodeWithPagedKVCacheWrapper(
+            ws(device), use_cuda_graph=True, paged_kv_indptr_buffer=torch.zeros(B + 1, dtype=torch.int32, device=device),
+            paged_kv_indices_buffer=torch.zeros(nidx, dtype=torch.int32, device=device),
+            paged_kv_last_page_len_buffer=torch.zeros(B, dtype=torch.int32, device=device))
+
+    w = wrapper(len(indices) + 8)
+    w.plan(torch.from_numpy(indptr), torch.from_numpy(indices).to(device), torch.from_numpy(last), hq, hkv, d, ps,
+           q_data_type=dtype)
+    ref = w.run(q, cache)
+    pages = np.diff(indptr)
+    wide = torch.full((B, int(pages.max()) + 6), -1, dtype=torch.int32)
+    for b in range(B):
+        wide[b, :pages[b]] = torch.from_numpy(indices[indptr[b]:indptr[b + 1]])
+    for table in (wide.to(device), wide[:, :int(pages.max()) + 1].to(device), wide.to(torch.int64).to(device)):
+        wb = wrapper(B * wide.shape[1])
+        wb.plan(None, None, None, hq, hkv, d, ps, q_data_type=dtype, block_tables=table,
+                seq_lens=torch.tensor(lens, dtype=torch.int32), num_pages=P)
+        out = wb.run(q, cache)
+        assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_batch_decode_zero_requests(rng, device):
     """A step with no decode requests (empty tensors: a NULL data pointer on CUDA) returns empty outputs."""
     dt = torch.float16 if device == "cuda" else torch.float32

@@ -518,7 +518,7 @@ static kva_status validate(const kva__plan_data* plan, const void* wsd, const kv
         if (paged) {
             const int64_t ps = args->paged.page_size;
             const int64_t np = kva__ceil_div64(x->kv_len, ps);
-            if (plan->num_page_entries > 0 && (int64_t)x->kv_start + np > plan->num_page_entries)
+            if (np > 0 && plan->num_page_entries > 0 && (int64_t)x->kv_start + np > plan->num_page_entries)
                 return PLAN_BAD("CPU run: request %d uses page-table entries [%d, %lld) beyond the plan's %lld entries",
                                 (int)r, (int)x->kv_start, (long long)(x->kv_start + np),
                                 (long long)plan->num_page_entries);

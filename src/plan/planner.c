@@ -48,6 +48,7 @@ typedef struct kva__plan_scratch {
     kva_context* borrowed_from;
     int32_t* qo_len;
     int32_t* kv_len;
+    int32_t* kv_start; /* paged: request b's first page-table entry (kv_indptr[b], or b x block_table_stride) */
     int64_t* mask_off;
     kva__tile* tiles;
     int64_t ntiles;
@@ -107,12 +108,23 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
     } else {
         KVA_RETURN_IF(!p->qo_indptr, KVA_ERR_INVALID_ARGUMENT, "params->qo_indptr is NULL (required for prefill ops)");
     }
-    KVA_RETURN_IF(!p->kv_indptr, KVA_ERR_INVALID_ARGUMENT, "params->kv_indptr is NULL");
+    /* the block-table form (kv_seq_lens + block_table_stride) in place of kv_indptr / kv_last_page_len */
+    const bool bt = p->kv_seq_lens != NULL;
+    KVA_RETURN_IF(bt && !paged, KVA_ERR_INVALID_ARGUMENT,
+                  "params->kv_seq_lens (the block-table form) is for paged ops; ragged KV takes kv_indptr");
+    KVA_RETURN_IF(!bt && !p->kv_indptr, KVA_ERR_INVALID_ARGUMENT,
+                  "params->kv_indptr is NULL (give kv_indptr, or kv_seq_lens and block_table_stride for a block table)");
     if (paged) {
         KVA_RETURN_IF(p->page_size < 1, KVA_ERR_INVALID_ARGUMENT, "params->page_size = %d must be >= 1",
                       (int)p->page_size);
-        KVA_RETURN_IF(B > 0 && !p->kv_last_page_len, KVA_ERR_INVALID_ARGUMENT,
+        KVA_RETURN_IF(!bt && B > 0 && !p->kv_last_page_len, KVA_ERR_INVALID_ARGUMENT,
                       "params->kv_last_page_len is NULL (required for paged ops)");
+        KVA_RETURN_IF(bt && B > 0 && p->block_table_stride < 1, KVA_ERR_INVALID_ARGUMENT,
+                      "params->block_table_stride = %d must be >= 1 with kv_seq_lens (the block-table form)",
+                      (int)p->block_table_stride);
+        KVA_RETURN_IF(bt && (int64_t)B * p->block_table_stride > INT32_MAX, KVA_ERR_UNSUPPORTED,
+                      "params: a block table of %d rows x block_table_stride %d has more than 2^31 - 1 entries",
+                      (int)B, (int)p->block_table_stride);
         KVA_RETURN_IF(p->num_pages < 0, KVA_ERR_INVALID_ARGUMENT, "params->num_pages = %lld is negative",
                       (long long)p->num_pages);
     }
@@ -120,17 +132,18 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
                   (int)p->fixed_split_size);
 
     size_t n = (size_t)(B > 0 ? B : 1);
-    char* lens = (char*)kva__scratch_get(s, KVA__S_LEN, n * (sizeof(int32_t) * 2 + sizeof(int64_t)));
+    char* lens = (char*)kva__scratch_get(s, KVA__S_LEN, n * (sizeof(int32_t) * 3 + sizeof(int64_t)));
     KVA_RETURN_IF(!lens, KVA_ERR_OUT_OF_MEMORY, "plan: out of host memory");
     s->mask_off = (int64_t*)(void*)lens;
     s->qo_len = (int32_t*)(void*)(lens + n * sizeof(int64_t));
     s->kv_len = s->qo_len + n;
+    s->kv_start = s->kv_len + n;
 
     KVA_RETURN_IF(p->qo_indptr && p->qo_indptr[0] != 0, KVA_ERR_PAGETABLE_MALFORMED,
                   "params->qo_indptr[0] = %d, expected 0", (int)p->qo_indptr[0]);
-    KVA_RETURN_IF(p->kv_indptr[0] != 0, KVA_ERR_PAGETABLE_MALFORMED, "params->kv_indptr[0] = %d, expected 0",
+    KVA_RETURN_IF(!bt && p->kv_indptr[0] != 0, KVA_ERR_PAGETABLE_MALFORMED, "params->kv_indptr[0] = %d, expected 0",
                   (int)p->kv_indptr[0]);
-    int64_t total_rows = 0, total_kv = 0, mask_bytes = 0;
+    int64_t total_rows = 0, total_kv = 0, mask_bytes = 0, bt_entries = 0;
     int32_t max_qo = 0, max_kv = 0;
     for (int32_t b = 0; b < B; ++b) {
         int32_t qo = 1;
@@ -141,12 +154,24 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
                           (int)b, (int)p->qo_indptr[b], (int)b + 1, (int)p->qo_indptr[b + 1]);
             qo = (int32_t)q;
         }
-        int64_t e = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
-        KVA_RETURN_IF(e < 0, KVA_ERR_PAGETABLE_MALFORMED,
-                      "params->kv_indptr decreases at %d: kv_indptr[%d] = %d > kv_indptr[%d] = %d", (int)b + 1, (int)b,
-                      (int)p->kv_indptr[b], (int)b + 1, (int)p->kv_indptr[b + 1]);
         int64_t kv;
-        if (paged) {
+        if (bt) {
+            kv = p->kv_seq_lens[b];
+            KVA_RETURN_IF(kv < 0, KVA_ERR_PAGETABLE_MALFORMED, "params->kv_seq_lens[%d] = %lld is negative", (int)b,
+                          (long long)kv);
+            const int64_t np = (kv + p->page_size - 1) / p->page_size;
+            KVA_RETURN_IF(np > p->block_table_stride, KVA_ERR_PAGETABLE_MALFORMED,
+                          "params->kv_seq_lens[%d] = %lld tokens need %lld pages of %d, more than a block-table row "
+                          "holds (block_table_stride = %d)",
+                          (int)b, (long long)kv, (long long)np, (int)p->page_size, (int)p->block_table_stride);
+            s->kv_start[b] = b * p->block_table_stride;
+            if (np > 0 && s->kv_start[b] + np > bt_entries) bt_entries = s->kv_start[b] + np;
+        } else if (paged) {
+            const int64_t e = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
+            KVA_RETURN_IF(e < 0, KVA_ERR_PAGETABLE_MALFORMED,
+                          "params->kv_indptr decreases at %d: kv_indptr[%d] = %d > kv_indptr[%d] = %d", (int)b + 1,
+                          (int)b, (int)p->kv_indptr[b], (int)b + 1, (int)p->kv_indptr[b + 1]);
+            s->kv_start[b] = p->kv_indptr[b];
             if (e == 0) {
                 kv = 0;
             } else {
@@ -158,7 +183,11 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
                 kv = (e - 1) * (int64_t)p->page_size + lpl;
             }
         } else {
-            kv = e;
+            kv = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
+            KVA_RETURN_IF(kv < 0, KVA_ERR_PAGETABLE_MALFORMED,
+                          "params->kv_indptr decreases at %d: kv_indptr[%d] = %d > kv_indptr[%d] = %d", (int)b + 1,
+                          (int)b, (int)p->kv_indptr[b], (int)b + 1, (int)p->kv_indptr[b + 1]);
+            s->kv_start[b] = p->kv_indptr[b];
         }
         KVA_RETURN_IF(kv > INT32_MAX / 2, KVA_ERR_UNSUPPORTED, "request %d has %lld KV tokens (more than 2^30)",
                       (int)b, (long long)kv);
@@ -175,12 +204,25 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
                   KVA_ERR_UNSUPPORTED, "the batch has %lld query rows x %d heads (more than 2^31 packed rows)",
                   (long long)total_rows, (int)d->num_qo_heads);
     if (paged) {
-        int64_t entries = p->kv_indptr[B];
+        /* the block-table form: entries up to the last used one (a row's unused tail is neither read nor checked) */
+        int64_t entries = bt ? bt_entries : p->kv_indptr[B];
         KVA_RETURN_IF(entries > 0 && p->kv_indices && p->num_pages < 1, KVA_ERR_INVALID_ARGUMENT,
                       "params->num_pages = %lld: a host copy of the page table (kv_indices) is checked against the "
                       "pool size, so num_pages is required with it",
                       (long long)p->num_pages);
-        if (p->kv_indices) {
+        if (bt && p->kv_indices) {
+            for (int32_t b = 0; b < B; ++b) {
+                const int64_t np = ((int64_t)s->kv_len[b] + p->page_size - 1) / p->page_size;
+                const int32_t* row = p->kv_indices + s->kv_start[b];
+                for (int64_t j = 0; j < np; ++j)
+                    if (KVA_UNLIKELY(row[j] < 0 || row[j] >= p->num_pages))
+                        return kva__set_error(KVA_ERR_PAGE_INDEX_OUT_OF_RANGE,
+                                              "params->kv_indices[%lld] = %d (block table row %d, page %lld) is outside "
+                                              "the pool [0, %lld)",
+                                              (long long)(s->kv_start[b] + j), (int)row[j], (int)b, (long long)j,
+                                              (long long)p->num_pages);
+            }
+        } else if (p->kv_indices) {
             /* A branch-free min/max pass (vectorised); the slow scan below only runs to name a bad entry. */
             int32_t lo = INT32_MAX, hi = INT32_MIN;
             const int32_t* ix = p->kv_indices;
@@ -950,7 +992,7 @@ static kva_status kva__plan_build(kva_context* ctx, const kva_attention_desc* de
         for (int32_t b = 0; b < B; ++b) {
             req[b].qo_start = params->qo_indptr ? params->qo_indptr[b] : b;
             req[b].qo_len = s.qo_len[b];
-            req[b].kv_start = params->kv_indptr[b];
+            req[b].kv_start = s.kv_start[b];
             req[b].kv_len = s.kv_len[b];
             req[b].mask_offset = s.mask_off[b];
         }
