@@ -6,7 +6,8 @@
 # small-batch GQA groups of 9 to 32, where a split unit's g rows are merged; 32/8 for the tensor-core kernel), then
 # cuDNN / flash SDPA on the same shapes. tests: test_ops split / decode / prefill / ragged through the separate merge
 # kernel with row units (KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=1), decode with row slots for every call
-# in scope, the selftest, fuzz runs with PDL; the default split suite. san: memcheck and racecheck on split cases
+# in scope, the selftest, fuzz runs with PDL; the default split and decode suites (the decode suite, prefill and the
+# fuzz draws include page tables in block-table form, bt=1, which have not run on a GPU before). san: memcheck and racecheck on split cases
 # through the merge kernel. Steps: STEPS="bench tests san" (default all).
 set -u
 cd "$(dirname "$0")/.."
@@ -37,6 +38,7 @@ if [[ " $STEPS " == *" bench "* ]]; then
 fi
 if [[ " $STEPS " == *" tests "* ]]; then
     step "test_ops split" 200 "$T" --backend cuda --suite split
+    step "test_ops decode" 240 "$T" --backend cuda --suite decode # (with the block-table cases, bt=1)
     step "test_ops split [no fused]" 200 env $NFE "$T" --backend cuda --suite split
     step "test_ops decode [no fused]" 240 env $NFE "$T" --backend cuda --suite decode
     step "test_ops decode [HG=1 no fused]" 240 env $NFE KVATTN_CUDA_DECODE_HG=1 "$T" --backend cuda --suite decode
