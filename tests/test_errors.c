@@ -503,7 +503,8 @@ static void test_plan(void) {
         pb.kv_indices = bt;
         size_t db = 0, hb = 0;
         kva_status sb = kva_plan_workspace_size(F.ctx, &d, PP, &pb, &db, &hb);
-        H_CHECK(sb == KVA_OK && db > 0, "plan: a block table with out-of-pool entries past the pages is accepted: %s: %s",
+        H_CHECK(sb == KVA_OK && db > 0,
+                "plan: a block table with out-of-pool entries past the pages is accepted: %s: %s",
                 kva_status_string(sb), kva_last_error_message());
         p = pb; p.block_table_stride = 0;
         PLAN("plan: block table with stride 0", KVA_ERR_INVALID_ARGUMENT, &p);

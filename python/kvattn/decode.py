@@ -101,18 +101,8 @@ class BatchDecodeWithPagedKVCacheWrapper(BatchWrapperBase):
         if qlen < 1:
             raise ValueError("kvattn: q_len_per_req=%d must be >= 1" % qlen)
         st = PlanState()
-        if block_tables is not None:
-            # the block-table form (kvattn runs it natively): indptr / indices / last_page_len are not read
-            if seq_lens is None:
-                raise ValueError("kvattn: block_tables needs seq_lens (the KV length of each request)")
-            self._setup_block_table(st, block_tables, seq_lens, page_size, num_pages, self._paged_kv_indices_buf,
-                                    dry=dry)
-        elif dry:
-            _setup_dry(self, st, indptr, indices, last_page_len, page_size, num_pages)
-        else:
-            self._setup_paged(st, indptr, indices, last_page_len, page_size, num_pages,
-                              self._paged_kv_indptr_buf, self._paged_kv_indices_buf,
-                              self._paged_kv_last_page_len_buf)
+        _setup_page_table(self, st, indptr, indices, last_page_len, page_size, num_pages, block_tables, seq_lens,
+                          dry)
         B = st.batch_size
         if self._use_cuda_graph and B != self._fixed_batch_size:
             raise ValueError("kvattn: the batch size is fixed to %d in CUDA-graph mode (len(last_page_len_buffer)); "
@@ -329,6 +319,21 @@ def _seq_lens_np(indptr: np.ndarray, last_page_len: np.ndarray, page_size: int) 
     pages = np.diff(indptr.astype(np.int64))
     lens = np.where(pages > 0, (pages - 1) * page_size + last_page_len.astype(np.int64), 0)
     return lens.astype(np.int32)
+
+
+def _setup_page_table(w: BatchWrapperBase, st: PlanState, indptr: Any, indices: Any, last_page_len: Any,
+                      page_size: int, num_pages: Any, block_tables: Any, seq_lens: Any, dry: bool) -> None:
+    """The page table of a paged plan: the block-table form (block_tables with seq_lens; the CSR arrays are then not
+    read) or the CSR form, for a plan (buffers and device arrays) or a size query (dry: host arrays only)."""
+    if block_tables is not None:
+        if seq_lens is None:
+            raise ValueError("kvattn: block_tables needs seq_lens (the KV length of each request)")
+        w._setup_block_table(st, block_tables, seq_lens, page_size, num_pages, w._paged_kv_indices_buf, dry=dry)
+    elif dry:
+        _setup_dry(w, st, indptr, indices, last_page_len, page_size, num_pages)
+    else:
+        w._setup_paged(st, indptr, indices, last_page_len, page_size, num_pages, w._paged_kv_indptr_buf,
+                       w._paged_kv_indices_buf, w._paged_kv_last_page_len_buf)
 
 
 def _setup_dry(w: BatchWrapperBase, st: PlanState, indptr: Any, indices: Any, last_page_len: Any, page_size: int,

@@ -14,7 +14,7 @@ from . import _ffi as F
 from . import _tensor as T
 from ._core import BatchWrapperBase, PlanState, commit_plan, reject
 from ._single import single_attention
-from .decode import _query_size, _seq_lens_np, _setup_dry
+from .decode import _query_size, _seq_lens_np, _setup_page_table
 from .quantization import segment_packbits
 
 __all__ = [
@@ -221,16 +221,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         dtypes = _core.resolve_dtypes(q_data_type, kv_data_type, o_data_type)
         st = PlanState()
         st.causal = bool(causal)
-        if block_tables is not None:
-            if seq_lens is None:
-                raise ValueError("kvattn: block_tables needs seq_lens (the KV length of each request)")
-            self._setup_block_table(st, block_tables, seq_lens, page_size, num_pages, self._paged_kv_indices_buf,
-                                    dry=dry)
-        elif dry:
-            _setup_dry(self, st, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size, num_pages)
-        else:
-            self._setup_paged(st, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size, num_pages,
-                              self._paged_kv_indptr_buf, self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf)
+        _setup_page_table(self, st, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, page_size, num_pages,
+                          block_tables, seq_lens, dry)
         self._setup_qo(st, qo_indptr, dry)
         kv_lens = st.h_seq_lens if st.bt_stride else _seq_lens_np(st.h_kv_indptr, st.h_last_page_len, st.page_size)
         mask_mode = self._setup_mask(st, kv_lens, custom_mask, packed_custom_mask, dry)
@@ -258,8 +250,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_PrefillBase):
         """Plan a batch (host work; reused by every layer's run()). Arguments follow FlashInfer;
         ``fixed_split_size`` is in pages. ``block_tables [B, max_blocks]`` with ``seq_lens [B]`` (KV tokens) give the
         page table in block-table form instead of the CSR arrays (which are then not read; see
-        BatchDecodeWithPagedKVCacheWrapper.plan). kvattn extensions: ``num_pages`` (the pool's page count); ``variant`` (a
-        :class:`kvattn.Variant`) with default ``variant_scalars`` / ``variant_tensors`` for every run."""
+        BatchDecodeWithPagedKVCacheWrapper.plan). kvattn extensions: ``num_pages`` (the pool's page count);
+        ``variant`` (a :class:`kvattn.Variant`) with default ``variant_scalars`` / ``variant_tensors`` for every
+        run."""
         st = self._build(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
                          num_kv_heads, head_dim_qk, page_size, head_dim_vo, custom_mask, packed_custom_mask, causal,
                          pos_encoding_mode, use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale,

@@ -73,7 +73,8 @@ def test_batch_decode_block_tables(rng, device, graph):
         if not graph:
             return kvattn.BatchDecodeWithPagedKVCacheWrapper(ws(device))
         return kvattn.BatchDecodeWithPagedKVCacheWrapper(
-            ws(device), use_cuda_graph=True, paged_kv_indptr_buffer=torch.zeros(B + 1, dtype=torch.int32, device=device),
+            ws(device), use_cuda_graph=True,
+            paged_kv_indptr_buffer=torch.zeros(B + 1, dtype=torch.int32, device=device),
             paged_kv_indices_buffer=torch.zeros(nidx, dtype=torch.int32, device=device),
             paged_kv_last_page_len_buffer=torch.zeros(B, dtype=torch.int32, device=device))
 

@@ -113,7 +113,8 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
     KVA_RETURN_IF(bt && !paged, KVA_ERR_INVALID_ARGUMENT,
                   "params->kv_seq_lens (the block-table form) is for paged ops; ragged KV takes kv_indptr");
     KVA_RETURN_IF(!bt && !p->kv_indptr, KVA_ERR_INVALID_ARGUMENT,
-                  "params->kv_indptr is NULL (give kv_indptr, or kv_seq_lens and block_table_stride for a block table)");
+                  "params->kv_indptr is NULL (give kv_indptr, or kv_seq_lens and block_table_stride for a block "
+                  "table)");
     if (paged) {
         KVA_RETURN_IF(p->page_size < 1, KVA_ERR_INVALID_ARGUMENT, "params->page_size = %d must be >= 1",
                       (int)p->page_size);
@@ -217,8 +218,8 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
                 for (int64_t j = 0; j < np; ++j)
                     if (KVA_UNLIKELY(row[j] < 0 || row[j] >= p->num_pages))
                         return kva__set_error(KVA_ERR_PAGE_INDEX_OUT_OF_RANGE,
-                                              "params->kv_indices[%lld] = %d (block table row %d, page %lld) is outside "
-                                              "the pool [0, %lld)",
+                                              "params->kv_indices[%lld] = %d (block table row %d, page %lld) is "
+                                              "outside the pool [0, %lld)",
                                               (long long)(s->kv_start[b] + j), (int)row[j], (int)b, (long long)j,
                                               (long long)p->num_pages);
             }
