@@ -705,6 +705,57 @@ static void test_run(void) {
     }
     a = F.args; a.paged.k_data = NULL;
     RUN("run: paged k_data NULL", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
+    {
+        /* the block-table form (lengths 10, 0, 7 on pages of 4 in rows of 3; the spare entries outside the pool): the
+           plan's page table spans entries [0, 8), which paged.num_indices must cover; the run gives the CSR plan's
+           result bit for bit (both into outputs of their own) */
+        int32_t sl[B] = {10, 0, 7};
+        int32_t bt_h[3 * B] = {7, 2, 9, -1, NPAGES, -5, 0, 11, INT32_MAX};
+        h_buf bt_d = h_buf_alloc(KVA_DTYPE_I32, 3 * B);
+        memcpy(h_buf_hp(&bt_d), bt_h, sizeof bt_h);
+        h_buf_upload(&bt_d);
+        kva_plan_params pb = F.pp;
+        pb.kv_indptr = NULL;
+        pb.kv_last_page_len = NULL;
+        pb.kv_seq_lens = sl;
+        pb.block_table_stride = 3;
+        pb.kv_indices = bt_h;
+        size_t db = 0, hb = 0;
+        kva_status st = kva_plan_workspace_size(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &pb, &db, &hb);
+        h_ws wb;
+        h_ws_alloc(&wb, db, hb);
+        kva_plan pbt;
+        if (st == KVA_OK) st = kva_plan_make(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &pb, &wb.ws, &pbt, NULL);
+        if (H_CHECK(st == KVA_OK, "plan: block table: %s: %s", kva_status_string(st), kva_last_error_message())) {
+            h_buf o1 = h_buf_alloc(KVA_DTYPE_F16, ROWS * HQ * D), o2 = h_buf_alloc(KVA_DTYPE_F16, ROWS * HQ * D);
+            h_buf_poison(&o1);
+            h_buf_poison(&o2);
+            h_buf_upload(&o1);
+            h_buf_upload(&o2);
+            a = F.args;
+            a.lse.data = NULL;
+            a.paged.indices = (const int32_t*)h_buf_dp(&bt_d);
+            a.paged.num_indices = 7;
+            ERR2(KVA_ERR_PAGETABLE_MALFORMED, KVA_ERR_PAGETABLE_MALFORMED,
+                 "run: block table: paged.num_indices one short of the plan's span", kva_run(F.ctx, &pbt, &wb.ws, &a));
+            a.paged.num_indices = 8;
+            a.o.data = h_buf_dp(&o2);
+            st = kva_run(F.ctx, &pbt, &wb.ws, &a);
+            kva_run_args c = F.args;
+            c.lse.data = NULL;
+            c.o.data = h_buf_dp(&o1);
+            kva_status st2 = kva_run(F.ctx, pl, ws, &c);
+            h_buf_download(&o1);
+            h_buf_download(&o2);
+            H_CHECK(st == KVA_OK && st2 == KVA_OK && memcmp(h_buf_hp(&o1), h_buf_hp(&o2), (size_t)ROWS * HQ * D * 2) == 0,
+                    "run: block table: %s / CSR: %s; outputs %s", kva_status_string(st), kva_status_string(st2),
+                    "differ (or a run failed)");
+            h_buf_free(&o1);
+            h_buf_free(&o2);
+        }
+        h_ws_free(&wb);
+        h_buf_free(&bt_d);
+    }
 
     /* the plan and the workspace */
     a = F.args;
