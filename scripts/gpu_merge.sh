@@ -45,6 +45,8 @@ if [[ " $STEPS " == *" tests "* ]]; then
     step "test_ops prefill [merge rows]" 300 env $NFE "$T" --backend cuda --suite prefill
     step "test_ops ragged [merge rows]" 200 env $NFE "$T" --backend cuda --suite ragged
     step "selftest --quick" 200 "$BUILD/kva_cuda_selftest" --quick
+    step "python block tables (torch CUDA)" 200 env PYTHONPATH=python KVATTN_LIBRARY="$PWD/$BUILD/libkvattn.so" \
+        python3 -m pytest -q python/tests/test_torch.py python/tests/test_batch_decode.py -k "block_tables"
     step "fuzz seed ${SEED:-4101} [no fused, PDL]" 300 env $NFE KVA_TEST_PDL=1 "$T" --backend cuda \
         --suite fuzz --seed "${SEED:-4101}" --count "${COUNT:-300}"
     step "fuzz seed ${SEED:-4102} [HG=1 no fused, PDL]" 300 env $NFE KVATTN_CUDA_DECODE_HG=1 KVA_TEST_PDL=1 "$T" \
