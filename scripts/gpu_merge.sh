@@ -2,7 +2,7 @@
 # gpu_merge.sh - the split-KV merge kernel's warp per (task, row) over the grid (kva_merge_partials with row_units,
 # KVATTN_BENCH_MERGE_ROWS=1) on the GPU machine, in one call. bench: for each arm of ARMS (default: the separate merge
 # kernel as it is (a CTA per task), then with a warp per (task, row) at the planner's row-slot split cap of 32 chunks
-# and at caps of 64 and 128) an interleaved A/B against the default plan (fused merge) on SHAPES (batch-1 and
+# and at caps of 64 and 128, and a CTA per (task, row) (KVATTN_BENCH_MERGE_ROWS=2) at 128) an interleaved A/B against the default plan (fused merge) on SHAPES (batch-1 and
 # small-batch GQA groups of 9 to 32, where a split unit's g rows are merged; 32/8 for the tensor-core kernel), then
 # cuDNN / flash SDPA on the same shapes. tests: test_ops split / decode / prefill / ragged through the separate merge
 # kernel with row units (KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=1), decode with row slots for every call
@@ -23,7 +23,9 @@ if [[ " $STEPS " == *" bench "* ]]; then
     S="32/1:1x8192,32/1:1x32768,32/1:1x131072,32/1:4x32768,64/2:1x65536,128/8:1x32768,16/1:4x16384,16/1:1x32768"
     S="$S,32/8:1x32768,32/8:1x131072"
     export KVATTN_BENCH_SHAPES="${SHAPES:-$S}"
-    ARMS=${ARMS:-"KVATTN_BENCH_NO_FUSED_MERGE=1 $NF $NF,KVATTN_BENCH_RS_SPLIT=64 $NF,KVATTN_BENCH_RS_SPLIT=128"}
+    NF2=KVATTN_BENCH_NO_FUSED_MERGE=1,KVATTN_BENCH_MERGE_ROWS=2
+    DEF_ARMS="KVATTN_BENCH_NO_FUSED_MERGE=1 $NF $NF,KVATTN_BENCH_RS_SPLIT=64 $NF,KVATTN_BENCH_RS_SPLIT=128"
+    ARMS=${ARMS:-"$DEF_ARMS $NF2,KVATTN_BENCH_RS_SPLIT=128"}
     i=0
     for arm in $ARMS; do
         i=$((i + 1))
@@ -42,6 +44,10 @@ if [[ " $STEPS " == *" tests "* ]]; then
     step "test_ops split [no fused]" 200 env $NFE "$T" --backend cuda --suite split
     step "test_ops decode [no fused]" 240 env $NFE "$T" --backend cuda --suite decode
     step "test_ops decode [HG=1 no fused]" 240 env $NFE KVATTN_CUDA_DECODE_HG=1 "$T" --backend cuda --suite decode
+    step "test_ops decode [merge rows 2]" 240 env KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=2 "$T" \
+        --backend cuda --suite decode
+    step "test_ops split [merge rows 2]" 200 env KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=2 "$T" \
+        --backend cuda --suite split
     step "test_ops prefill [merge rows]" 300 env $NFE "$T" --backend cuda --suite prefill
     step "test_ops ragged [merge rows]" 200 env $NFE "$T" --backend cuda --suite ragged
     step "selftest --quick" 200 "$BUILD/kva_cuda_selftest" --quick
@@ -62,6 +68,9 @@ if [[ " $STEPS " == *" san "* ]]; then
             step "$tool [no fused]: $cs" 150 env $NFE compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 \
                 "$T" --backend cuda --case "$cs"
         done
+        step "$tool [merge rows 2]: ${CASES[0]}" 150 env KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=2 \
+            KVATTN_BENCH_RS_SPLIT=128 compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 "$T" \
+            --backend cuda --case "${CASES[0]}"
     done
 fi
 echo "==== summary ===="

@@ -820,7 +820,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     mp.o_dtype = d->o_dtype;
     mp.group_size = pd->group_size * pd->kv_head_group; /* packed rows per unit head (merge tasks index units) */
     mp.tile_q = pd->tile_q;
-    mp.row_units = st->merge_rows && pd->tile_q > 0;
+    mp.row_units = pd->tile_q > 0 ? st->merge_rows : 0;
     mp.sigmoid = d->score_mode == KVA_SCORE_SIGMOID || (var && !var->use_softmax);
     kvk_vparams vpar;
     memset(&vpar, 0, sizeof vpar);
@@ -871,9 +871,12 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
            a warp per (task, row) (row_units 1), at most the worker count (kva_merge_partials) */
         unsigned mgrid = (unsigned)pd->num_workers;
         const int64_t wpb = KVK_THREADS / 32;
-        const int64_t need = mp.row_units ? ((int64_t)pd->num_merge * pd->tile_q + wpb - 1) / wpb : pd->num_merge;
+        const int64_t need = mp.row_units == 2 ? (int64_t)pd->num_merge * pd->tile_q
+                             : mp.row_units ? ((int64_t)pd->num_merge * pd->tile_q + wpb - 1) / wpb
+                                            : pd->num_merge;
         if (!graph && need < (int64_t)pd->num_workers) mgrid = (unsigned)(need > 0 ? need : 1);
-        status = kva__launch_ex(st, st->fn_merge_partials, mgrid, KVK_THREADS, 0, s, &mp, NULL, 0u,
+        status = kva__launch_ex(st, mp.row_units ? st->fn_merge_rows : st->fn_merge_partials, mgrid, KVK_THREADS, 0, s,
+                                &mp, NULL, 0u,
                                 a->enable_pdl != 0 && st->merge_pdl, "run: launching the merge kernel");
     }
     kva__leave(st, pushed);
@@ -1175,6 +1178,7 @@ static kva_status kva__load_util(kva_context* ctx, kva__cuda_state* st) {
     }
     KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_merge_partials, m, "kva_merge_partials"), "CUDA backend: kernel");
     st->merge_pdl = kva__cuda_func_pdl(st, st->fn_merge_partials);
+    KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_merge_rows, m, "kva_merge_partials_rows"), "CUDA backend: kernel");
     KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_merge_state, m, "kva_merge_state"), "CUDA backend: kernel");
     KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_merge_states, m, "kva_merge_states"), "CUDA backend: kernel");
     KVA_CU_TRY(cu, cu->ModuleGetFunction(&st->fn_append, m, "kva_append_paged"), "CUDA backend: kernel");
@@ -1253,7 +1257,7 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         const char* nf = getenv("KVATTN_BENCH_NO_FUSED_MERGE"); /* A/B of the fused split-KV merge */
         st->no_fused_merge = nf && nf[0] == '1' && nf[1] == '\0';
         const char* mr = getenv("KVATTN_BENCH_MERGE_ROWS"); /* A/B: the merge kernel's warp per (task, row) */
-        st->merge_rows = mr && mr[0] == '1' && mr[1] == '\0';
+        st->merge_rows = mr && (mr[0] == '1' || mr[0] == '2') && mr[1] == '\0' ? mr[0] - '0' : 0;
         const char* nw = getenv("KVATTN_BENCH_NO_WGMMA"); /* A/B: the mma.sync prefill mainloop on sm_90 too */
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
         const char* nt = getenv("KVATTN_BENCH_NO_TMA"); /* A/B: the Hopper prefill kernel copies K/V without TMA */

@@ -202,7 +202,7 @@ typedef struct kva__cuda_state {
     int64_t l2_bytes;       /* L2 cache size (CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE; 0 if unknown) */
     int no_l2_hint;         /* KVATTN_BENCH_NO_L2_HINT=1: decode kernels built without the K/V L2 evict-first policy */
     int pf_exp;             /* KVATTN_BENCH_PF_EXP=n: timing experiments n compiled into the prefill kernels (KVP_EXP) */
-    int merge_rows;         /* KVATTN_BENCH_MERGE_ROWS=1: kva_merge_partials with a warp per (task, row) (A/B) */
+    int merge_rows;         /* KVATTN_BENCH_MERGE_ROWS=1 / 2: kva_merge_partials_rows with this row_units (A/B) */
     int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
     int decode_hg;          /* KVATTN_CUDA_DECODE_HG: -1 (default) head-group decode plans where they pay
                                (kva__cuda_kv_head_group), 0 never, 1 wherever supported */
@@ -229,7 +229,7 @@ typedef struct kva__cuda_state {
     pthread_mutex_t mu;     /* guards kernels[] insertion, staging ring */
     kva__kentry kernels[KVA__MAX_KERNELS];
     int num_kernels;        /* entries [0, num_kernels) are immutable once published */
-    CUfunction fn_merge_partials, fn_merge_state, fn_merge_states, fn_append;
+    CUfunction fn_merge_partials, fn_merge_rows, fn_merge_state, fn_merge_states, fn_append;
     int merge_pdl;          /* fn_merge_partials may be launched with programmatic stream serialisation (as kentry.pdl) */
     CUdeviceptr append_status; /* kvk_status for append faults (no workspace there) */
     kva__staging_slot staging[KVA__STAGING_SLOTS];

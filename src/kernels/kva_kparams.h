@@ -245,7 +245,8 @@ typedef struct kvk_merge_params {
     kvk_i32 group_size;
     kvk_i32 tile_q;
     kvk_i32 sigmoid;
-    kvk_i32 row_units; /* kva_merge_partials: 1 = a warp per (task, row) over the grid, 0 = a CTA per task */
+    kvk_i32 row_units; /* kva_merge_partials: 0 = a CTA per task, 1 = a warp per (task, row) over the grid, 2 = a CTA per
+                          (task, row), its warps over the partials */
 } kvk_merge_params;
 
 /* User variants (docs/variants.md): the run-time parameters every hook receives (the prelude's kva_vparams;

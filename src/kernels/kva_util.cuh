@@ -8,12 +8,111 @@
 /* kva_warp_max, kva_warp_sum, kva_store4, kva_merge_task_rows: kva_common.cuh */
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Plan merge: task t merges partial slots partial_first .. +num_partials of rows [0, rows) of its tile. Two mappings:
-   a CTA per task, its warps over the task's rows (row_units 0, the default), or a warp per (task, row) over the whole
+/* Plan merge: task t merges partial slots partial_first .. +num_partials of rows [0, rows) of its tile. Three mappings:
+   a CTA per task, its warps over the task's rows (row_units 0, the default); a warp per (task, row) over the whole
    grid (row_units 1: unit u is task u / tile_q, row u % tile_q; rows past the task's are skipped), which spreads a task
    of many rows (a row-slot unit of a GQA group of 9-32, a prefill tile) over many CTAs and SMs: one SM reads the
-   partials at L2 rates of ~100 GB/s at best. row_units is a benchmark A/B (KVATTN_BENCH_MERGE_ROWS=1) until it has run
-   on a GPU. */
+   partials at L2 rates of ~100 GB/s at best; a CTA per (task, row) whose warps take contiguous parts of the partials
+   and combine them in shared memory (row_units 2: for many partials a row, a split unit of 64-128 chunks). row_units
+   1 and 2 run in kva_merge_partials_rows, benchmark A/Bs (KVATTN_BENCH_MERGE_ROWS=1 / 2) until they have run on a
+   GPU. */
+
+/* row_units 2: row r of task tk by the CTA (warp w: partials [n w / W, n (w + 1) / W)); the same arithmetic as
+   kva_merge_task_rows up to the order of the sums (fault -> o = 0, lse = -inf; sigmoid scores: plain sums) */
+KVA_DEV void kva_merge_row_cta(const kvk_merge_params& p, const kvk_merge_task& tk, int qo_start, int r, const float* po,
+                               const float* pl, int warp, int nwarps, int lane) {
+    __shared__ float s_m[KVK_THREADS / 32], s_s[KVK_THREADS / 32];
+    __shared__ int s_f[KVK_THREADS / 32];
+    __shared__ float4 s_acc[KVK_THREADS / 32][64];
+    const float neg_inf = KVA_NEG_INF;
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int n = tk.num_partials;
+    const int k0 = (int)((long long)n * warp / nwarps), k1 = (int)((long long)n * (warp + 1) / nwarps);
+    const float* lr = pl + (long long)tk.partial_first * p.tile_q + r; /* lse of partial k: lr[k * tile_q] */
+    const float* orow = po + ((long long)tk.partial_first * p.tile_q + r) * p.dvo;
+    const long long ostep = (long long)p.tile_q * p.dvo;
+    float mx = neg_inf;
+    int fault = 0;
+    for (int k = k0 + lane; k < k1; k += 32) {
+        const float l = __ldcg(lr + (long long)k * p.tile_q);
+        if (__float_as_uint(l) == KVK_FAULT_LSE_BITS) fault = 1;
+        else mx = fmaxf(mx, l);
+    }
+    mx = kva_warp_max(mx);
+    fault = __any_sync(KVA_FULL, fault);
+    const float m_use = mx == neg_inf ? 0.0f : mx;
+    const int c0 = lane * 4;
+    float4 a0 = zero, a1 = zero;
+    float wsum = 0.0f;
+    for (int kb = k0; kb < k1; kb += 8) {
+        float4 v0[8], v1[8];
+        float w[8];
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            const int k = kb + kk;
+            w[kk] = 0.0f;
+            v0[kk] = v1[kk] = zero;
+            if (k < k1) {
+                const float l = __ldcg(lr + (long long)k * p.tile_q);
+                w[kk] = p.sigmoid ? 1.0f : kva_exp2(l - m_use);
+                if (c0 < p.dvo) v0[kk] = __ldcg((const float4*)(orow + (long long)k * ostep + c0));
+                if (c0 + 128 < p.dvo) v1[kk] = __ldcg((const float4*)(orow + (long long)k * ostep + c0 + 128));
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < 8; ++kk) {
+            if (kb + kk >= k1) break;
+            wsum += w[kk];
+            a0.x = fmaf(w[kk], v0[kk].x, a0.x);
+            a0.y = fmaf(w[kk], v0[kk].y, a0.y);
+            a0.z = fmaf(w[kk], v0[kk].z, a0.z);
+            a0.w = fmaf(w[kk], v0[kk].w, a0.w);
+            a1.x = fmaf(w[kk], v1[kk].x, a1.x);
+            a1.y = fmaf(w[kk], v1[kk].y, a1.y);
+            a1.z = fmaf(w[kk], v1[kk].z, a1.z);
+            a1.w = fmaf(w[kk], v1[kk].w, a1.w);
+        }
+    }
+    if (lane == 0) {
+        s_m[warp] = mx;
+        s_s[warp] = wsum;
+        s_f[warp] = fault;
+    }
+    s_acc[warp][lane] = a0;
+    s_acc[warp][lane + 32] = a1;
+    __syncthreads();
+    if (warp == 0) {
+        float M = neg_inf;
+        int f = 0;
+        for (int w = 0; w < nwarps; ++w) {
+            M = fmaxf(M, s_m[w]);
+            f |= s_f[w];
+        }
+        const float Mu = M == neg_inf ? 0.0f : M;
+        float S = 0.0f;
+        float4 o0 = zero, o1 = zero;
+        for (int w = 0; w < nwarps; ++w) {
+            const float fw = p.sigmoid ? 1.0f : (s_m[w] == neg_inf ? 0.0f : kva_exp2(s_m[w] - Mu));
+            const float4 x0 = s_acc[w][lane], x1 = s_acc[w][lane + 32];
+            S = fmaf(fw, s_s[w], S);
+            o0 = make_float4(fmaf(fw, x0.x, o0.x), fmaf(fw, x0.y, o0.y), fmaf(fw, x0.z, o0.z), fmaf(fw, x0.w, o0.w));
+            o1 = make_float4(fmaf(fw, x1.x, o1.x), fmaf(fw, x1.y, o1.y), fmaf(fw, x1.z, o1.z), fmaf(fw, x1.w, o1.w));
+        }
+        float scale = p.sigmoid ? 1.0f : (S > 0.0f ? kva_rcp(S) : 0.0f);
+        if (f) scale = 0.0f;
+        const int g = p.group_size, pr = tk.row_start + r, i = pr / g, qh = tk.kv_head * g + pr % g;
+        const long long obase = ((long long)qo_start + i) * p.o_stride_row + (long long)qh * p.o_stride_head;
+        if (c0 < p.dvo) kva_store4(p.o, obase + c0, p.o_dtype, o0.x * scale, o0.y * scale, o0.z * scale, o0.w * scale);
+        if (c0 + 128 < p.dvo)
+            kva_store4(p.o, obase + c0 + 128, p.o_dtype, o1.x * scale, o1.y * scale, o1.z * scale, o1.w * scale);
+        if (lane == 0 && p.lse) {
+            float l_out = p.sigmoid ? 0.0f : (S > 0.0f ? Mu + kva_log2(S) : neg_inf);
+            if (f) l_out = neg_inf;
+            p.lse[((long long)qo_start + i) * p.lse_stride_row + (long long)qh * p.lse_stride_head] = l_out;
+        }
+    }
+    __syncthreads(); /* the shared slots are free for the next row */
+}
 
 extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_partials(const kvk_merge_params p) {
     kva_pdl_start(); /* programmatic dependent launch (kva_common.cuh) */
@@ -25,24 +124,45 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_partials(
     const float* pl = (const float*)(p.ws + p.off_partial_lse);
     const int ntasks = counts->num_merge;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    if (p.row_units) {
-        const long long nunits = (long long)ntasks * p.tile_q, stride = (long long)gridDim.x * nwarps;
-        for (long long u = (long long)blockIdx.x * nwarps + warp; u < nunits; u += stride) {
-            const int t = (int)(u / p.tile_q), r = (int)(u % p.tile_q);
-            const kvk_merge_task tk = tasks[t];
-            if (r >= tk.rows) continue;
-            /* first row r, row step tile_q > r: row r alone */
-            kva_merge_task_rows(&tk, reqs[tk.req].qo_start, po, pl, p.tile_q, p.dvo, p.group_size, p.sigmoid, p.o,
-                                p.o_dtype, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
-                                p.lse_stride_head, r, p.tile_q, lane, 16);
-        }
-        return;
-    }
     for (int t = blockIdx.x; t < ntasks; t += gridDim.x) {
         const kvk_merge_task tk = tasks[t];
         kva_merge_task_rows(&tk, reqs[tk.req].qo_start, po, pl, p.tile_q, p.dvo, p.group_size, p.sigmoid, p.o,
                             p.o_dtype, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row, p.lse_stride_head,
                             warp, nwarps, lane, 16);
+    }
+}
+
+/* The row mappings (row_units 1 and 2, above): a kernel of its own, so the default one keeps its code and
+   registers. */
+extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_merge_partials_rows(const kvk_merge_params p) {
+    kva_pdl_start();
+    kva_pdl_wait();
+    const kvk_counts* counts = (const kvk_counts*)(p.ws + p.off_counts);
+    const kvk_merge_task* tasks = (const kvk_merge_task*)(p.ws + p.off_merge);
+    const kvk_request* reqs = (const kvk_request*)(p.ws + p.off_requests);
+    const float* po = (const float*)(p.ws + p.off_partial_o);
+    const float* pl = (const float*)(p.ws + p.off_partial_lse);
+    const int ntasks = counts->num_merge;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const long long nunits = (long long)ntasks * p.tile_q;
+    if (p.row_units == 2) {
+        for (long long u = blockIdx.x; u < nunits; u += gridDim.x) {
+            const int t = (int)(u / p.tile_q), r = (int)(u % p.tile_q);
+            const kvk_merge_task tk = tasks[t];
+            if (r >= tk.rows) continue; /* (the whole CTA) */
+            kva_merge_row_cta(p, tk, reqs[tk.req].qo_start, r, po, pl, warp, nwarps, lane);
+        }
+        return;
+    }
+    const long long stride = (long long)gridDim.x * nwarps;
+    for (long long u = (long long)blockIdx.x * nwarps + warp; u < nunits; u += stride) {
+        const int t = (int)(u / p.tile_q), r = (int)(u % p.tile_q);
+        const kvk_merge_task tk = tasks[t];
+        if (r >= tk.rows) continue;
+        /* first row r, row step tile_q > r: row r alone */
+        kva_merge_task_rows(&tk, reqs[tk.req].qo_start, po, pl, p.tile_q, p.dvo, p.group_size, p.sigmoid, p.o,
+                            p.o_dtype, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row, p.lse_stride_head, r,
+                            p.tile_q, lane, 16);
     }
 }
 
