@@ -8,7 +8,7 @@
 # kernel with row units (KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=1), decode with row slots for every call
 # in scope, the selftest, fuzz runs with PDL; the default split and decode suites (the decode suite, prefill and the
 # fuzz draws include page tables in block-table form, bt=1, which have not run on a GPU before). san: memcheck and racecheck on split cases
-# through the merge kernel. Steps: STEPS="bench tests san" (default all).
+# through the merge kernel. Steps: STEPS="bench tests san" (default all). The logs end in $OUT/logs.tgz (PACK=0: loose).
 set -u
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh merge
@@ -76,3 +76,8 @@ fi
 echo "==== summary ===="
 printf '%s\n' "${SUM[@]}"
 [ -f "$OUT/shapes.md" ] && cat "$OUT/shapes.md"
+# the run tool brings back at most 8 files: the logs go into one archive (PACK=0 keeps them loose)
+if [ "${PACK:-1}" = 1 ]; then
+    (cd "$OUT" && ls | grep -v -E '^(logs\.tgz|shapes\.md|shapes\.csv)$' > .pack && [ -s .pack ] &&
+        tar czf logs.tgz -T .pack && xargs rm -f < .pack; rm -f .pack)
+fi
