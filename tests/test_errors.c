@@ -413,6 +413,23 @@ static void test_context_and_desc(void) {
     ERR(KVA_ERR_INVALID_ARGUMENT, "desc: sigmoid_bias NaN", kva_attention_desc_check(F.ctx, &d));
 }
 
+/* The fixture's page table in block-table form: lengths 10, 0, 7 on pages of 4 = 3, 0, 2 pages in rows of 3 entries,
+   the entries past each request's pages outside the pool (never read or checked). Fills sl, bt and returns F.pp in
+   that form. */
+#define BT_STRIDE 3
+static kva_plan_params fx_block_table(int32_t sl[B], int32_t bt[BT_STRIDE * B]) {
+    const int32_t s0[B] = {10, 0, 7}, t0[BT_STRIDE * B] = {7, 2, 9, -1, NPAGES, -5, 0, 11, INT32_MAX};
+    memcpy(sl, s0, sizeof s0);
+    memcpy(bt, t0, sizeof t0);
+    kva_plan_params pb = F.pp;
+    pb.kv_indptr = NULL;
+    pb.kv_last_page_len = NULL;
+    pb.kv_seq_lens = sl;
+    pb.block_table_stride = BT_STRIDE;
+    pb.kv_indices = bt;
+    return pb;
+}
+
 /* Plan errors: the plan struct and the workspace stay untouched. */
 static void test_plan(void) {
     kva_plan_params p;
@@ -490,17 +507,10 @@ static void test_plan(void) {
     p.num_pages = 9; /* index 11 of request 0 now outside */
     PLAN("plan: host page index >= a smaller num_pages", KVA_ERR_PAGE_INDEX_OUT_OF_RANGE, &p);
 
-    /* the block-table form (kv_seq_lens + block_table_stride): lengths 10, 0, 7 on pages of 4 = 3, 0, 2 pages in rows
-       of 3 entries; the entries past each request's pages hold values outside the pool, which are never checked */
+    /* the block-table form (kv_seq_lens + block_table_stride, fx_block_table) */
     {
-        int32_t sl[B] = {10, 0, 7};
-        int32_t bt[3 * B] = {7, 2, 9, -1, NPAGES, -5, 0, 11, INT32_MAX};
-        kva_plan_params pb = F.pp;
-        pb.kv_indptr = NULL;
-        pb.kv_last_page_len = NULL;
-        pb.kv_seq_lens = sl;
-        pb.block_table_stride = 3;
-        pb.kv_indices = bt;
+        int32_t sl[B], bt[BT_STRIDE * B];
+        const kva_plan_params pb = fx_block_table(sl, bt);
         size_t db = 0, hb = 0;
         kva_status sb = kva_plan_workspace_size(F.ctx, &d, PP, &pb, &db, &hb);
         H_CHECK(sb == KVA_OK && db > 0,
@@ -706,20 +716,13 @@ static void test_run(void) {
     a = F.args; a.paged.k_data = NULL;
     RUN("run: paged k_data NULL", KVA_ERR_INVALID_ARGUMENT, KVA_ERR_INVALID_ARGUMENT);
     {
-        /* the block-table form (lengths 10, 0, 7 on pages of 4 in rows of 3; the spare entries outside the pool): the
-           plan's page table spans entries [0, 8), which paged.num_indices must cover; the run gives the CSR plan's
-           result bit for bit (both into outputs of their own) */
-        int32_t sl[B] = {10, 0, 7};
-        int32_t bt_h[3 * B] = {7, 2, 9, -1, NPAGES, -5, 0, 11, INT32_MAX};
-        h_buf bt_d = h_buf_alloc(KVA_DTYPE_I32, 3 * B);
+        /* the block-table form (fx_block_table): the plan's page table spans entries [0, 8), which paged.num_indices
+           must cover; the run gives the CSR plan's result bit for bit (both into outputs of their own) */
+        int32_t sl[B], bt_h[BT_STRIDE * B];
+        const kva_plan_params pb = fx_block_table(sl, bt_h);
+        h_buf bt_d = h_buf_alloc(KVA_DTYPE_I32, BT_STRIDE * B);
         memcpy(h_buf_hp(&bt_d), bt_h, sizeof bt_h);
         h_buf_upload(&bt_d);
-        kva_plan_params pb = F.pp;
-        pb.kv_indptr = NULL;
-        pb.kv_last_page_len = NULL;
-        pb.kv_seq_lens = sl;
-        pb.block_table_stride = 3;
-        pb.kv_indices = bt_h;
         size_t db = 0, hb = 0;
         kva_status st = kva_plan_workspace_size(F.ctx, &F.d, KVA_OP_BATCH_PREFILL_PAGED, &pb, &db, &hb);
         h_ws wb;

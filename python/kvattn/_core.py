@@ -988,7 +988,7 @@ class BatchWrapperBase:
         host_side = not T.is_torch(bt) or bt.device.type == "cpu"
         h_flat = T.host_int32(bt[:B].reshape(-1) if T.is_torch(bt) else np.asarray(bt)[:B].reshape(-1),
                               "block_tables") if host_side else None
-        used = np.arange(stride)[None, :] < pages[:, None]  # [B, stride]: the entries the kernels read
+        npmax = int(pages.max()) if B else 0  # the kernels read row b's first pages[b] entries
         st.h_seq_lens = h_sl
         st.bt_stride = max(stride, 1)
         st.h_kv_indptr = None
@@ -996,9 +996,10 @@ class BatchWrapperBase:
         st.h_indices = h_flat
         st.page_size = page_size
         st.batch_size = B
-        hi = None
-        if h_flat is not None:
-            hi = int(h_flat.reshape(B, stride)[used].max()) + 1 if B and used.any() else 1
+        hi = None  # the largest page index in use + 1, where the pool size must be inferred
+        if num_pages is None and h_flat is not None:
+            used = np.arange(npmax)[None, :] < pages[:, None]
+            hi = int(h_flat.reshape(B, stride)[:, :npmax][used].max()) + 1 if npmax else 1
         if dry:
             st.indices = None
             st.num_pages = int(num_pages) if num_pages is not None else max(self._pool_pages or 2 ** 31 - 1, hi or 1)
@@ -1024,12 +1025,13 @@ class BatchWrapperBase:
             st.num_pages = max(self._pool_pages, hi or 1)
         elif hi is not None:
             st.num_pages = max(hi, 1)
-        elif not used.any():
+        elif npmax == 0:
             st.num_pages = 1
         else:  # the largest page index in use on the device + 1 (synchronises; first plan only)
             t = T._torch()
-            m = t.from_numpy(used.reshape(-1)).to(flat.device)
-            st.num_pages = max(int(t.where(m, flat, t.full_like(flat, -1)).max().item()) + 1, 1)
+            tbl = flat.reshape(B, stride)[:, :npmax]
+            used = t.arange(npmax, device=tbl.device)[None, :] < t.from_numpy(pages).to(tbl.device)[:, None]
+            st.num_pages = max(int(t.where(used, tbl, t.full_like(tbl, -1)).max().item()) + 1, 1)
 
     def _set_pool_shapes(self, st: PlanState) -> None:
         if st.kv_layout == "NHD":

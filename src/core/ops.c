@@ -82,8 +82,8 @@ static kva_status kva__check_paged(const kva__plan_data* pd, const kva_paged_kv*
                   (int)pk->head_dim_vo, (int)d->head_dim_qk, (int)d->head_dim_vo);
     KVA_FORWARD(kva__check_paged_fields("run", pk));
     KVA_RETURN_IF(pk->num_indices > 0 && pk->num_indices < pd->num_page_entries, KVA_ERR_PAGETABLE_MALFORMED,
-                  "run: the plan's page table has %lld entries (kv_indptr[B], or a block table's used span) but paged.indices holds %lld "
-                  "(paged.num_indices)",
+                  "run: the plan's page table has %lld entries (kv_indptr[B], or a block table's used span) but "
+                  "paged.indices holds %lld (paged.num_indices)",
                   (long long)pd->num_page_entries, (long long)pk->num_indices);
     /* a graph-mode plan's run reads the work list in its workspace, which a later plan of the same bounds may have
        replaced with requests that have pages: its runs always need the pools and the page table */

@@ -867,8 +867,8 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
                                 cluster > 1 ? "run: launching the attention kernel in clusters"
                                             : "run: launching the attention kernel");
     if (status == KVA_OK && !fused && (graph || pd->num_merge > 0)) {
-        /* graph mode keeps the worker count whatever the plan; else a CTA per task (row_units 0) or enough CTAs for
-           a warp per (task, row) (row_units 1), at most the worker count (kva_merge_partials) */
+        /* graph mode keeps the worker count whatever the plan; else a CTA per task (row_units 0), a warp per (task,
+           row) (1) or a CTA per (task, row) (2), at most the worker count (kva_merge_partials[_rows]) */
         unsigned mgrid = (unsigned)pd->num_workers;
         const int64_t wpb = KVK_THREADS / 32;
         const int64_t need = mp.row_units == 2 ? (int64_t)pd->num_merge * pd->tile_q
@@ -1256,7 +1256,7 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_bounds_check = nb && nb[0] == '1' && nb[1] == '\0';
         const char* nf = getenv("KVATTN_BENCH_NO_FUSED_MERGE"); /* A/B of the fused split-KV merge */
         st->no_fused_merge = nf && nf[0] == '1' && nf[1] == '\0';
-        const char* mr = getenv("KVATTN_BENCH_MERGE_ROWS"); /* A/B: the merge kernel's warp per (task, row) */
+        const char* mr = getenv("KVATTN_BENCH_MERGE_ROWS"); /* A/B: kva_merge_partials_rows' mapping 1 or 2 */
         st->merge_rows = mr && (mr[0] == '1' || mr[0] == '2') && mr[1] == '\0' ? mr[0] - '0' : 0;
         const char* nw = getenv("KVATTN_BENCH_NO_WGMMA"); /* A/B: the mma.sync prefill mainloop on sm_90 too */
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';

@@ -167,14 +167,14 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
                           (int)b, (long long)kv, (long long)np, (int)p->page_size, (int)p->block_table_stride);
             s->kv_start[b] = b * p->block_table_stride;
             if (np > 0 && s->kv_start[b] + np > bt_entries) bt_entries = s->kv_start[b] + np;
-        } else if (paged) {
+        } else {
             const int64_t e = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
             KVA_RETURN_IF(e < 0, KVA_ERR_PAGETABLE_MALFORMED,
                           "params->kv_indptr decreases at %d: kv_indptr[%d] = %d > kv_indptr[%d] = %d", (int)b + 1,
                           (int)b, (int)p->kv_indptr[b], (int)b + 1, (int)p->kv_indptr[b + 1]);
             s->kv_start[b] = p->kv_indptr[b];
-            if (e == 0) {
-                kv = 0;
+            if (!paged || e == 0) {
+                kv = e; /* ragged: tokens; paged: no page, no token */
             } else {
                 int32_t lpl = p->kv_last_page_len[b];
                 KVA_RETURN_IF(lpl < 1 || lpl > p->page_size, KVA_ERR_PAGETABLE_MALFORMED,
@@ -183,12 +183,6 @@ static kva_status kva__validate_params(const kva_attention_desc* d, kva_op op, c
                               (int)b, (int)lpl, (int)p->page_size, (long long)e);
                 kv = (e - 1) * (int64_t)p->page_size + lpl;
             }
-        } else {
-            kv = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
-            KVA_RETURN_IF(kv < 0, KVA_ERR_PAGETABLE_MALFORMED,
-                          "params->kv_indptr decreases at %d: kv_indptr[%d] = %d > kv_indptr[%d] = %d", (int)b + 1,
-                          (int)b, (int)p->kv_indptr[b], (int)b + 1, (int)p->kv_indptr[b + 1]);
-            s->kv_start[b] = p->kv_indptr[b];
         }
         KVA_RETURN_IF(kv > INT32_MAX / 2, KVA_ERR_UNSUPPORTED, "request %d has %lld KV tokens (more than 2^30)",
                       (int)b, (long long)kv);
