@@ -8,7 +8,8 @@
 # kernel with row units (KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=1), decode with row slots for every call
 # in scope, the selftest, fuzz runs with PDL; the default split and decode suites (the decode suite, prefill and the
 # fuzz draws include page tables in block-table form, bt=1, which have not run on a GPU before). san: memcheck and racecheck on split cases
-# through the merge kernel. Steps: STEPS="bench tests san" (default all). The logs end in $OUT/logs.tgz (PACK=0: loose).
+# through the merge kernel. dtests / dsan: the default plans' suites, fuzz, and sanitizers on row-merge cases.
+# Steps: STEPS="bench tests san" (default; also dtests dsan). The logs end in $OUT/logs.tgz (PACK=0: loose).
 set -u
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh merge
@@ -57,6 +58,23 @@ if [[ " $STEPS " == *" tests "* ]]; then
         --suite fuzz --seed "${SEED:-4101}" --count "${COUNT:-300}"
     step "fuzz seed ${SEED:-4102} [HG=1 no fused, PDL]" 300 env $NFE KVATTN_CUDA_DECODE_HG=1 KVA_TEST_PDL=1 "$T" \
         --backend cuda --suite fuzz --seed "${SEED:-4102}" --count "${COUNT:-300}"
+fi
+if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of large merge tasks: the row merge)
+    step "test_ops split" 200 "$T" --backend cuda --suite split
+    step "test_ops decode" 240 "$T" --backend cuda --suite decode
+    step "selftest --quick" 200 "$BUILD/kva_cuda_selftest" --quick
+    step "fuzz seed ${SEED:-4103} [PDL]" 300 env KVA_TEST_PDL=1 "$T" --backend cuda --suite fuzz --seed "${SEED:-4103}" \
+        --count "${COUNT:-300}"
+fi
+if [[ " $STEPS " == *" dsan "* ]]; then
+    DCASES=("op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
+        "op=decode B=1 kv=30000 hq=24 hkv=2 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=16 lse=1")
+    for tool in memcheck racecheck; do
+        for cs in "${DCASES[@]}"; do
+            step "$tool: $cs" 150 compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 "$T" --backend cuda \
+                --case "$cs"
+        done
+    done
 fi
 if [[ " $STEPS " == *" san "* ]]; then
     CASES=("op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"

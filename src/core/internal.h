@@ -124,8 +124,10 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
 #define KVA__STATUS_BYTES 256      /* device fault status region at offset 0 of the device workspace */
 #define KVA__MIN_KV_CHUNK 128      /* never split KV into chunks shorter than this (tokens) */
 #define KVA__SMALL_SPLIT 16        /* see small_kv_chunk: the CUDA decode kernels' one-pass fused merge width */
-#define KVA__RS_MAX_SPLIT 32       /* see rs_max_split: a split unit of row slots is merged by one CTA, its g <= 32 rows
-                                      times its partials (planner.c, kva__choose_chunk) */
+#define KVA__RS_MAX_SPLIT 64       /* see rs_max_split: a split unit of row slots has its g <= 32 rows times its
+                                      partials merged, by one CTA (the fused merge) or a warp per row where that is more
+                                      than 512 pairs (CUDA backend, kva__cuda_merge_rows_pick; planner.c,
+                                      kva__choose_chunk) */
 #define KVA__MAX_TILE_Q 128
 
 /* Per-request table in the workspace (written by plan). */

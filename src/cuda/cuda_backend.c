@@ -34,12 +34,15 @@ _Static_assert(sizeof(kvk_worker_head) == 64 && offsetof(kvk_worker_head, item) 
 _Static_assert(sizeof(kvk_merge_states_params) <= 4000, "merge_states params must fit the 4 KB parameter space");
 
 /* backend_data slots of a plan */
-enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2, KVA__BD_FUSED = 3, KVA__BD_CLUSTER = 4 };
+enum { KVA__BD_KERNEL = 0, KVA__BD_SMEM = 1, KVA__BD_MAGIC = 2, KVA__BD_FUSED = 3, KVA__BD_CLUSTER = 4, KVA__BD_MERGE_ROWS = 5 };
 #define KVA__BD_MAGIC_VALUE 0x6b7661637564616eull /* "kvacudan" */
 /* K/V megabytes from which batch-decode plans take the head-group kernel by default (kva__cuda_kv_head_group) */
 #define KVA__HG_MIN_MB 256
 /* K/V megabytes below which batch-decode plans of GQA groups of 9 to 32 take the head-group kernel in row slots */
 #define KVA__HG_RS_MAX_MB 160
+/* row-slot plans whose largest merge task holds more than this many (row, partial) pairs (g x partials) merge by
+   kva_merge_partials_rows, a warp per (task, row), instead of the fused merge (kva__cuda_merge_rows_pick) */
+#define KVA__RS_ROW_MERGE_PAIRS 512
 
 static kva__cuda_state* kva__st(const kva_context* ctx) { return (kva__cuda_state*)ctx->backend_state; }
 
@@ -444,6 +447,29 @@ static int kva__cuda_want_8_warps(const kva__cuda_state* st, const kva__plan_dat
     return st->ctas_per_sm >= 2 && kva__cuda_w8_key(k);
 }
 
+/* The split-KV merge of a row-slot plan (kva_decode_hg.cuh, KVA_HG_RS): the fused merge hands a unit's g rows x
+ * its partials to the one CTA that finishes last, a serial tail that grows with both; the merge kernel with a warp
+ * per (task, row) (kva_merge_partials_rows, row_units 1) spreads them over the GPU. Interleaved A/B on an H100
+ * (bench/results/merge_rows_h100_2026-12-07_session43.md), the row merge at a cap of 64 chunks per unit against the
+ * fused merge at 32: MQA 32/1 1 x 8k +24 %, 1 x 32k +41 %, 1 x 128k +67 %, 4 x 32k +5 %; 64/2 1 x 64k +11 %; 16/1
+ * 1 x 32k (64 partials of 16 rows) +8 %, 4 x 16k (33 partials of 16 rows) -1 %; 128/8 1 x 32k (16 partials of 16 rows)
+ * -2.5 %, hence only tasks of more than KVA__RS_ROW_MERGE_PAIRS pairs: the fused merge keeps at most what it merged
+ * at the former cap of 32 chunks for groups of 16.
+ * Returns the row_units to merge with (0: the default, fused where the kernel can). The benchmark's
+ * KVATTN_BENCH_MERGE_ROWS applies to every plan; KVATTN_BENCH_RS_ROW_MERGE=0 turns this choice off. Row slots are
+ * never planned in graph mode, so a graph's plans all merge alike. */
+static int kva__cuda_merge_rows_pick(const kva__cuda_state* st, const kva__plan_data* plan, const kva_workspace* ws) {
+    if (st->merge_rows) return st->merge_rows;
+    if (!st->rs_row_merge || plan->row_slots <= 1 || plan->graph_mode || plan->num_merge <= 0 || !ws->host ||
+        plan->cluster_size > 1 || plan->tile_q <= 0)
+        return 0;
+    const kva__merge_task* mt = (const kva__merge_task*)((const char*)ws->host + plan->off_merge);
+    int32_t most = 0;
+    for (int32_t t = 0; t < plan->num_merge; ++t)
+        if (mt[t].num_partials > most) most = mt[t].num_partials;
+    return (int64_t)plan->group_size * most > KVA__RS_ROW_MERGE_PAIRS ? 1 : 0;
+}
+
 static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, const kva_workspace* ws, void* stream) {
     kva__cuda_state* st = kva__st(ctx);
     int pushed;
@@ -496,8 +522,11 @@ static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, 
         plan->backend_data[KVA__BD_KERNEL] = (uint64_t)(index + 1);
         plan->backend_data[KVA__BD_SMEM] = (uint64_t)c.smem;
         plan->backend_data[KVA__BD_MAGIC] = KVA__BD_MAGIC_VALUE;
+        const int merge_rows = plan->cluster_combine ? 0 : kva__cuda_merge_rows_pick(st, plan, ws);
+        plan->backend_data[KVA__BD_MERGE_ROWS] = (uint64_t)merge_rows;
         plan->backend_data[KVA__BD_FUSED] = (c.key.family == KVA__KF_DECODE_TC || c.key.family == KVA__KF_DECODE_HG) &&
-                                            (!st->no_fused_merge || plan->cluster_combine) &&
+                                            ((!st->no_fused_merge && !(merge_rows && !st->merge_rows)) ||
+                                             plan->cluster_combine) &&
                                             plan->int_region_end > 0 && kva__prepare_fused_merge(plan, ws);
         plan->backend_data[KVA__BD_CLUSTER] = 0;
         if (plan->cluster_size > 1) {
@@ -820,7 +849,7 @@ static kva_status kva__cuda_run(kva_context* ctx, const kva__plan_data* pd, cons
     mp.o_dtype = d->o_dtype;
     mp.group_size = pd->group_size * pd->kv_head_group; /* packed rows per unit head (merge tasks index units) */
     mp.tile_q = pd->tile_q;
-    mp.row_units = pd->tile_q > 0 ? st->merge_rows : 0;
+    mp.row_units = pd->tile_q > 0 ? (int32_t)pd->backend_data[KVA__BD_MERGE_ROWS] : 0; /* kva__cuda_merge_rows_pick */
     mp.sigmoid = d->score_mode == KVA_SCORE_SIGMOID || (var && !var->use_softmax);
     kvk_vparams vpar;
     memset(&vpar, 0, sizeof vpar);
@@ -1258,6 +1287,8 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->no_fused_merge = nf && nf[0] == '1' && nf[1] == '\0';
         const char* mr = getenv("KVATTN_BENCH_MERGE_ROWS"); /* A/B: kva_merge_partials_rows' mapping 1 or 2 */
         st->merge_rows = mr && (mr[0] == '1' || mr[0] == '2') && mr[1] == '\0' ? mr[0] - '0' : 0;
+        const char* rrm = getenv("KVATTN_BENCH_RS_ROW_MERGE"); /* A/B: =0 row-slot plans keep the fused merge */
+        st->rs_row_merge = !(rrm && rrm[0] == '0' && rrm[1] == '\0');
         const char* nw = getenv("KVATTN_BENCH_NO_WGMMA"); /* A/B: the mma.sync prefill mainloop on sm_90 too */
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
         const char* nt = getenv("KVATTN_BENCH_NO_TMA"); /* A/B: the Hopper prefill kernel copies K/V without TMA */

@@ -204,6 +204,8 @@ typedef struct kva__cuda_state {
     int pf_exp;             /* KVATTN_BENCH_PF_EXP=n: timing experiments n compiled into the prefill kernels (KVP_EXP) */
     int merge_rows;         /* KVATTN_BENCH_MERGE_ROWS=1 / 2: kva_merge_partials_rows with this row_units (A/B) */
     int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
+    int rs_row_merge;       /* row-slot plans of large merge tasks merge a warp per (task, row) (kva__cuda_merge_rows_pick;
+                               KVATTN_BENCH_RS_ROW_MERGE=0: off, A/B) */
     int decode_hg;          /* KVATTN_CUDA_DECODE_HG: -1 (default) head-group decode plans where they pay
                                (kva__cuda_kv_head_group), 0 never, 1 wherever supported */
     int hg_heads;           /* KVATTN_BENCH_HG_HEADS=2|4: heads per head-group item (A/B; 0 = the default choice) */

@@ -1059,8 +1059,9 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                                     (const float*)(p.ws + p.off_partial_lse), p.tile_q, HG_D, KVA_HG_RS ? g : g * HG_G, 0, p.o,
                                     KVA_OT, p.o_stride_row, p.o_stride_head, p.lse, p.lse_stride_row,
                                     p.lse_stride_head, warp, HG_NC, lane, KVA_HG_RS ? 16 : 8);
-                /* row slots: batches of 16 partials (a split unit's g <= 32 rows of up to KVA__RS_MAX_SPLIT
-                   partials are merged by this one CTA: half the L2 round trips of 8) */
+                /* row slots: batches of 16 partials (a split unit's g <= 32 rows of up to 512 / g partials
+                   are merged by this one CTA, larger tasks by the merge kernel: kva__cuda_merge_rows_pick; half
+                   the L2 round trips of 8) */
             }
             kvp_named_sync(1u + HG_G, 32u * HG_NC); /* s_flag is reused by the next item */
         }

@@ -423,8 +423,9 @@ static int32_t kva__choose_chunk(const kva_context* ctx, const kva__plan_data* p
     }
     if (L < min_chunk) L = min_chunk;
     if (pd->row_slots > 1 && ctx->rs_max_split > 0) {
-        /* a split unit's g > 8 rows are merged by one CTA: fewer, longer chunks (H200, 1 x 32k MQA 32/1: 32 chunks of
-           1k 42 us, 128 of 256 57 us, 16 of 2k 62 us, 8 of 4k 109 us) */
+        /* a split unit's g > 8 rows are merged by one CTA or a warp per row: fewer, longer chunks (H200, 1 x 32k MQA
+           32/1, fused merge: 32 chunks of 1k 42 us, 128 of 256 57 us, 16 of 2k 62 us, 8 of 4k 109 us; H100, a warp
+           per row: 64 chunks of 512 26.3 us, 32 of 1k 31.9 us, 128 of 256 29.1 us; KVA__RS_MAX_SPLIT) */
         const int64_t lo = kva__ceil_div64(kva__max_tile_len(s), ctx->rs_max_split);
         if (L < lo) L = lo;
     }
