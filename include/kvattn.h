@@ -523,6 +523,18 @@ KVA_API kva_status kva_append_paged_kv_cache(kva_context* context, const kva_ten
                                              const int32_t* positions, int64_t nnz, const kva_paged_kv* paged,
                                              int32_t batch_size, void* stream);
 
+/* Scatter new K/V rows by slot (the slot-mapping form of block-table engines): token i goes to slot slots[i] of the
+ * pool, that is page slots[i] / page_size at offset slots[i] % page_size. slots: int64 [nnz] in backend memory. A
+ * negative slot skips its token (padding); slots of distinct tokens must differ (which of two tokens lands in a
+ * shared slot is unspecified). append_k / append_v as kva_append_paged_kv_cache; paged->indices, indptr and
+ * last_page_len are not read (NULL is fine). A slot at or past num_pages * page_size: the CPU backend checks every
+ * slot before writing and returns KVA_ERR_PAGE_INDEX_OUT_OF_RANGE (nothing written); the CUDA backend returns
+ * KVA_OK, writes the valid tokens only and records the first bad token in the context's append fault word
+ * (kva_read_faults: request = token index, page_index = slot / page_size, clamped to the int32 range). */
+KVA_API kva_status kva_append_paged_kv_cache_by_slot(kva_context* context, const kva_tensor* append_k,
+                                                     const kva_tensor* append_v, const int64_t* slots, int64_t nnz,
+                                                     const kva_paged_kv* paged, void* stream);
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Device-side faults (CUDA backend): kernels bounds-check every page index where they load it; a request
  * with an out-of-range index gets o = 0, lse = -inf and is recorded in a status word inside the workspace.

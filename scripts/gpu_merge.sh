@@ -63,6 +63,8 @@ if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of
     step "test_ops split" 200 "$T" --backend cuda --suite split
     step "test_ops decode" 240 "$T" --backend cuda --suite decode
     step "selftest --quick" 200 "$BUILD/kva_cuda_selftest" --quick
+    step "test_ops append (with the slot form, bt=1)" 120 "$T" --backend cuda --suite append
+    step "test_errors" 200 "$BUILD/tests/test_errors" --backend cuda
     step "fuzz seed ${SEED:-4103} [PDL]" 300 env KVA_TEST_PDL=1 "$T" --backend cuda --suite fuzz --seed "${SEED:-4103}" \
         --count "${COUNT:-300}"
 fi

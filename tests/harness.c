@@ -764,7 +764,8 @@ void h_case_fixup(h_case* c) {
         c->opad = (int32_t)h_round_pad(c->opad, c->o_dt);
     }
     if (c->op == H_OP_RAGGED) c->hidx = 0;
-    if (c->op != H_OP_DECODE && c->op != H_OP_PREFILL) c->bt = 0; /* the block-table form: paged batch ops */
+    if (c->op != H_OP_DECODE && c->op != H_OP_PREFILL && c->op != H_OP_APPEND)
+        c->bt = 0; /* the block-table form of paged batch ops; append: the slot form */
     /* graph mode with fixed_split_size is refused by plan (KVA_ERR_UNSUPPORTED, pinned in test_errors) */
     if (c->graph) c->fixed_split = 0;
 }
@@ -838,7 +839,7 @@ void h_case_random(h_case* c, h_op op, h_rng* r) {
     if (op == H_OP_APPEND) c->max_qo = (int32_t)h_rng_range(r, 1, 40);
     /* from the seed, not the stream (the cases drawn after this one stay as they were) */
     c->scratch = (op == H_OP_DECODE || op == H_OP_PREFILL || op == H_OP_RAGGED) && (c->seed >> 5) % 3 == 0;
-    c->bt = (op == H_OP_DECODE || op == H_OP_PREFILL) && (c->seed >> 13) % 4 == 0;
+    c->bt = (op == H_OP_DECODE || op == H_OP_PREFILL || op == H_OP_APPEND) && (c->seed >> 13) % 4 == 0;
     /* more query rows than keys (a causal mask leaves the first rows without a key: o = 0, lse = -inf) */
     c->long_qo_pct = (op == H_OP_PREFILL || op == H_OP_RAGGED || op == H_OP_SINGLE_PREFILL) && (c->seed >> 9) % 5 == 0 ? 30 : 0;
     /* the KV scales apply to every KV dtype (kvattn.h); 16/32-bit KV keeps scale 1 on half the cases, the serving

@@ -209,7 +209,8 @@ typedef struct h_case {
     int32_t hidx;         /* pass the host copy of the page table to plan */
     int32_t alias;        /* merge_state: 0 separate out, 1 out = a, 2 out = b */
     int32_t bt;           /* paged batch ops: the block-table form (kv_seq_lens + block_table_stride) of the page
-                             table, rows padded past each request's pages with entries outside the pool */
+                             table, rows padded past each request's pages with entries outside the pool; append: the
+                             slot form (kva_append_paged_kv_cache_by_slot) with padding tokens */
     uint64_t seed;
 } h_case;
 

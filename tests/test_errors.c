@@ -1546,6 +1546,144 @@ static void test_append(void) {
     fx_watch_default();
 }
 
+/* Append by slot (kva_append_paged_kv_cache_by_slot): token i goes to slot slots[i] (page slots[i] / PS), a negative
+ * slot is padding. A slot past the pool: CPU refuses (KVA_ERR_PAGE_INDEX_OUT_OF_RANGE, nothing written); CUDA writes
+ * the valid tokens, reports the first bad token (page_index = slot / PS clamped to INT32_MAX). */
+static void app_slot_case(const char* what, const int64_t* sl, int expect_bad, int64_t bad_page) {
+    h_buf sb = h_buf_alloc(KVA_DTYPE_I32, 2 * NNZ);
+    memcpy(h_buf_hp(&sb), sl, sizeof(int64_t) * NNZ);
+    h_buf_upload(&sb);
+    const int64_t* sd = (const int64_t*)h_buf_dp(&sb);
+    h_buf_download(&A.kp);
+    h_buf_download(&A.vp);
+    const size_t kt = buf_total(&A.kp), vt = buf_total(&A.vp);
+    unsigned char* kexp = (unsigned char*)malloc(kt);
+    unsigned char* vexp = (unsigned char*)malloc(vt);
+    memcpy(kexp, A.kp.host, kt);
+    memcpy(vexp, A.vp.host, vt);
+    int first = -1;
+    for (int i = 0; i < NNZ; ++i) {
+        if (sl[i] < 0) continue;
+        if (sl[i] / PS >= NPAGES) {
+            if (first < 0) first = i;
+            continue;
+        }
+        for (int h = 0; h < HKV; ++h) {
+            const size_t dst = H_GUARD_BYTES + (size_t)((sl[i] * HKV + h) * D) * 2;
+            const size_t src = (size_t)((i * HKV + h) * D) * 2;
+            memcpy(kexp + dst, (const unsigned char*)h_buf_hp(&A.ak) + src, (size_t)D * 2);
+            memcpy(vexp + dst, (const unsigned char*)h_buf_hp(&A.av) + src, (size_t)D * 2);
+        }
+    }
+    H_CHECK((first >= 0) == (expect_bad != 0), "%s: the test's own model disagrees with the case", what);
+    if (!h_backend_device() && expect_bad) { /* refused, nothing written */
+        memcpy(kexp, A.kp.host, kt);
+        memcpy(vexp, A.vp.host, vt);
+    }
+    kva_fault_report rep;
+    if (h_backend_device()) kva_read_faults(F.ctx, &F.ws.ws, &rep, NULL); /* start from a clear report */
+    h_buf* const bufs[] = {&A.ak, &A.av, &sb, &F.o, &F.ws.dev};
+    const char* const names[] = {"append_k", "append_v", "slots", "o", "workspace"};
+    fx_watch(5, bufs, names);
+    fx_snap();
+    kva_clear_last_error();
+    const kva_status st = kva_append_paged_kv_cache_by_slot(F.ctx, &A.tk, &A.tv, sd, NNZ, &A.pg, NULL);
+    const kva_status want = !h_backend_device() && expect_bad ? KVA_ERR_PAGE_INDEX_OUT_OF_RANGE : KVA_OK;
+    memset(&rep, 0, sizeof rep);
+    kva_status s2 = KVA_OK;
+    if (h_backend_device()) s2 = kva_read_faults(F.ctx, &F.ws.ws, &rep, NULL);
+    h_buf_download(&A.kp);
+    h_buf_download(&A.vp);
+    const int pools_ok = memcmp(kexp, A.kp.host, kt) == 0 && memcmp(vexp, A.vp.host, vt) == 0;
+    const char* which = "";
+    const int same = fx_same(&which);
+    const int fault_ok = !h_backend_device() ||
+                         (expect_bad ? rep.faulted && rep.request == first && rep.page_index == bad_page : !rep.faulted);
+    const int msg_ok = st == KVA_OK || (kva_last_error_status() == st && kva_last_error_message()[0]);
+    H_CHECK(st == want && s2 == KVA_OK && pools_ok && same && fault_ok && msg_ok,
+            "%s [%s]: %s (expected %s): %s; pools %s; %s%s; report faulted %d request %d page %lld (expected %s token %d "
+            "page %lld)",
+            what, h_opt.backend_name, kva_status_string(st), kva_status_string(want), kva_last_error_message(),
+            pools_ok ? "as expected" : "DIFFER", same ? "other buffers untouched" : "modified: ", same ? "" : which,
+            rep.faulted, rep.request, (long long)rep.page_index, expect_bad ? "a fault at" : "no fault,", first,
+            (long long)bad_page);
+    free(kexp);
+    free(vexp);
+    h_buf_free(&sb);
+    fx_watch_default();
+}
+
+static void test_append_slot(void) {
+    const int64_t pool = (int64_t)(NPAGES + XPAGES) * PS * HKV * D;
+    h_rng r;
+    h_rng_seed(&r, 11);
+    A.kp = h_buf_alloc(KVA_DTYPE_F16, (size_t)pool);
+    A.vp = h_buf_alloc(KVA_DTYPE_F16, (size_t)pool);
+    fill_rand(&A.kp, &r);
+    fill_rand(&A.vp, &r);
+    A.ak = h_buf_alloc(KVA_DTYPE_F16, (size_t)(NNZ * HKV * D));
+    A.av = h_buf_alloc(KVA_DTYPE_F16, (size_t)(NNZ * HKV * D));
+    fill_rand(&A.ak, &r);
+    fill_rand(&A.av, &r);
+    A.tk = t3(h_buf_dp(&A.ak), KVA_DTYPE_F16, NNZ, HKV, D);
+    A.tv = t3(h_buf_dp(&A.av), KVA_DTYPE_F16, NNZ, HKV, D);
+    A.pg = F.args.paged;
+    A.pg.k_data = h_buf_dp(&A.kp);
+    A.pg.v_data = h_buf_dp(&A.vp);
+    A.pg.num_pages = NPAGES; /* XPAGES more are allocated */
+    A.pg.indices = NULL;     /* not read by the slot form */
+    A.pg.indptr = NULL;
+    A.pg.last_page_len = NULL;
+    const int64_t last = (int64_t)NPAGES * PS - 1;
+    const int64_t ok4[NNZ] = {0, last, 2 * PS + 1, PS - 1};
+    app_slot_case("append by slot: valid slots, page table fields NULL", ok4, 0, -1);
+    const int64_t pad[NNZ] = {-1, PS + 3, INT64_MIN, -(INT64_C(1) << 40)};
+    app_slot_case("append by slot: negative slots are padding", pad, 0, -1);
+    const int64_t past[NNZ] = {3, last + 1, 5, last + 2 * PS};
+    app_slot_case("append by slot: slot num_pages * page_size (first past the pool)", past, 1, NPAGES);
+    const int64_t huge[NNZ] = {-1, 7, INT64_C(1) << 50, 9};
+    app_slot_case("append by slot: slot 2^50", huge, 1, INT32_MAX);
+    /* host-side mistakes: every backend, nothing written */
+    h_buf sb = h_buf_alloc(KVA_DTYPE_I32, 2 * NNZ + 2);
+    memcpy(h_buf_hp(&sb), ok4, sizeof ok4);
+    h_buf_upload(&sb);
+    const int64_t* sd = (const int64_t*)h_buf_dp(&sb);
+    h_buf* const bufs[] = {&A.kp, &A.vp, &A.ak, &A.av, &sb, &F.o, &F.ws.dev};
+    const char* const names[] = {"K pool", "V pool", "append_k", "append_v", "slots", "o", "workspace"};
+    fx_watch(7, bufs, names);
+    const kva_tensor* tk = &A.tk;
+    const kva_tensor* tv = &A.tv;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append by slot: NULL context",
+        kva_append_paged_kv_cache_by_slot(NULL, tk, tv, sd, NNZ, &A.pg, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append by slot: NULL paged",
+        kva_append_paged_kv_cache_by_slot(F.ctx, tk, tv, sd, NNZ, NULL, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append by slot: NULL slots",
+        kva_append_paged_kv_cache_by_slot(F.ctx, tk, tv, NULL, NNZ, &A.pg, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append by slot: nnz -1",
+        kva_append_paged_kv_cache_by_slot(F.ctx, tk, tv, sd, -1, &A.pg, NULL));
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append by slot: NULL append_v",
+        kva_append_paged_kv_cache_by_slot(F.ctx, tk, NULL, sd, NNZ, &A.pg, NULL));
+    kva_tensor x = *tk;
+    x.shape[0] = NNZ - 1;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append by slot: append_k has fewer rows than nnz",
+        kva_append_paged_kv_cache_by_slot(F.ctx, &x, tv, sd, NNZ, &A.pg, NULL));
+    kva_paged_kv pg2 = A.pg;
+    pg2.page_size = 0;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append by slot: page_size 0",
+        kva_append_paged_kv_cache_by_slot(F.ctx, tk, tv, sd, NNZ, &pg2, NULL));
+    pg2 = A.pg;
+    pg2.k_data = NULL;
+    ERR(KVA_ERR_INVALID_ARGUMENT, "append by slot: NULL k_data",
+        kva_append_paged_kv_cache_by_slot(F.ctx, tk, tv, sd, NNZ, &pg2, NULL));
+    if (h_backend_device())
+        ERR(KVA_ERR_ALIGNMENT, "append by slot: slots not 8-byte aligned",
+            kva_append_paged_kv_cache_by_slot(F.ctx, tk, tv, (const int64_t*)((const char*)sd + 4), NNZ, &A.pg, NULL));
+    h_buf_free(&sb);
+    fx_watch_default();
+    h_buf* const own[] = {&A.kp, &A.vp, &A.ak, &A.av};
+    for (int i = 0; i < 4; ++i) h_buf_free(own[i]);
+}
+
 static void test_misc(void) {
     float s[4];
     ERR(KVA_ERR_INVALID_ARGUMENT, "alibi_slopes: 0 heads", kva_alibi_slopes(0, s));
@@ -1620,6 +1758,7 @@ int main(int argc, char** argv) {
     test_single();
     test_merge();
     test_append();
+    test_append_slot();
     test_misc();
     kva_context_destroy(F.other_ctx);
     return h_finish();

@@ -1227,9 +1227,14 @@ static int run_append_case(const h_case* c) {
     for (int64_t p = 0; p < P; ++p) perm[p] = (int32_t)p;
     h_rng_shuffle_i32(&r, perm, P);
     /* tokens: per request, either its last nnew positions or nnew distinct random positions; shuffled */
+    /* bt=1: the slot form (kva_append_paged_kv_cache_by_slot) with 0-3 padding tokens (negative slots, request -1)
+       that must not be written */
+    const int64_t npad = c->bt ? h_rng_range(&r, 0, 3) : 0;
+    nnz += npad;
     int32_t* bidx = (int32_t*)xcalloc((size_t)nnz + 1, sizeof(int32_t));
     int32_t* pos = (int32_t*)xcalloc((size_t)nnz + 1, sizeof(int32_t));
     int64_t n = 0;
+    for (int64_t k = 0; k < npad; ++k, ++n) bidx[n] = -1, pos[n] = (int32_t)k;
     for (int32_t b = 0; b < B; ++b) {
         int tail = h_rng_range(&r, 0, 1) == 0;
         int32_t* cand = (int32_t*)xcalloc((size_t)kv[b] + 1, sizeof(int32_t));
@@ -1282,6 +1287,7 @@ static int run_append_case(const h_case* c) {
     if (c->pool != 1) memcpy(vexp, vp.host, vtot);
     for (int64_t i = 0; i < nnz; ++i) {
         int32_t b = bidx[i];
+        if (b < 0) continue; /* padding */
         int64_t page = perm[indptr[b] + pos[i] / ps], slot = pos[i] % ps;
         for (int32_t h = 0; h < H; ++h) {
             memcpy(kexp + H_GUARD_BYTES + (size_t)(page * ks[0] + slot * ks[1] + h * ks[2]) * es,
@@ -1298,8 +1304,15 @@ static int run_append_case(const h_case* c) {
     memcpy(h_buf_hp(&last_d), last, (size_t)B * 4);
     memcpy(h_buf_hp(&bidx_d), bidx, (size_t)nnz * 4);
     memcpy(h_buf_hp(&pos_d), pos, (size_t)nnz * 4);
-    h_buf* ups[] = {&idx_d, &indptr_d, &last_d, &bidx_d, &pos_d};
-    for (int i = 0; i < 5; ++i) h_buf_upload(ups[i]);
+    /* the slot form's int64 slots (an I32 buffer of twice the length) */
+    h_buf slot_d = h_buf_alloc(KVA_DTYPE_I32, 2 * (size_t)nnz + 2);
+    for (int64_t i = 0; i < nnz; ++i) {
+        const int64_t sl = bidx[i] < 0 ? (pos[i] == 0 ? -1 : pos[i] == 1 ? INT64_MIN : -(INT64_C(1) << 40) - pos[i])
+                                       : (int64_t)perm[indptr[bidx[i]] + pos[i] / ps] * ps + pos[i] % ps;
+        memcpy((char*)h_buf_hp(&slot_d) + 8 * (size_t)i, &sl, 8);
+    }
+    h_buf* ups[] = {&idx_d, &indptr_d, &last_d, &bidx_d, &pos_d, &slot_d};
+    for (int i = 0; i < 6; ++i) h_buf_upload(ups[i]);
     kva_paged_kv pg;
     memset(&pg, 0, sizeof pg);
     pg.k_data = h_buf_dp(&kp);
@@ -1335,12 +1348,23 @@ static int run_append_case(const h_case* c) {
     tv.shape[2] = dvo;
     tv.stride[0] = av_s0;
     tv.stride[1] = dvo;
-    h_buf* ins[] = {&ak, &av, &idx_d, &indptr_d, &last_d, &bidx_d, &pos_d};
+    h_buf* ins[] = {&ak, &av, &idx_d, &indptr_d, &last_d, &bidx_d, &pos_d, &slot_d};
     snap sn;
-    snap_take(&sn, ins, 7);
-    kva_status st = kva_append_paged_kv_cache(ctx, &tk, &tv, (const int32_t*)h_buf_dp(&bidx_d),
-                                              (const int32_t*)h_buf_dp(&pos_d), nnz, &pg, B, NULL);
-    H_EXPECT(ok, st == KVA_OK, "kva_append_paged_kv_cache: %s: %s", ST_NAME(st), kva_last_error_message());
+    snap_take(&sn, ins, 8);
+    kva_status st;
+    if (c->bt) {
+        if (h_rng_range(&r, 0, 1)) { /* the table fields are not read */
+            pg.indices = NULL;
+            pg.indptr = NULL;
+            pg.last_page_len = NULL;
+        }
+        st = kva_append_paged_kv_cache_by_slot(ctx, &tk, &tv, (const int64_t*)h_buf_dp(&slot_d), nnz, &pg, NULL);
+    } else {
+        st = kva_append_paged_kv_cache(ctx, &tk, &tv, (const int32_t*)h_buf_dp(&bidx_d),
+                                       (const int32_t*)h_buf_dp(&pos_d), nnz, &pg, B, NULL);
+    }
+    H_EXPECT(ok, st == KVA_OK, "kva_append_paged_kv_cache%s: %s: %s", c->bt ? "_by_slot" : "", ST_NAME(st),
+             kva_last_error_message());
     h_buf_download(&kp);
     if (c->pool != 1) h_buf_download(&vp);
     if (memcmp(kexp, kp.host, ktot) != 0) {
@@ -1360,7 +1384,7 @@ static int run_append_case(const h_case* c) {
     if (c->pool != 1) h_buf_free(&vp);
     h_buf_free(&ak);
     h_buf_free(&av);
-    for (int i = 0; i < 5; ++i) h_buf_free(ups[i]);
+    for (int i = 0; i < 6; ++i) h_buf_free(ups[i]);
     free(kexp);
     free(vexp);
     free(kv);
@@ -2015,6 +2039,21 @@ static void suite_append(void) {
     c.batch = 1;
     c.max_kv = 2000;
     c.max_qo = 2000;
+    go(c);
+    /* the slot form (bt=1: kva_append_paged_kv_cache_by_slot, with padding tokens) */
+    for (int i = 0; i < 5; ++i) {
+        c = b;
+        c.bt = 1;
+        c.kv_dt = dts[i];
+        c.page_size = pss[i % 3];
+        c.layout = (kva_layout)(i & 1);
+        c.pool = i % 3;
+        c.empty_pct = 20;
+        go(c);
+    }
+    c = b;
+    c.bt = 1;
+    c.max_qo = 0; /* padding only, or nothing */
     go(c);
 }
 

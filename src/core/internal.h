@@ -332,9 +332,11 @@ typedef struct kva__backend_ops {
                               const uint8_t* mask, void* stream);
     kva_status (*merge_states)(kva_context* ctx, const kva_tensor* v, const kva_tensor* s, const int32_t* indptr,
                                int64_t rows, const kva_tensor* v_out, const kva_tensor* s_out, void* stream);
+    /* slots != NULL: kva_append_paged_kv_cache_by_slot (batch_indices, positions, batch_size and the paged table
+       fields unused) */
     kva_status (*append_paged_kv)(kva_context* ctx, const kva_tensor* append_k, const kva_tensor* append_v,
-                                  const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
-                                  const kva_paged_kv* paged, int32_t batch_size, void* stream);
+                                  const int32_t* batch_indices, const int32_t* positions, const int64_t* slots,
+                                  int64_t nnz, const kva_paged_kv* paged, int32_t batch_size, void* stream);
     /* which: KVA__FAULTS_WS (the workspace's word) | KVA__FAULTS_APPEND (the context's append word); reports and
        clears one word per call, the workspace's first */
     kva_status (*read_faults)(kva_context* ctx, const kva_workspace* ws, int which, kva_fault_report* report,

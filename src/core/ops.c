@@ -1,6 +1,7 @@
 /* ops.c - run-time validation against the plan, the named operations, single-request ops, merges, append. */
 #include <math.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
@@ -386,6 +387,32 @@ KVA_API kva_status kva_merge_states(kva_context* context, const kva_tensor* v, c
 /* ---------------------------------------------------------------------------------------------- */
 /* Append                                                                                          */
 
+/* The checks both append forms share (pool, new rows), after the form's own arguments; fn names the call. */
+static kva_status kva__append_common(const char* fn, const kva_tensor* append_k, const kva_tensor* append_v,
+                                     int64_t nnz, const kva_paged_kv* paged) {
+    KVA_RETURN_IF(!paged->k_data || !paged->v_data, KVA_ERR_INVALID_ARGUMENT, "%s: paged->k_data or v_data is NULL",
+                  fn);
+    KVA_RETURN_IF(paged->page_size < 1 || paged->num_pages < 1 || paged->num_heads < 1 || paged->head_dim_qk < 1 ||
+                      paged->head_dim_vo < 1,
+                  KVA_ERR_INVALID_ARGUMENT, "%s: paged has page_size %d, num_pages %lld, num_heads %d, head dims %d/%d",
+                  fn, (int)paged->page_size, (long long)paged->num_pages, (int)paged->num_heads,
+                  (int)paged->head_dim_qk, (int)paged->head_dim_vo);
+    KVA_FORWARD(kva__check_paged_fields(fn, paged));
+    KVA_RETURN_IF(!append_k || !append_v || !append_k->data || !append_v->data, KVA_ERR_INVALID_ARGUMENT,
+                  "%s: append_k or append_v is NULL", fn);
+    KVA_RETURN_IF(!kva__is_float(append_k->dtype) && append_k->dtype != paged->dtype, KVA_ERR_UNSUPPORTED,
+                  "%s: append_k dtype %s", fn, kva_dtype_name(append_k->dtype));
+    int64_t ks[3] = {nnz, paged->num_heads, paged->head_dim_qk};
+    int64_t vs[3] = {nnz, paged->num_heads, paged->head_dim_vo};
+    char what[96];
+    snprintf(what, sizeof what, "%s: append_k", fn);
+    kva_status st = kva__check_tensor(what, append_k, append_k->dtype, 3, ks);
+    snprintf(what, sizeof what, "%s: append_v", fn);
+    if (st == KVA_OK) st = kva__check_tensor(what, append_v, append_k->dtype, 3, vs);
+    if (st == KVA_ERR_PLAN_MISMATCH) st = kva__retag_error(KVA_ERR_INVALID_ARGUMENT);
+    return st;
+}
+
 KVA_API kva_status kva_append_paged_kv_cache(kva_context* context, const kva_tensor* append_k,
                                              const kva_tensor* append_v, const int32_t* batch_indices,
                                              const int32_t* positions, int64_t nnz, const kva_paged_kv* paged,
@@ -401,28 +428,22 @@ KVA_API kva_status kva_append_paged_kv_cache(kva_context* context, const kva_ten
                   "kva_append_paged_kv_cache: batch_indices or positions is NULL");
     KVA_RETURN_IF(!paged->indices || !paged->indptr || !paged->last_page_len, KVA_ERR_INVALID_ARGUMENT,
                   "kva_append_paged_kv_cache: paged->indices, indptr and last_page_len are required");
-    KVA_RETURN_IF(!paged->k_data || !paged->v_data, KVA_ERR_INVALID_ARGUMENT,
-                  "kva_append_paged_kv_cache: paged->k_data or v_data is NULL");
-    KVA_RETURN_IF(paged->page_size < 1 || paged->num_pages < 1 || paged->num_heads < 1 || paged->head_dim_qk < 1 ||
-                      paged->head_dim_vo < 1,
-                  KVA_ERR_INVALID_ARGUMENT,
-                  "kva_append_paged_kv_cache: paged has page_size %d, num_pages %lld, num_heads %d, head dims %d/%d",
-                  (int)paged->page_size, (long long)paged->num_pages, (int)paged->num_heads, (int)paged->head_dim_qk,
-                  (int)paged->head_dim_vo);
-    KVA_FORWARD(kva__check_paged_fields("kva_append_paged_kv_cache", paged));
-    KVA_RETURN_IF(!append_k || !append_v || !append_k->data || !append_v->data, KVA_ERR_INVALID_ARGUMENT,
-                  "kva_append_paged_kv_cache: append_k or append_v is NULL");
-    KVA_RETURN_IF(!kva__is_float(append_k->dtype) && append_k->dtype != paged->dtype, KVA_ERR_UNSUPPORTED,
-                  "kva_append_paged_kv_cache: append_k dtype %s", kva_dtype_name(append_k->dtype));
-    int64_t ks[3] = {nnz, paged->num_heads, paged->head_dim_qk};
-    int64_t vs[3] = {nnz, paged->num_heads, paged->head_dim_vo};
-    kva_status st = kva__check_tensor("kva_append_paged_kv_cache: append_k", append_k, append_k->dtype, 3, ks);
-    if (st == KVA_OK)
-        st = kva__check_tensor("kva_append_paged_kv_cache: append_v", append_v, append_k->dtype, 3, vs);
-    if (st == KVA_ERR_PLAN_MISMATCH) st = kva__retag_error(KVA_ERR_INVALID_ARGUMENT);
-    KVA_FORWARD(st);
-    return context->ops->append_paged_kv(context, append_k, append_v, batch_indices, positions, nnz, paged, batch_size,
-                                         stream);
+    KVA_FORWARD(kva__append_common("kva_append_paged_kv_cache", append_k, append_v, nnz, paged));
+    return context->ops->append_paged_kv(context, append_k, append_v, batch_indices, positions, NULL, nnz, paged,
+                                         batch_size, stream);
+}
+
+KVA_API kva_status kva_append_paged_kv_cache_by_slot(kva_context* context, const kva_tensor* append_k,
+                                                     const kva_tensor* append_v, const int64_t* slots, int64_t nnz,
+                                                     const kva_paged_kv* paged, void* stream) {
+    KVA_RETURN_IF(!context, KVA_ERR_INVALID_ARGUMENT, "kva_append_paged_kv_cache_by_slot: context is NULL");
+    KVA_RETURN_IF(!paged, KVA_ERR_INVALID_ARGUMENT, "kva_append_paged_kv_cache_by_slot: paged is NULL");
+    KVA_RETURN_IF(nnz < 0, KVA_ERR_INVALID_ARGUMENT, "kva_append_paged_kv_cache_by_slot: nnz = %lld is negative",
+                  (long long)nnz);
+    if (nnz == 0) return KVA_OK;
+    KVA_RETURN_IF(!slots, KVA_ERR_INVALID_ARGUMENT, "kva_append_paged_kv_cache_by_slot: slots is NULL");
+    KVA_FORWARD(kva__append_common("kva_append_paged_kv_cache_by_slot", append_k, append_v, nnz, paged));
+    return context->ops->append_paged_kv(context, append_k, append_v, NULL, NULL, slots, nnz, paged, 0, stream);
 }
 
 KVA_API kva_status kva_read_faults(kva_context* context, const kva_workspace* workspace, kva_fault_report* report,

@@ -157,8 +157,8 @@ kva_status kva__cpu_merge_state(kva_context* ctx, const kva_tensor* v_a, const k
 kva_status kva__cpu_merge_states(kva_context* ctx, const kva_tensor* v, const kva_tensor* s, const int32_t* indptr,
                                  int64_t rows, const kva_tensor* v_out, const kva_tensor* s_out, void* stream);
 kva_status kva__cpu_append_paged_kv(kva_context* ctx, const kva_tensor* append_k, const kva_tensor* append_v,
-                                    const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
-                                    const kva_paged_kv* paged, int32_t batch_size, void* stream);
+                                    const int32_t* batch_indices, const int32_t* positions, const int64_t* slots,
+                                    int64_t nnz, const kva_paged_kv* paged, int32_t batch_size, void* stream);
 
 /* user variants (cpu_variant.c): compile the hooks into a cached shared object and bind its row functions */
 kva_status kva__cpu_variant_compile(kva_context* ctx, struct kva_variant* v);

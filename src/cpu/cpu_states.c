@@ -242,6 +242,7 @@ typedef struct append_ctx {
     const kva__cpu_state* st;
     const kva_tensor *ak, *av;
     const int32_t *bidx, *pos;
+    const int64_t* slots; /* the slot form (kva_append_paged_kv_cache_by_slot): bidx, pos unused */
     const kva_paged_kv* pk;
     int64_t nnz;
     int nthreads;
@@ -271,9 +272,16 @@ static void append_job(void* arg, int tid) {
     const size_t eak = kva__cpu_dtype_size(c->ak->dtype), eav = kva__cpu_dtype_size(c->av->dtype);
     const int64_t begin = c->nnz * tid / c->nthreads, end = c->nnz * (tid + 1) / c->nthreads;
     for (int64_t i = begin; i < end; ++i) {
-        const int32_t b = c->bidx[i], p = c->pos[i];
-        const int64_t page = pk->indices[pk->indptr[b] + p / pk->page_size];
-        const int64_t slot = p % pk->page_size;
+        int64_t page, slot;
+        if (c->slots) {
+            if (c->slots[i] < 0) continue; /* padding */
+            page = c->slots[i] / pk->page_size;
+            slot = c->slots[i] % pk->page_size;
+        } else {
+            const int32_t b = c->bidx[i], p = c->pos[i];
+            page = pk->indices[pk->indptr[b] + p / pk->page_size];
+            slot = p % pk->page_size;
+        }
         for (int32_t h = 0; h < pk->num_heads; ++h) {
             const char* sk = (const char*)c->ak->data + (size_t)(i * c->ak->stride[0] + h * c->ak->stride[1]) * eak;
             const char* sv = (const char*)c->av->data + (size_t)(i * c->av->stride[0] + h * c->av->stride[1]) * eav;
@@ -287,18 +295,21 @@ static void append_job(void* arg, int tid) {
     }
 }
 
+static kva_status append_check_table(const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
+                                     const kva_paged_kv* paged, int32_t batch_size);
+
 kva_status kva__cpu_append_paged_kv(kva_context* ctx, const kva_tensor* append_k, const kva_tensor* append_v,
-                                    const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
-                                    const kva_paged_kv* paged, int32_t batch_size, void* stream) {
+                                    const int32_t* batch_indices, const int32_t* positions, const int64_t* slots,
+                                    int64_t nnz, const kva_paged_kv* paged, int32_t batch_size, void* stream) {
     (void)stream;
     kva__cpu_state* st = (kva__cpu_state*)ctx->backend_state;
     KVA_RETURN_IF(!st, KVA_ERR_INTERNAL, "CPU append_paged_kv: backend not initialised");
     KVA_RETURN_IF(!append_k || !append_v || !paged, KVA_ERR_INVALID_ARGUMENT, "CPU append_paged_kv: NULL argument");
     KVA_RETURN_IF(nnz < 0, KVA_ERR_INVALID_ARGUMENT, "CPU append_paged_kv: nnz = %lld < 0", (long long)nnz);
     if (nnz == 0) return KVA_OK;
-    KVA_RETURN_IF(!batch_indices || !positions, KVA_ERR_INVALID_ARGUMENT,
+    KVA_RETURN_IF(!slots && (!batch_indices || !positions), KVA_ERR_INVALID_ARGUMENT,
                   "CPU append_paged_kv: batch_indices and positions are required");
-    KVA_RETURN_IF(!paged->indices || !paged->indptr || !paged->last_page_len, KVA_ERR_INVALID_ARGUMENT,
+    KVA_RETURN_IF(!slots && (!paged->indices || !paged->indptr || !paged->last_page_len), KVA_ERR_INVALID_ARGUMENT,
                   "CPU append_paged_kv: paged->indices, indptr and last_page_len are required");
     KVA_RETURN_IF(!paged->k_data || !paged->v_data || !append_k->data || !append_v->data, KVA_ERR_INVALID_ARGUMENT,
                   "CPU append_paged_kv: NULL data pointer");
@@ -317,6 +328,38 @@ kva_status kva__cpu_append_paged_kv(kva_context* ctx, const kva_tensor* append_k
                   (long long)nnz, (int)paged->num_heads, (int)paged->head_dim_qk, (int)paged->num_heads,
                   (int)paged->head_dim_vo);
     /* validate everything before writing anything */
+    if (slots) {
+        for (int64_t i = 0; i < nnz; ++i) /* (negative slots are padding) */
+            KVA_RETURN_IF(slots[i] / paged->page_size >= paged->num_pages, KVA_ERR_PAGE_INDEX_OUT_OF_RANGE,
+                          "CPU append_paged_kv_by_slot: token %lld: slot %lld (page %lld) outside the pool of %lld "
+                          "pages of %d tokens",
+                          (long long)i, (long long)slots[i], (long long)(slots[i] / paged->page_size),
+                          (long long)paged->num_pages, (int)paged->page_size);
+    } else {
+        KVA_FORWARD(append_check_table(batch_indices, positions, nnz, paged, batch_size));
+    }
+    append_ctx c;
+    c.st = st;
+    c.ak = append_k;
+    c.av = append_v;
+    c.bidx = batch_indices;
+    c.pos = positions;
+    c.slots = slots;
+    c.pk = paged;
+    c.nnz = nnz;
+    int n = st->num_threads;
+    if (nnz * paged->num_heads * (int64_t)(paged->head_dim_qk + paged->head_dim_vo) < PAR_MIN_ELEMS) n = 1;
+    if ((int64_t)n > nnz) n = (int)nnz;
+    c.nthreads = n;
+    pthread_mutex_lock(&st->call_mu);
+    kva__cpu_pool_run(st->pool, n, append_job, &c);
+    pthread_mutex_unlock(&st->call_mu);
+    return KVA_OK;
+}
+
+/* the page-table form's checks: the table, every token's request, position and page */
+static kva_status append_check_table(const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
+                                     const kva_paged_kv* paged, int32_t batch_size) {
     const int32_t* indptr = paged->indptr;
     KVA_RETURN_IF(indptr[0] < 0, KVA_ERR_PAGETABLE_MALFORMED, "CPU append_paged_kv: indptr[0] = %d < 0", (int)indptr[0]);
     for (int32_t b = 0; b < batch_size; ++b) {
@@ -352,20 +395,5 @@ kva_status kva__cpu_append_paged_kv(kva_context* ctx, const kva_tensor* append_k
                       (long long)i, (int)b, (int)p, (long long)entry, (int)page, (long long)paged->num_pages);
     }
 
-    append_ctx c;
-    c.st = st;
-    c.ak = append_k;
-    c.av = append_v;
-    c.bidx = batch_indices;
-    c.pos = positions;
-    c.pk = paged;
-    c.nnz = nnz;
-    int n = st->num_threads;
-    if (nnz * paged->num_heads * (int64_t)(paged->head_dim_qk + paged->head_dim_vo) < PAR_MIN_ELEMS) n = 1;
-    if ((int64_t)n > nnz) n = (int)nnz;
-    c.nthreads = n;
-    pthread_mutex_lock(&st->call_mu);
-    kva__cpu_pool_run(st->pool, n, append_job, &c);
-    pthread_mutex_unlock(&st->call_mu);
     return KVA_OK;
 }

@@ -1006,8 +1006,8 @@ static unsigned kva__pow2_align(uint64_t x) {
 }
 
 static kva_status kva__cuda_append(kva_context* ctx, const kva_tensor* append_k, const kva_tensor* append_v,
-                                   const int32_t* batch_indices, const int32_t* positions, int64_t nnz,
-                                   const kva_paged_kv* paged, int32_t batch_size, void* stream) {
+                                   const int32_t* batch_indices, const int32_t* positions, const int64_t* slots,
+                                   int64_t nnz, const kva_paged_kv* paged, int32_t batch_size, void* stream) {
     kva__cuda_state* st = kva__st(ctx);
     const size_t ses = kva_dtype_size(append_k->dtype), des = kva_dtype_size(paged->dtype);
     KVA_RETURN_IF(ses == 0 || des == 0, KVA_ERR_UNSUPPORTED, "append: unsupported dtypes");
@@ -1015,7 +1015,8 @@ static kva_status kva__cuda_append(kva_context* ctx, const kva_tensor* append_k,
                   "append: append_k and append_v need a unit last stride");
     KVA_RETURN_IF(!kva__al(append_k->data, ses) || !kva__al(append_v->data, ses) || !kva__al(paged->k_data, des) ||
                       !kva__al(paged->v_data, des) || !kva__al(batch_indices, 4) || !kva__al(positions, 4) ||
-                      !kva__al(paged->indices, 4) || !kva__al(paged->indptr, 4) || !kva__al(paged->last_page_len, 4),
+                      !kva__al(paged->indices, 4) || !kva__al(paged->indptr, 4) || !kva__al(paged->last_page_len, 4) ||
+                      !kva__al(slots, 8),
                   KVA_ERR_ALIGNMENT, "append: a pointer is not aligned to its element size");
     kvk_append_params p;
     memset(&p, 0, sizeof p);
@@ -1023,11 +1024,12 @@ static kva_status kva__cuda_append(kva_context* ctx, const kva_tensor* append_k,
     p.av = (const char*)append_v->data;
     p.k = (char*)paged->k_data;
     p.v = (char*)paged->v_data;
-    p.batch_indices = batch_indices;
-    p.positions = positions;
-    p.indices = paged->indices;
-    p.indptr = paged->indptr;
-    p.last_page_len = paged->last_page_len;
+    p.slots = slots; /* the slot form: the table fields are not read */
+    p.batch_indices = slots ? NULL : batch_indices;
+    p.positions = slots ? NULL : positions;
+    p.indices = slots ? NULL : paged->indices;
+    p.indptr = slots ? NULL : paged->indptr;
+    p.last_page_len = slots ? NULL : paged->last_page_len;
     p.status = (kvk_status*)(uintptr_t)st->append_status;
     p.nnz = nnz;
     p.ak_stride_tok = append_k->stride[0] * (int64_t)ses;

@@ -298,7 +298,7 @@ typedef struct kvk_merge_states_params {
     kvk_i32 indptr[KVK_MERGE_STATES_CHUNK + 1];
 } kvk_merge_states_params;
 
-/* append_paged_kv: token i of nnz goes to request batch_indices[i] at positions[i] */
+/* append_paged_kv: token i of nnz goes to request batch_indices[i] at positions[i], or to slots[i] */
 typedef struct kvk_append_params {
     const char* ak;
     const char* av;
@@ -327,6 +327,8 @@ typedef struct kvk_append_params {
     kvk_i32 dst_dtype;    /* pool dtype (conversion when they differ) */
     kvk_i32 head_dim_qk;
     kvk_i32 head_dim_vo;
+    const kvk_i64* slots; /* non-NULL: token i goes to slot slots[i] (page slots[i] / page_size; < 0: skipped) and
+                             batch_indices .. last_page_len are unused (kva_append_paged_kv_cache_by_slot) */
 } kvk_append_params;
 
 #endif /* KVA_KPARAMS_H */

@@ -261,25 +261,38 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_append_paged(co
          w += nwarps_total) {
         const long long tok = w / p.heads;
         const int h = (int)(w % p.heads);
-        const int b = p.batch_indices[tok];
-        const int pos = p.positions[tok];
         int page = -1;
-        bool ok = b >= 0 && b < p.batch_size && pos >= 0;
-        if (ok) {
-            const int e0 = p.indptr[b], e1 = p.indptr[b + 1];
-            /* a malformed indptr (negative, decreasing, or past the table where its length is known) must not
-               index outside indices: the request's tokens are refused */
-            const bool table_ok = e0 >= 0 && e1 >= e0 && (p.num_indices == 0 || (long long)e1 <= p.num_indices);
-            const int npages = table_ok ? e1 - e0 : 0;
-            const int lpl = npages > 0 ? p.last_page_len[b] : 0;
-            /* a malformed last_page_len must not let pos / page_size index past the request's pages */
-            const long long len =
-                (npages > 0 && lpl >= 1 && lpl <= p.page_size) ? (long long)(npages - 1) * p.page_size + lpl : 0;
-            ok = pos < len;
+        long long slot;
+        bool ok;
+        if (p.slots) { /* the slot form: a negative slot is padding */
+            const long long sl = p.slots[tok];
+            if (sl < 0) continue;
+            const long long pg = sl / p.page_size;
+            ok = pg < p.num_pages;
+            page = pg > 0x7fffffffLL ? 0x7fffffff : (int)pg; /* (the fault report's page, clamped) */
+            slot = sl % p.page_size;
+        } else {
+            const int b = p.batch_indices[tok];
+            const int pos = p.positions[tok];
+            ok = b >= 0 && b < p.batch_size && pos >= 0;
             if (ok) {
-                page = p.indices[e0 + pos / p.page_size];
-                ok = (unsigned long long)(unsigned)page < (unsigned long long)p.num_pages;
+                const int e0 = p.indptr[b], e1 = p.indptr[b + 1];
+                /* a malformed indptr (negative, decreasing, or past the table where its length is known) must not
+                   index outside indices: the request's tokens are refused */
+                const bool table_ok =
+                    e0 >= 0 && e1 >= e0 && (p.num_indices == 0 || (long long)e1 <= p.num_indices);
+                const int npages = table_ok ? e1 - e0 : 0;
+                const int lpl = npages > 0 ? p.last_page_len[b] : 0;
+                /* a malformed last_page_len must not let pos / page_size index past the request's pages */
+                const long long len =
+                    (npages > 0 && lpl >= 1 && lpl <= p.page_size) ? (long long)(npages - 1) * p.page_size + lpl : 0;
+                ok = pos < len;
+                if (ok) {
+                    page = p.indices[e0 + pos / p.page_size];
+                    ok = (unsigned long long)(unsigned)page < (unsigned long long)p.num_pages;
+                }
             }
+            slot = pos % p.page_size;
         }
         if (!ok) {
             if (lane == 0 && h == 0) {
@@ -289,7 +302,6 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_append_paged(co
             }
             continue;
         }
-        const long long slot = pos % p.page_size;
         char* kd = p.k + (long long)page * p.k_stride_page + slot * p.k_stride_token + h * p.k_stride_head;
         char* vd = p.v + (long long)page * p.v_stride_page + slot * p.v_stride_token + h * p.v_stride_head;
         const char* ks = p.ak + tok * p.ak_stride_tok + h * p.ak_stride_head;
