@@ -65,6 +65,8 @@ if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of
     step "selftest --quick" 200 "$BUILD/kva_cuda_selftest" --quick
     step "test_ops append (with the slot form, bt=1)" 120 "$T" --backend cuda --suite append
     step "test_errors" 200 "$BUILD/tests/test_errors" --backend cuda
+    step "python append by slot (torch CUDA)" 200 env PYTHONPATH=python KVATTN_LIBRARY="$PWD/$BUILD/libkvattn.so" \
+        python3 -m pytest -q python/tests/test_torch.py -k "slot or append"
     step "fuzz seed ${SEED:-4103} [PDL]" 300 env KVA_TEST_PDL=1 "$T" --backend cuda --suite fuzz --seed "${SEED:-4103}" \
         --count "${COUNT:-300}"
 fi

@@ -34,7 +34,7 @@ from .exceptions import (
     UnsupportedError,
     WorkspaceTooSmallError,
 )
-from .page import append_paged_kv_cache, get_batch_indices_positions, get_seq_lens
+from .page import append_paged_kv_cache, append_paged_kv_cache_by_slot, get_batch_indices_positions, get_seq_lens
 from .prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -73,6 +73,7 @@ __all__ = [
     "merge_state_in_place",
     "merge_states",
     "append_paged_kv_cache",
+    "append_paged_kv_cache_by_slot",
     "get_batch_indices_positions",
     "get_seq_lens",
     "packbits",

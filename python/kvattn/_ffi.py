@@ -365,6 +365,10 @@ _PROTOTYPES = {
         c_enum,
         [_ctx_p, _P(kva_tensor), _P(kva_tensor), c_void_p, c_void_p, c_int64, _P(kva_paged_kv), c_int32, c_void_p],
     ),
+    "kva_append_paged_kv_cache_by_slot": (
+        c_enum,
+        [_ctx_p, _P(kva_tensor), _P(kva_tensor), c_void_p, c_int64, _P(kva_paged_kv), c_void_p],
+    ),
     "kva_read_faults": (c_enum, [_ctx_p, _P(kva_workspace), _P(kva_fault_report), c_void_p]),
     "kva_alibi_slopes": (c_enum, [c_int32, _P(c_float)]),
 }

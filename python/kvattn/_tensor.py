@@ -497,6 +497,32 @@ def check_run_array(x: Any, dev: DeviceKey, what: str, dtype: int, shape: Tuple[
     check_last_contiguous(x, what)
 
 
+def backend_int64(x: Any, dev: DeviceKey, what: str) -> Any:
+    """A contiguous int64 1-D array in `dev` memory holding x (no copy when x already is one)."""
+    if is_torch(x):
+        t = _torch()
+        if x.ndim != 1:
+            raise ValueError("kvattn: %s must be 1-D, got shape %s" % (what, tuple(x.shape)))
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == t.bool:
+            raise TypeError("kvattn: %s must be an integer tensor (int64), got %s" % (what, x.dtype))
+        if dev[0] == "cpu":
+            return x.detach().to(device="cpu", dtype=t.int64).contiguous()
+        if x.is_cuda and x.dtype == t.int64 and x.get_device() == dev[1] and x.is_contiguous():
+            return x
+        if not x.is_cuda:
+            return to_device(x.to(dtype=t.int64), dev)
+        return x.to(device="cuda:%d" % dev[1], dtype=t.int64, non_blocking=True).contiguous()
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu" and a.size:
+        raise TypeError("kvattn: %s must be an integer array (int64), got %s" % (what, a.dtype))
+    if a.ndim != 1:
+        raise ValueError("kvattn: %s must be 1-D, got shape %s" % (what, a.shape))
+    if a.dtype == np.uint64 and a.size and int(a.max()) >= 2 ** 63:
+        raise ValueError("kvattn: %s has values outside the int64 range" % what)
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    return a if dev[0] == "cpu" else to_device(a, dev)
+
+
 def backend_int32(x: Any, dev: DeviceKey, what: str) -> Any:
     """A contiguous int32 1-D array in `dev` memory holding x (no copy when x already is one)."""
     if dev[0] == "cpu":

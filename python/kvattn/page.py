@@ -14,7 +14,7 @@ from . import _ffi as F
 from . import _tensor as T
 from . import _torch_ops
 
-__all__ = ["append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"]
+__all__ = ["append_paged_kv_cache", "append_paged_kv_cache_by_slot", "get_batch_indices_positions", "get_seq_lens"]
 
 _LAYOUT_CODE = {"NHD": F.KVA_LAYOUT_NHD, "HND": F.KVA_LAYOUT_HND}
 _LAYOUT_NAME = {v: k for k, v in _LAYOUT_CODE.items()}
@@ -145,6 +145,47 @@ def _append_impl(append_key: Any, append_value: Any, batch_indices: Any, positio
     koff = k.data_ptr() - cache.data_ptr()
     voff = v.data_ptr() - (v_cache if v_cache is not None else cache).data_ptr()
     return _PreparedAppend(dev, p, tk, tv, nnz, int(kv_last_page_len.shape[0]), koff, voff)
+
+
+def append_paged_kv_cache_by_slot(append_key: Any, append_value: Any, slot_mapping: Any, paged_kv_cache: Any,
+                                  kv_layout: str = "NHD") -> None:
+    """Scatter ``append_key/append_value [nnz, num_kv_heads, head_dim]`` into the paged cache by slot: token i goes
+    to slot ``slot_mapping[i]`` of the pool, page ``slot // page_size`` at offset ``slot % page_size`` (the slot
+    mapping of block-table engines; int64, any integer dtype is converted). A negative slot skips its token
+    (padding). A slot past the pool is not written and raises (PageIndexOutOfRangeError; on CUDA the fault is
+    recorded for ``kvattn.read_faults`` instead, as for the page-table form). Eager only (no torch.compile op)."""
+    layout_name = _core.parse_layout(kv_layout)
+    if isinstance(paged_kv_cache, (tuple, list)):
+        cache, v_cache = paged_kv_cache
+    else:
+        cache, v_cache = paged_kv_cache, None
+    if not (T.is_torch(cache) or isinstance(cache, np.ndarray)):
+        raise TypeError("kvattn: paged_kv_cache must be an array or a (k_cache, v_cache) tuple, got %s"
+                        % type(cache).__name__)
+    dev = T.device_of(cache)
+    for name, x in (("append_key", append_key), ("append_value", append_value), ("v_cache", v_cache)):
+        if x is not None and T.device_of(x) != dev:
+            raise ValueError("kvattn: append_paged_kv_cache_by_slot: %s is on %s, the cache on %s"
+                             % (name, T.device_str(T.device_of(x)), T.device_str(dev)))
+    if append_key.ndim != 3 or append_value.ndim != 3:
+        raise ValueError("kvattn: append_key / append_value must be [nnz, num_kv_heads, head_dim]")
+    slots = T.backend_int64(slot_mapping, dev, "slot_mapping")
+    nnz = int(append_key.shape[0])
+    if int(slots.shape[0]) < nnz:
+        raise ValueError("kvattn: slot_mapping has %d elements, append_key %d rows" % (int(slots.shape[0]), nnz))
+    k, v = _core.split_paged_kv(cache if v_cache is None else (cache, v_cache), layout_name)
+    T.check_writable(k, "k_cache")
+    T.check_writable(v, "v_cache")
+    kd = T.dtype_of(k, "k_cache")
+    if T.dtype_of(v, "v_cache") != kd:
+        raise TypeError("kvattn: the K and V caches must have the same dtype")
+    p = F.kva_paged_kv()
+    _core.fill_paged(p, k, v, layout_name, kd, int(k.shape[0]), 0)
+    tk = T.make_tensor(append_key, "append_key")
+    tv = T.make_tensor(append_value, "append_value")
+    F.check(F.lib().kva_append_paged_kv_cache_by_slot(C.get_context(dev), ctypes.byref(tk), ctypes.byref(tv),
+                                                      T.data_ptr(slots) or None, nnz, ctypes.byref(p),
+                                                      C.current_stream(dev)), "append_paged_kv_cache_by_slot")
 
 
 def _check_batch_lens(indptr: Any, indptr_name: str, per_req: Any, per_req_name: str, exact: bool) -> None:

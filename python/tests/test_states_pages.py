@@ -119,6 +119,63 @@ def test_append_paged_kv_cache(rng, layout, page_size):
     np.testing.assert_array_equal(vc, expect[:, 1])
 
 
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+def test_append_paged_kv_cache_by_slot(rng, layout, page_size):
+    """The slot form writes what the page-table form writes for the same tokens; negative slots are skipped."""
+    hkv, d, P = 2, 8, 7
+    slots_all = rng.permutation(P * page_size)[:11].astype(np.int64)
+    pad = np.array([-1, -(2 ** 40), np.iinfo(np.int64).min], np.int64)
+    slots = np.concatenate([slots_all, pad])
+    order = rng.permutation(len(slots))
+    slots = slots[order]
+    ak = rng.standard_normal((len(slots), hkv, d)).astype(np.float32)
+    av = rng.standard_normal((len(slots), hkv, d)).astype(np.float32)
+    shape = (P, 2, page_size, hkv, d) if layout == "NHD" else (P, 2, hkv, page_size, d)
+    cache = rng.standard_normal(shape).astype(np.float32)
+    expect = cache.copy()
+    for j, sl in enumerate(slots):
+        if sl < 0:
+            continue
+        page, off = int(sl) // page_size, int(sl) % page_size
+        if layout == "NHD":
+            expect[page, 0, off], expect[page, 1, off] = ak[j], av[j]
+        else:
+            expect[page, 0, :, off], expect[page, 1, :, off] = ak[j], av[j]
+    kvattn.append_paged_kv_cache_by_slot(ak, av, slots, cache, kv_layout=layout)
+    np.testing.assert_array_equal(cache, expect)
+    # int32 slot mappings are converted; the (K, V) tuple form writes the same
+    kc, vc = np.zeros_like(cache[:, 0]), np.zeros_like(cache[:, 1])
+    keep = slots >= 0
+    kvattn.append_paged_kv_cache_by_slot(ak[keep], av[keep], slots[keep].astype(np.int32), (kc, vc),
+                                         kv_layout=layout)
+    e2 = np.zeros_like(cache)
+    for j in np.nonzero(keep)[0]:
+        page, off = int(slots[j]) // page_size, int(slots[j]) % page_size
+        if layout == "NHD":
+            e2[page, 0, off], e2[page, 1, off] = ak[j], av[j]
+        else:
+            e2[page, 0, :, off], e2[page, 1, :, off] = ak[j], av[j]
+    np.testing.assert_array_equal(kc, e2[:, 0])
+    np.testing.assert_array_equal(vc, e2[:, 1])
+
+
+def test_append_by_slot_refuses_and_writes_nothing(rng):
+    cache = rng.standard_normal((2, 2, 4, 1, 4)).astype(np.float32)
+    before = cache.copy()
+    ak = np.ones((2, 1, 4), np.float32)
+    with pytest.raises(kvattn.PageIndexOutOfRangeError):
+        kvattn.append_paged_kv_cache_by_slot(ak, ak, np.array([1, 8], np.int64), cache)  # slot 8: page 2 of 2
+    np.testing.assert_array_equal(cache, before)
+    with pytest.raises(ValueError):
+        kvattn.append_paged_kv_cache_by_slot(ak, ak, np.array([1], np.int64), cache)  # fewer slots than rows
+    with pytest.raises(TypeError):
+        kvattn.append_paged_kv_cache_by_slot(ak, ak, np.array([1.0, 2.0]), cache)
+    with pytest.raises(ValueError):
+        kvattn.append_paged_kv_cache_by_slot(ak, ak, np.array([[1, 2]], np.int64), cache)
+    np.testing.assert_array_equal(cache, before)
+
+
 def test_append_out_of_range_raises_and_writes_nothing(rng):
     cache = np.zeros((2, 2, 4, 1, 4), np.float32)
     indptr = np.array([0, 1], np.int32)

@@ -247,6 +247,30 @@ def test_merge_and_append(rng, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_append_by_slot(device):
+    ps, hkv, d = 16, 2, 64
+    cache = torch.randn(6, 2, ps, hkv, d, device=device).half()
+    before = cache.clone()
+    slots = torch.tensor([4 * ps + 3, -1, 0, 5 * ps + 15, 2 * ps + 7], device=device)  # int64, one padding token
+    ak = torch.randn(5, hkv, d, device=device).half()
+    av = torch.randn(5, hkv, d, device=device).half()
+    kvattn.append_paged_kv_cache_by_slot(ak, av, slots, cache)
+    expect = before.clone()
+    for j, sl in enumerate(slots.tolist()):
+        if sl >= 0:
+            expect[sl // ps, 0, sl % ps] = ak[j]
+            expect[sl // ps, 1, sl % ps] = av[j]
+    assert torch.equal(cache, expect)
+    # an int32 host slot mapping is converted and copied
+    kvattn.append_paged_kv_cache_by_slot(av, ak, slots.cpu().to(torch.int32), cache)
+    for j, sl in enumerate(slots.tolist()):
+        if sl >= 0:
+            expect[sl // ps, 0, sl % ps] = av[j]
+            expect[sl // ps, 1, sl % ps] = ak[j]
+    assert torch.equal(cache, expect)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_append_kv_indptr_past_kv_indices(device):
     """kv_indptr reaching past kv_indices: CPU raises before writing; CUDA (the table cannot be read without a
     sync) writes the valid request's tokens and none of the request whose pages lie past the table."""
