@@ -67,15 +67,15 @@ if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of
     step "test_errors" 200 "$BUILD/tests/test_errors" --backend cuda
     step "python append by slot (torch CUDA)" 200 env PYTHONPATH=python KVATTN_LIBRARY="$PWD/$BUILD/libkvattn.so" \
         python3 -m pytest -q python/tests/test_torch.py -k "slot or append"
-    step "fuzz seed ${SEED:-4103} [PDL]" 300 env KVA_TEST_PDL=1 "$T" --backend cuda --suite fuzz --seed "${SEED:-4103}" \
-        --count "${COUNT:-300}"
+    step "fuzz seed ${SEED:-4103} [PDL]" 120 env KVA_TEST_PDL=1 "$T" --backend cuda --suite fuzz --seed "${SEED:-4103}" \
+        --count "${COUNT:-150}"
 fi
 if [[ " $STEPS " == *" dsan "* ]]; then
     DCASES=("op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
         "op=decode B=1 kv=30000 hq=24 hkv=2 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=16 lse=1")
     for tool in memcheck racecheck; do
         for cs in "${DCASES[@]}"; do
-            step "$tool: $cs" 150 compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 "$T" --backend cuda \
+            step "$tool: $cs" 90 compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 "$T" --backend cuda \
                 --case "$cs"
         done
     done
