@@ -20,25 +20,6 @@ STEP_PREFIX=merge # step(): scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 NF=KVATTN_BENCH_NO_FUSED_MERGE=1,KVATTN_BENCH_MERGE_ROWS=1
 NFE="KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=1"
-if [[ " $STEPS " == *" bench "* ]]; then
-    S="32/1:1x8192,32/1:1x32768,32/1:1x131072,32/1:4x32768,64/2:1x65536,128/8:1x32768,16/1:4x16384,16/1:1x32768"
-    S="$S,32/8:1x32768,32/8:1x131072"
-    export KVATTN_BENCH_SHAPES="${SHAPES:-$S}"
-    NF2=KVATTN_BENCH_NO_FUSED_MERGE=1,KVATTN_BENCH_MERGE_ROWS=2
-    DEF_ARMS="KVATTN_BENCH_NO_FUSED_MERGE=1 $NF $NF,KVATTN_BENCH_RS_SPLIT=64 $NF,KVATTN_BENCH_RS_SPLIT=128"
-    ARMS=${ARMS:-"$DEF_ARMS $NF2,KVATTN_BENCH_RS_SPLIT=128"}
-    i=0
-    for arm in $ARMS; do
-        i=$((i + 1))
-        echo "== arm $i: B = $arm"
-        csv=""; [ $i = 1 ] && csv="--csv $OUT/shapes.csv"
-        timeout 300 "$BUILD/kva_bench_decode" --only XS --ab-env "$arm" --ab-only XS $csv > "$OUT/bench_$i.log" 2>&1 ||
-            echo "kva_bench_decode rc=$?"
-        grep "^A/B" "$OUT/bench_$i.log" | sed 's/(medians.*//'
-    done
-    timeout 240 python3 bench/peers_decode.py --csv "$OUT/shapes.csv" --out "$OUT/shapes.md" > "$OUT/peers.log" 2>&1 ||
-        { echo "peers_decode.py failed rc=$?"; tail -20 "$OUT/peers.log"; }
-fi
 if [[ " $STEPS " == *" tests "* ]]; then
     step "test_ops split" 200 "$T" --backend cuda --suite split
     step "test_ops decode" 240 "$T" --backend cuda --suite decode # (with the block-table cases, bt=1)
@@ -62,23 +43,26 @@ fi
 if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of large merge tasks: the row merge)
     step "test_ops split" 200 "$T" --backend cuda --suite split
     step "test_ops decode" 240 "$T" --backend cuda --suite decode
-    step "selftest --quick" 200 "$BUILD/kva_cuda_selftest" --quick
     step "test_ops append (with the slot form, bt=1)" 120 "$T" --backend cuda --suite append
     step "test_errors" 200 "$BUILD/tests/test_errors" --backend cuda
     step "python append by slot (torch CUDA)" 200 env PYTHONPATH=python KVATTN_LIBRARY="$PWD/$BUILD/libkvattn.so" \
         python3 -m pytest -q python/tests/test_torch.py -k "slot or append"
-    step "fuzz seed ${SEED:-4103} [PDL]" 120 env KVA_TEST_PDL=1 "$T" --backend cuda --suite fuzz --seed "${SEED:-4103}" \
-        --count "${COUNT:-150}"
 fi
 if [[ " $STEPS " == *" dsan "* ]]; then
     DCASES=("op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
-        "op=decode B=1 kv=30000 hq=24 hkv=2 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=16 lse=1")
+        "op=decode B=1 kv=30000 hq=24 hkv=2 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=16 lse=1"
+        "op=append B=5 qo=20 kv=100 empty=20 hkv=2 dqk=64 dvo=64 kvt=f16 ps=3 layout=HND pool=1 bt=1 seed=1028")
     for tool in memcheck racecheck; do
         for cs in "${DCASES[@]}"; do
             step "$tool: $cs" 90 compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 "$T" --backend cuda \
                 --case "$cs"
         done
     done
+fi
+if [[ " $STEPS " == *" dtests "* ]]; then # (after the sanitizers)
+    step "selftest --quick" 200 "$BUILD/kva_cuda_selftest" --quick
+    step "fuzz seed ${SEED:-4103} [PDL]" 120 env KVA_TEST_PDL=1 "$T" --backend cuda --suite fuzz --seed "${SEED:-4103}" \
+        --count "${COUNT:-150}"
 fi
 if [[ " $STEPS " == *" san "* ]]; then
     CASES=("op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
@@ -94,6 +78,26 @@ if [[ " $STEPS " == *" san "* ]]; then
             KVATTN_BENCH_RS_SPLIT=128 compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 "$T" \
             --backend cuda --case "${CASES[0]}"
     done
+fi
+if [[ " $STEPS " == *" bench "* ]] && { [ -z "${STEP_DEADLINE:-}" ] || [ "$SECONDS" -lt "$STEP_DEADLINE" ]; }; then
+    # (last: the tests and sanitizers come first)
+    S="32/1:1x8192,32/1:1x32768,32/1:1x131072,32/1:4x32768,64/2:1x65536,128/8:1x32768,16/1:4x16384,16/1:1x32768"
+    S="$S,32/8:1x32768,32/8:1x131072"
+    export KVATTN_BENCH_SHAPES="${SHAPES:-$S}"
+    NF2=KVATTN_BENCH_NO_FUSED_MERGE=1,KVATTN_BENCH_MERGE_ROWS=2
+    DEF_ARMS="KVATTN_BENCH_NO_FUSED_MERGE=1 $NF $NF,KVATTN_BENCH_RS_SPLIT=64 $NF,KVATTN_BENCH_RS_SPLIT=128"
+    ARMS=${ARMS:-"$DEF_ARMS $NF2,KVATTN_BENCH_RS_SPLIT=128"}
+    i=0
+    for arm in $ARMS; do
+        i=$((i + 1))
+        echo "== arm $i: B = $arm"
+        csv=""; [ $i = 1 ] && csv="--csv $OUT/shapes.csv"
+        timeout 300 "$BUILD/kva_bench_decode" --only XS --ab-env "$arm" --ab-only XS $csv > "$OUT/bench_$i.log" 2>&1 ||
+            echo "kva_bench_decode rc=$?"
+        grep "^A/B" "$OUT/bench_$i.log" | sed 's/(medians.*//'
+    done
+    timeout 240 python3 bench/peers_decode.py --csv "$OUT/shapes.csv" --out "$OUT/shapes.md" > "$OUT/peers.log" 2>&1 ||
+        { echo "peers_decode.py failed rc=$?"; tail -20 "$OUT/peers.log"; }
 fi
 echo "==== summary ===="
 printf '%s\n' "${SUM[@]}"
