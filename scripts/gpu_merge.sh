@@ -45,6 +45,8 @@ if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of
     step "test_ops decode" 240 "$T" --backend cuda --suite decode
     step "test_ops append (with the slot form, bt=1)" 120 "$T" --backend cuda --suite append
     step "test_errors" 200 "$BUILD/tests/test_errors" --backend cuda
+    step "test_mutate append (both forms)" 120 "$BUILD/tests/test_mutate" --backend cuda --suite append --seed 43 \
+        --count 1500
     step "python append by slot (torch CUDA)" 200 env PYTHONPATH=python KVATTN_LIBRARY="$PWD/$BUILD/libkvattn.so" \
         python3 -m pytest -q python/tests/test_torch.py -k "slot or append"
 fi

@@ -2,7 +2,8 @@
  * test_mutate.c - a seeded random mutation fuzzer of bad inputs for the public C API.
  *
  * Each case builds a valid fixture of one op family with random shapes (batch decode, paged prefill, ragged
- * prefill, the single-request ops, append to the paged cache, merge_state / merge_state_in_place / merge_states),
+ * prefill, the single-request ops, append to the paged cache (page-table and slot forms), merge_state /
+ * merge_state_in_place / merge_states),
  * then applies 0-3 mutations drawn from a list (NULL pointers and descriptors; negative, huge or inconsistent counts;
  * malformed page tables; page indices outside the pool in the host copy or in backend memory; negative, zero, huge,
  * too small (overlapping) and non-unit strides; rank, dtype and shape disagreement with the plan; small, NULL or
@@ -2683,11 +2684,16 @@ typedef struct app {
     kva_paged_kv cpg;
     int64_t cnnz;
     int32_t cB;
+    /* the slot form (kva_append_paged_kv_cache_by_slot): token i to slot sl[i] (int64 in an I32 buffer); batch
+       indices, positions, batch_size and the page table are then not read */
+    int slot_form, sl_null;
+    h_buf sl;
 } app;
 
 static app P;
 
-enum { GA_CALL = 1, GA_NNZ = 2, GA_PTR = 4, GA_GEOM = 8, GA_STRIDE = 16, GA_TK = 32, GA_TV = 64, GA_DATA = 128, GA_TABLE = 256 };
+enum { GA_CALL = 1, GA_NNZ = 2, GA_PTR = 4, GA_GEOM = 8, GA_STRIDE = 16, GA_TK = 32, GA_TV = 64, GA_DATA = 128, GA_TABLE = 256,
+       GA_SLOT = 512 };
 
 static void app_build(void) {
     app* p = &P;
@@ -2807,10 +2813,19 @@ static void app_build(void) {
     p->cpg = p->pg;
     p->cnnz = n;
     p->cB = p->B;
+    /* the slot form: the same tokens by slot (drawn last: the draws above stay as they were) */
+    p->slot_form = pct(30);
+    p->sl = h_buf_alloc(KVA_DTYPE_I32, (size_t)(2 * (n > 0 ? n : 1)));
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t sl = (int64_t)ix[p->ip[bis[i]] + pos[i] / p->ps] * p->ps + pos[i] % p->ps;
+        memcpy((char*)h_buf_hp(&p->sl) + 8 * i, &sl, 8);
+    }
+    h_buf_upload(&p->sl);
+    reg(&p->sl, "slots");
     snprintf(T.fix, sizeof T.fix,
-             "B=%d kv=[%d %d %d %d %d] nnz=%lld H=%d dqk=%d dvo=%d pool=%s append=%s ps=%d %s pages=%lld entries=%lld "
+             "%sB=%d kv=[%d %d %d %d %d] nnz=%lld H=%d dqk=%d dvo=%d pool=%s append=%s ps=%d %s pages=%lld entries=%lld "
              "num_indices=%lld strides k=%lld/%lld/%lld",
-             p->B, p->kv[0], p->kv[1], p->kv[2], p->kv[3], p->kv[4], (long long)n, p->H, p->dqk, p->dvo,
+             p->slot_form ? "by slot: " : "", p->B, p->kv[0], p->kv[1], p->kv[2], p->kv[3], p->kv[4], (long long)n, p->H, p->dqk, p->dvo,
              h_dtype_str(p->pdt), h_dtype_str(p->adt), p->ps, layout == KVA_LAYOUT_NHD ? "NHD" : "HND",
              (long long)p->num_pages, (long long)p->entries, (long long)pg->num_indices, (long long)pg->k_stride_page,
              (long long)pg->k_stride_token, (long long)pg->k_stride_head);
@@ -2849,7 +2864,7 @@ static int pm_call(void) {
         return 1;
     case 2: {
         static const int32_t v[] = {-1, INT32_MIN};
-        if (P.cB != P.B) return 0;
+        if (P.cB != P.B || P.slot_form) return 0; /* (the slot form has no batch_size) */
         P.cB = PICK(v);
         app_host("append batch_size negative", S_INV, 1, 0, "batch_size = %d", P.cB);
         return 1;
@@ -2886,6 +2901,32 @@ static int pm_nnz(void) {
 }
 
 static int pm_ptr(void) {
+    if (P.slot_form) {
+        const int k = (int)rr(0, 6);
+        if (k == 5) {
+            P.cpg.k_data = NULL;
+            app_host("append paged k_data NULL", S_INV, 1, 1, "paged.k_data = NULL");
+            return 1;
+        }
+        if (k == 6) {
+            P.cpg.v_data = NULL;
+            app_host("append paged v_data NULL", S_INV, 1, 1, "paged.v_data = NULL");
+            return 1;
+        }
+        if (k == 0) {
+            P.sl_null = 1;
+            app_host("append slots NULL", S_INV, 1, 1, "slots = NULL");
+            return 1;
+        }
+        /* the table form's arguments are not read by the slot form: NULL is valid */
+        if (k == 1) P.bi_null = 1, P.po_null = 1;
+        if (k == 2) P.cpg.indices = NULL;
+        if (k == 3) P.cpg.indptr = NULL;
+        if (k == 4) P.cpg.last_page_len = NULL;
+        add("append by slot: a table-form pointer NULL (valid)", S_OK, 0, 0, "%s = NULL",
+            k == 1 ? "batch_indices, positions" : k == 2 ? "paged.indices" : k == 3 ? "paged.indptr" : "paged.last_page_len");
+        return 1;
+    }
     switch (rr(0, 6)) {
     case 0: P.bi_null = 1; app_host("append batch_indices NULL", S_INV, 1, 1, "batch_indices = NULL"); return 1;
     case 1: P.po_null = 1; app_host("append positions NULL", S_INV, 1, 1, "positions = NULL"); return 1;
@@ -3112,11 +3153,50 @@ static int pm_table(void) {
     }
 }
 
+static int pm_slots(void) { /* the slot form's slots (backend data) */
+    if (!P.slot_form || P.nnz == 0) return 0;
+    int64_t* sl = (int64_t*)h_buf_hp(&P.sl);
+    const int64_t i = rr(0, P.nnz - 1), old = sl[i], cap = P.num_pages * P.ps;
+    switch (rr(0, 2)) {
+    case 0: {
+        const int64_t v[] = {cap, cap + rr(1, 2 * P.ps), (int64_t)P.alloc_pages * P.ps - 1, INT64_C(1) << 40, INT64_MAX};
+        sl[i] = PICK(v);
+        app_data("append slot past the pool", "slots[%lld] = %lld (was %lld; pool of %lld slots)", (long long)i,
+                 (long long)sl[i], (long long)old, (long long)cap);
+        break;
+    }
+    case 1: {
+        const int64_t v[] = {-1, -(int64_t)rr(2, 1000), INT64_MIN, -cap};
+        sl[i] = PICK(v);
+        add("append slot negative (padding, valid)", S_OK, 0, 0, "slots[%lld] = %lld (was %lld)", (long long)i,
+            (long long)sl[i], (long long)old);
+        break;
+    }
+    default: { /* another slot of the pool that no token uses */
+        int64_t nv = -1;
+        for (int t = 0; t < 8 && nv < 0; ++t) {
+            nv = rr(0, cap - 1);
+            for (int64_t j = 0; j < P.nnz; ++j)
+                if (sl[j] == nv) nv = -1;
+        }
+        if (nv < 0) return 0;
+        sl[i] = nv;
+        add("append slot changed (valid)", S_OK, 0, 0, "slots[%lld] = %lld (was %lld)", (long long)i, (long long)nv,
+            (long long)old);
+        break;
+    }
+    }
+    h_buf_upload(&P.sl);
+    return 1;
+}
+
 static const mdef app_defs[] = {
+    {"slots", FB(F_APP), GA_SLOT, 0, pm_slots},
     {"call", FB(F_APP), GA_CALL, 0, pm_call},
     {"nnz", FB(F_APP), GA_NNZ, GA_TK | GA_TV, pm_nnz},
     {"pointers", FB(F_APP), GA_PTR, 0, pm_ptr},
-    {"geometry", FB(F_APP), GA_GEOM, GA_STRIDE | GA_TABLE, pm_geom},
+    {"geometry", FB(F_APP), GA_GEOM, GA_STRIDE | GA_TABLE | GA_TK | GA_TV, pm_geom}, /* (a pool head dim and an append_k
+                                                                                    shape mutated alike would agree) */
     {"pool strides", FB(F_APP), GA_STRIDE, GA_GEOM | GA_TABLE, pm_stride},
     {"append_k", FB(F_APP), GA_TK, GA_NNZ | GA_TV, pm_tk}, /* (one of them: both in another dtype would be valid) */
     {"append_v", FB(F_APP), GA_TV, GA_NNZ | GA_TK, pm_tv},
@@ -3133,10 +3213,14 @@ static const char* app_host_model(char* why, size_t n) {
     if (!p->ctx) BAD("append: context NULL");
     if (p->pg_null) BAD("append: paged NULL");
     if (p->cnnz < 0) BAD("append: nnz negative");
-    if (p->cB < 0) BAD("append: batch_size negative");
+    if (p->cB < 0 && !p->slot_form) BAD("append: batch_size negative");
     if (p->cnnz == 0) return NULL;
-    if (p->bi_null || p->po_null) BAD("append: batch_indices / positions NULL");
-    if (!g->indices || !g->indptr || !g->last_page_len) BAD("append: page table NULL");
+    if (p->slot_form) {
+        if (p->sl_null) BAD("append: slots NULL");
+    } else {
+        if (p->bi_null || p->po_null) BAD("append: batch_indices / positions NULL");
+        if (!g->indices || !g->indptr || !g->last_page_len) BAD("append: page table NULL");
+    }
     if (!g->k_data || !g->v_data) BAD("append: pools NULL");
     if (g->page_size < 1 || g->num_pages < 1 || g->num_heads < 1 || g->head_dim_qk < 1 || g->head_dim_vo < 1)
         BAD("append: pool geometry");
@@ -3195,66 +3279,94 @@ static kva_status app_data_model(wlist* wk, wlist* wv, int64_t* bad_tok, int64_t
     *bad_tok = -1;
     *bad_page = -1;
     *testbug = 0;
-    int32_t ip[MAXB + 1] = {0}, lp[MAXB] = {0};
-    for (int32_t b = 0; b <= B; ++b) rd_i32(&ipv, b, &ip[b]);
-    for (int32_t b = 0; b < B; ++b) rd_i32(&lpv, b, &lp[b]);
-    if (!g_dev) {
-        if (ip[0] < 0) return KVA_ERR_PAGETABLE_MALFORMED;
-        for (int32_t b = 0; b < B; ++b) {
-            if (ip[b + 1] < ip[b]) return KVA_ERR_PAGETABLE_MALFORMED;
-            if (ip[b + 1] > ip[b] && (lp[b] < 1 || lp[b] > ps)) return KVA_ERR_PAGETABLE_MALFORMED;
-        }
-        if (g->num_indices > 0 && ip[B] > g->num_indices) return KVA_ERR_PAGETABLE_MALFORMED;
-    }
     int64_t* tpage = (int64_t*)xcalloc((size_t)(p->cnnz > 0 ? p->cnnz : 1), sizeof(int64_t));
-    for (int64_t i = 0; i < p->cnnz; ++i) {
-        int32_t b = 0, pos = 0, page = -1;
-        rd_i32(&biv, i, &b);
-        rd_i32(&pov, i, &pos);
-        int ok = b >= 0 && b < B;
-        if (!ok && !g_dev) {
-            free(tpage);
-            return KVA_ERR_INVALID_ARGUMENT;
-        }
-        int64_t len = 0;
-        if (ok) {
-            const int table_ok = !g_dev || (ip[b] >= 0 && ip[b + 1] >= ip[b] && (g->num_indices == 0 || ip[b + 1] <= g->num_indices));
-            const int64_t np = table_ok ? (int64_t)ip[b + 1] - ip[b] : 0;
-            /* a device refuses every token of a request whose last_page_len is outside [1, page_size] (the host
-               refused the call above) */
-            len = np > 0 && lp[b] >= 1 && lp[b] <= ps ? (np - 1) * ps + lp[b] : 0;
-            ok = pos >= 0 && pos < len;
-        }
-        if (ok) {
-            const int64_t entry = (int64_t)ip[b] + pos / ps;
-            if (!rd_i32(&ixv, entry, &page)) {
-                *testbug = 1; /* the model would read past the table: a test bug */
-                free(tpage);
-                return KVA_OK;
-            }
-            ok = page >= 0 && page < g->num_pages;
-        }
-        if (!ok) {
-            if (!g_dev) {
-                free(tpage);
-                return KVA_ERR_PAGE_INDEX_OUT_OF_RANGE;
-            }
-            if (*bad_tok < 0) {
-                *bad_tok = i;
-                *bad_page = page;
-            }
+    int64_t* tslot = (int64_t*)xcalloc((size_t)(p->cnnz > 0 ? p->cnnz : 1), sizeof(int64_t));
+    if (p->slot_form) {
+        const int64_t* sl = (const int64_t*)h_buf_hp(&p->sl);
+        for (int64_t i = 0; i < p->cnnz; ++i) {
             tpage[i] = -1;
-            continue;
+            if (sl[i] < 0) continue; /* padding */
+            const int64_t page = sl[i] / ps;
+            if (page >= g->num_pages) {
+                if (!g_dev) {
+                    free(tpage);
+                    free(tslot);
+                    return KVA_ERR_PAGE_INDEX_OUT_OF_RANGE;
+                }
+                if (*bad_tok < 0) {
+                    *bad_tok = i;
+                    *bad_page = page > INT32_MAX ? INT32_MAX : page;
+                }
+                continue;
+            }
+            tpage[i] = page;
+            tslot[i] = sl[i] % ps;
         }
-        tpage[i] = page;
+    } else {
+        int32_t ip[MAXB + 1] = {0}, lp[MAXB] = {0};
+        for (int32_t b = 0; b <= B; ++b) rd_i32(&ipv, b, &ip[b]);
+        for (int32_t b = 0; b < B; ++b) rd_i32(&lpv, b, &lp[b]);
+        if (!g_dev) {
+            int mal = ip[0] < 0 || (g->num_indices > 0 && ip[B] > g->num_indices);
+            for (int32_t b = 0; b < B; ++b)
+                mal |= ip[b + 1] < ip[b] || (ip[b + 1] > ip[b] && (lp[b] < 1 || lp[b] > ps));
+            if (mal) {
+                free(tpage);
+                free(tslot);
+                return KVA_ERR_PAGETABLE_MALFORMED;
+            }
+        }
+        for (int64_t i = 0; i < p->cnnz; ++i) {
+            int32_t b = 0, pos = 0, page = -1;
+            rd_i32(&biv, i, &b);
+            rd_i32(&pov, i, &pos);
+            int ok = b >= 0 && b < B;
+            if (!ok && !g_dev) {
+                free(tpage);
+                free(tslot);
+                return KVA_ERR_INVALID_ARGUMENT;
+            }
+            int64_t len = 0;
+            if (ok) {
+                const int table_ok = !g_dev || (ip[b] >= 0 && ip[b + 1] >= ip[b] && (g->num_indices == 0 || ip[b + 1] <= g->num_indices));
+                const int64_t np = table_ok ? (int64_t)ip[b + 1] - ip[b] : 0;
+                /* a device refuses every token of a request whose last_page_len is outside [1, page_size] (the host
+                   refused the call above) */
+                len = np > 0 && lp[b] >= 1 && lp[b] <= ps ? (np - 1) * ps + lp[b] : 0;
+                ok = pos >= 0 && pos < len;
+            }
+            if (ok) {
+                const int64_t entry = (int64_t)ip[b] + pos / ps;
+                if (!rd_i32(&ixv, entry, &page)) {
+                    *testbug = 1; /* the model would read past the table: a test bug */
+                    free(tpage);
+                    free(tslot);
+                    return KVA_OK;
+                }
+                ok = page >= 0 && page < g->num_pages;
+            }
+            if (!ok) {
+                if (!g_dev) {
+                    free(tpage);
+                    free(tslot);
+                    return KVA_ERR_PAGE_INDEX_OUT_OF_RANGE;
+                }
+                if (*bad_tok < 0) {
+                    *bad_tok = i;
+                    *bad_page = page;
+                }
+                tpage[i] = -1;
+                continue;
+            }
+            tpage[i] = page;
+            tslot[i] = pos % ps;
+        }
     }
     /* the writes of the valid tokens */
     const int64_t kb0 = kpv.off / (int64_t)ref_dtype_size(g->dtype), vb0 = vpv.off / (int64_t)ref_dtype_size(g->dtype);
     for (int64_t i = 0; i < p->cnnz; ++i) {
         if (tpage[i] < 0) continue;
-        int32_t pos = 0;
-        rd_i32(&pov, i, &pos);
-        const int64_t slot = pos % ps, page = tpage[i];
+        const int64_t slot = tslot[i], page = tpage[i];
         for (int32_t h = 0; h < g->num_heads; ++h) {
             for (int32_t c = 0; c < g->head_dim_qk; ++c) {
                 double x = 0;
@@ -3271,6 +3383,7 @@ static kva_status app_data_model(wlist* wk, wlist* wv, int64_t* bad_tok, int64_t
         }
     }
     free(tpage);
+    free(tslot);
     return KVA_OK;
 }
 
@@ -3300,9 +3413,15 @@ static void app_case(void) {
     }
     snap_all();
     kva_clear_last_error();
-    const kva_status st = kva_append_paged_kv_cache(
-        p->ctx, p->tk_null ? NULL : &p->ctk, p->tv_null ? NULL : &p->ctv, p->bi_null ? NULL : (const int32_t*)h_buf_dp(&p->bi),
-        p->po_null ? NULL : (const int32_t*)h_buf_dp(&p->po), p->cnnz, p->pg_null ? NULL : &p->cpg, p->cB, NULL);
+    const kva_status st =
+        p->slot_form
+            ? kva_append_paged_kv_cache_by_slot(p->ctx, p->tk_null ? NULL : &p->ctk, p->tv_null ? NULL : &p->ctv,
+                                                p->sl_null ? NULL : (const int64_t*)h_buf_dp(&p->sl), p->cnnz,
+                                                p->pg_null ? NULL : &p->cpg, NULL)
+            : kva_append_paged_kv_cache(p->ctx, p->tk_null ? NULL : &p->ctk, p->tv_null ? NULL : &p->ctv,
+                                        p->bi_null ? NULL : (const int32_t*)h_buf_dp(&p->bi),
+                                        p->po_null ? NULL : (const int32_t*)h_buf_dp(&p->po), p->cnnz,
+                                        p->pg_null ? NULL : &p->cpg, p->cB, NULL);
     verdict(0, st, "append");
     const char* hbad = app_host_model(why, sizeof why);
     if (st != KVA_OK) {
