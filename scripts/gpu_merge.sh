@@ -15,6 +15,15 @@ cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh merge
 export LD_LIBRARY_PATH="$PWD/$BUILD/tests:$LD_LIBRARY_PATH"
 T="$BUILD/tests/test_ops"
+# the run tool brings back at most 8 files: the logs go into one archive (PACK=0 keeps them loose), also when the
+# script is stopped (SIGTERM / SIGINT from a time limit)
+pack_logs() {
+    if [ "${PACK:-1}" = 1 ]; then
+        (cd "$OUT" && ls | grep -v -E '^(logs\.tgz|shapes\.md|shapes\.csv)$' > .pack && [ -s .pack ] &&
+            tar czf logs.tgz -T .pack && xargs rm -f < .pack; rm -f .pack)
+    fi
+}
+trap 'echo "stopped: packing the logs"; pack_logs; exit 124' TERM INT
 STEPS=${STEPS:-bench tests san}
 STEP_PREFIX=merge # step(): scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
@@ -104,8 +113,4 @@ fi
 echo "==== summary ===="
 printf '%s\n' "${SUM[@]}"
 [ -f "$OUT/shapes.md" ] && cat "$OUT/shapes.md"
-# the run tool brings back at most 8 files: the logs go into one archive (PACK=0 keeps them loose)
-if [ "${PACK:-1}" = 1 ]; then
-    (cd "$OUT" && ls | grep -v -E '^(logs\.tgz|shapes\.md|shapes\.csv)$' > .pack && [ -s .pack ] &&
-        tar czf logs.tgz -T .pack && xargs rm -f < .pack; rm -f .pack)
-fi
+pack_logs
