@@ -14,8 +14,9 @@
    of many rows (a row-slot unit of a GQA group of 9-32, a prefill tile) over many CTAs and SMs: one SM reads the
    partials at L2 rates of ~100 GB/s at best; a CTA per (task, row) whose warps take contiguous parts of the partials
    and combine them in shared memory (row_units 2: for many partials a row, a split unit of 64-128 chunks). row_units
-   1 and 2 run in kva_merge_partials_rows, benchmark A/Bs (KVATTN_BENCH_MERGE_ROWS=1 / 2) until they have run on a
-   GPU. */
+   1 and 2 run in kva_merge_partials_rows. Row-slot decode plans whose merge tasks hold more than 512 (row, partial)
+   pairs take row_units 1 by default (kva__cuda_merge_rows_pick, H100 A/B of session 43); row_units 2 stays a
+   benchmark A/B (KVATTN_BENCH_MERGE_ROWS=2: slower than 1 on every shape measured). */
 
 /* row_units 2: row r of task tk by the CTA (warp w: partials [n w / W, n (w + 1) / W)); the same arithmetic as
    kva_merge_task_rows up to the order of the sums (fault -> o = 0, lse = -inf; sigmoid scores: plain sums) */
