@@ -1399,10 +1399,11 @@ static void app_device_data_case(const char* what, kva_status cpu_want) {
     ERR(cpu_want, what, app_call(&A.tk, &A.tv, (const int32_t*)h_buf_dp(&A.bi), (const int32_t*)h_buf_dp(&A.po), NNZ, &A.pg));
 }
 
-static void test_append(void) {
+/* The append fixture's pools (NPAGES + XPAGES pages, random) and NNZ random new f16 rows, from seed. */
+static void app_fixture(uint64_t seed) {
     const int64_t pool = (int64_t)(NPAGES + XPAGES) * PS * HKV * D;
     h_rng r;
-    h_rng_seed(&r, 9);
+    h_rng_seed(&r, seed);
     A.kp = h_buf_alloc(KVA_DTYPE_F16, (size_t)pool);
     A.vp = h_buf_alloc(KVA_DTYPE_F16, (size_t)pool);
     fill_rand(&A.kp, &r);
@@ -1411,15 +1412,19 @@ static void test_append(void) {
     A.av = h_buf_alloc(KVA_DTYPE_F16, (size_t)(NNZ * HKV * D));
     fill_rand(&A.ak, &r);
     fill_rand(&A.av, &r);
-    A.bi = h_buf_alloc(KVA_DTYPE_I32, NNZ);
-    A.po = h_buf_alloc(KVA_DTYPE_I32, NNZ);
-    const int32_t b0[NNZ] = {0, 0, 2, 2}, p0[NNZ] = {8, 9, 5, 6}; /* valid: request 0 has 10 tokens, request 2 has 7 */
     A.tk = t3(h_buf_dp(&A.ak), KVA_DTYPE_F16, NNZ, HKV, D);
     A.tv = t3(h_buf_dp(&A.av), KVA_DTYPE_F16, NNZ, HKV, D);
     A.pg = F.args.paged; /* the fixture's device page table */
     A.pg.k_data = h_buf_dp(&A.kp);
     A.pg.v_data = h_buf_dp(&A.vp);
     A.pg.num_pages = NPAGES; /* XPAGES more are allocated */
+}
+
+static void test_append(void) {
+    app_fixture(9);
+    A.bi = h_buf_alloc(KVA_DTYPE_I32, NNZ);
+    A.po = h_buf_alloc(KVA_DTYPE_I32, NNZ);
+    const int32_t b0[NNZ] = {0, 0, 2, 2}, p0[NNZ] = {8, 9, 5, 6}; /* valid: request 0 has 10 tokens, request 2 has 7 */
     app_watch(1);
     struct {
         const char* what;
@@ -1614,24 +1619,8 @@ static void app_slot_case(const char* what, const int64_t* sl, int expect_bad, i
 }
 
 static void test_append_slot(void) {
-    const int64_t pool = (int64_t)(NPAGES + XPAGES) * PS * HKV * D;
-    h_rng r;
-    h_rng_seed(&r, 11);
-    A.kp = h_buf_alloc(KVA_DTYPE_F16, (size_t)pool);
-    A.vp = h_buf_alloc(KVA_DTYPE_F16, (size_t)pool);
-    fill_rand(&A.kp, &r);
-    fill_rand(&A.vp, &r);
-    A.ak = h_buf_alloc(KVA_DTYPE_F16, (size_t)(NNZ * HKV * D));
-    A.av = h_buf_alloc(KVA_DTYPE_F16, (size_t)(NNZ * HKV * D));
-    fill_rand(&A.ak, &r);
-    fill_rand(&A.av, &r);
-    A.tk = t3(h_buf_dp(&A.ak), KVA_DTYPE_F16, NNZ, HKV, D);
-    A.tv = t3(h_buf_dp(&A.av), KVA_DTYPE_F16, NNZ, HKV, D);
-    A.pg = F.args.paged;
-    A.pg.k_data = h_buf_dp(&A.kp);
-    A.pg.v_data = h_buf_dp(&A.vp);
-    A.pg.num_pages = NPAGES; /* XPAGES more are allocated */
-    A.pg.indices = NULL;     /* not read by the slot form */
+    app_fixture(11);
+    A.pg.indices = NULL; /* not read by the slot form */
     A.pg.indptr = NULL;
     A.pg.last_page_len = NULL;
     const int64_t last = (int64_t)NPAGES * PS - 1;
