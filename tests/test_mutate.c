@@ -5,7 +5,9 @@
  * prefill, the single-request ops, append to the paged cache (page-table and slot forms), merge_state /
  * merge_state_in_place / merge_states),
  * then applies 0-3 mutations drawn from a list (NULL pointers and descriptors; negative, huge or inconsistent counts;
- * malformed page tables; page indices outside the pool in the host copy or in backend memory; negative, zero, huge,
+ * malformed page tables, CSR or block-table form (kv_seq_lens + block_table_stride: a short or huge stride, lengths past a
+ * row, junk in rows' tails that must never be read, unread kv_indptr / kv_last_page_len); page indices outside the pool
+ * in the host copy or in backend memory; negative, zero, huge,
  * too small (overlapping) and non-unit strides; rank, dtype and shape disagreement with the plan; small, NULL or
  * misaligned workspaces; corrupted, zeroed, foreign or stale plans; non-finite scalars; out-of-enum values; aliased
  * outputs; ...) and makes the calls. The oracle of every call:
@@ -604,8 +606,12 @@ typedef struct att {
     kva_attention_desc d;
     int32_t B, qo[MAXB], kv[MAXB];
     int32_t qo_ip[MAXB + 1], kv_ip[MAXB + 1], last[MAXB + 1];
-    int32_t* hidx;  /* host copy of the page table: entries + SPARE valid entries */
+    int32_t* hidx;  /* host copy of the page table: entries + SPARE valid entries (block-table form: B rows of bts
+                       entries, each row's tail past its pages junk, then SPARE valid entries) */
     int64_t entries, nidx, rows, total_kv, mask_bytes;
+    int bt;         /* the block-table form (kv_seq_lens + block_table_stride; paged families) */
+    int32_t bts;    /* its row stride */
+    int32_t jip[MAXB + 1], jlast[MAXB + 1]; /* kv_indptr / kv_last_page_len given with it: junk (not read) */
     int32_t ps;
     int64_t num_pages, alloc_pages;
     int lse_on, graph, custom;
@@ -621,7 +627,7 @@ typedef struct att {
     int desc_null, params_null, pws_null, plan_null, named;
     kva_op cop;
     kva_plan_params cp;
-    int32_t cqo[MAXB + 2], ckv[MAXB + 2], clast[MAXB + 2];
+    int32_t cqo[MAXB + 2], ckv[MAXB + 2], clast[MAXB + 2], csl[MAXB + 2];
     int32_t* chidx;
     kva_workspace pws;
     int64_t ws_small;  /* > 0: declare the plan's need minus this (resolved before the call) */
@@ -659,6 +665,16 @@ static kva_dtype pick_kv_dt(void) {
     if (k == 11) return E5M2;
     if (g_dev) return k < 5 ? F16 : BF16;
     return k < 3 ? F32 : k < 7 ? F16 : BF16;
+}
+
+/* an entry of a block-table row past the request's pages: anything (a caller's -1, a null block, a stale page) */
+static int32_t bt_junk(int64_t num_pages) {
+    const int k = (int)rr(0, 99);
+    if (k < 35) return -1;
+    if (k < 55) return (int32_t)(num_pages + rr(0, XPAGES - 1)); /* (a NaN page past the pool) */
+    if (k < 65) return INT32_MIN;
+    if (k < 75) return INT32_MAX;
+    return (int32_t)rr(0, num_pages - 1);
 }
 
 static kva_tensor t3(void* data, kva_dtype dt, int64_t a, int64_t b, int64_t c, int64_t s0, int64_t s1) {
@@ -742,15 +758,39 @@ static void att_build(int fam) {
     const int32_t B = a->B;
     const kva_dtype kvt = d->kv_dtype;
     if (a->paged) {
-        a->entries = a->kv_ip[B];
-        a->nidx = a->entries + SPARE;
-        a->num_pages = a->entries + rr(1, 6);
+        const int64_t used = a->kv_ip[B]; /* pages of the requests */
+        a->bt = pct(30);
+        if (a->bt) { /* rows of bts entries: a request's pages first, then junk (never read) */
+            int32_t mx = 0;
+            for (int32_t b = 0; b < B; ++b) mx = a->kv_ip[b + 1] - a->kv_ip[b] > mx ? a->kv_ip[b + 1] - a->kv_ip[b] : mx;
+            a->bts = mx + (int32_t)rr(mx ? 0 : 1, 3);
+            for (int32_t b = 0; b < B; ++b)
+                if (a->kv_ip[b + 1] > a->kv_ip[b]) a->entries = (int64_t)b * a->bts + a->kv_ip[b + 1] - a->kv_ip[b];
+            a->nidx = (int64_t)B * a->bts + SPARE;
+            a->jip[0] = (int32_t)rr(1, 9); /* (nonzero: read as CSR, the plan would refuse it) */
+            for (int32_t b = 0; b < B; ++b) {
+                a->jip[b + 1] = (int32_t)rr(-5, 50);
+                a->jlast[b] = (int32_t)rr(-2, 40);
+            }
+        } else {
+            a->entries = used;
+            a->nidx = a->entries + SPARE;
+        }
+        a->num_pages = used + rr(1, 6);
         a->alloc_pages = a->num_pages + XPAGES;
         int32_t* perm = (int32_t*)xcalloc((size_t)a->num_pages, sizeof(int32_t));
         for (int64_t p = 0; p < a->num_pages; ++p) perm[p] = (int32_t)p;
         h_rng_shuffle_i32(&T.r, perm, a->num_pages);
         a->hidx = (int32_t*)xcalloc((size_t)a->nidx, sizeof(int32_t));
-        for (int64_t i = 0; i < a->nidx; ++i) a->hidx[i] = i < a->num_pages ? perm[i] : (int32_t)rr(0, a->num_pages - 1);
+        if (a->bt) {
+            int64_t k = 0;
+            for (int32_t b = 0; b < B; ++b)
+                for (int32_t j = 0; j < a->bts; ++j)
+                    a->hidx[(int64_t)b * a->bts + j] = j < a->kv_ip[b + 1] - a->kv_ip[b] ? perm[k++] : bt_junk(a->num_pages);
+            for (int64_t i = (int64_t)B * a->bts; i < a->nidx; ++i) a->hidx[i] = (int32_t)rr(0, a->num_pages - 1);
+        } else {
+            for (int64_t i = 0; i < a->nidx; ++i) a->hidx[i] = i < a->num_pages ? perm[i] : (int32_t)rr(0, a->num_pages - 1);
+        }
         free(perm);
         /* pools: strides of the layout, optionally padded (16 bytes on a device backend) */
         kva_paged_kv pk;
@@ -861,6 +901,12 @@ static void att_build(int fam) {
     pp->kv_indptr = a->kv_ip;
     if (a->paged) {
         pp->kv_last_page_len = a->last;
+        if (a->bt) {
+            pp->kv_seq_lens = a->kv;
+            pp->block_table_stride = a->bts;
+            pp->kv_indptr = pct(50) ? a->jip : NULL;
+            pp->kv_last_page_len = pct(50) ? a->jlast : NULL;
+        }
         pp->page_size = a->ps;
         pp->kv_indices = pct(50) ? a->hidx : NULL;
         pp->num_pages = pp->kv_indices || pct(50) ? a->num_pages : 0;
@@ -888,14 +934,14 @@ static void att_build(int fam) {
     snprintf(T.fix, sizeof T.fix,
              "B=%d qo=[%d %d %d %d %d] kv=[%d %d %d %d %d] hq=%d hkv=%d dqk=%d dvo=%d q=%s kv=%s o=%s ps=%d %s "
              "pages=%lld mask=%d win=%d cap=%g scale=%g pos=%d score=%d lse=%d hidx=%d np=%lld nidx=%lld fsplit=%d "
-             "nosplit=%d graph=%d ks=%g vs=%g qs0=%lld os0=%lld slopes=%d",
+             "nosplit=%d graph=%d ks=%g vs=%g qs0=%lld os0=%lld slopes=%d bt=%d stride=%d",
              B, a->qo[0], a->qo[1], a->qo[2], a->qo[3], a->qo[4], a->kv[0], a->kv[1], a->kv[2], a->kv[3], a->kv[4], hq,
              hkv, dqk, dvo, h_dtype_str(d->q_dtype), h_dtype_str(kvt), h_dtype_str(d->o_dtype), a->ps,
              layout == KVA_LAYOUT_NHD ? "NHD" : "HND", (long long)a->num_pages, (int)d->mask_mode, d->window_left,
              (double)d->logits_soft_cap, (double)d->sm_scale, (int)d->pos_encoding, (int)d->score_mode, a->lse_on,
              pp->kv_indices != NULL, (long long)pp->num_pages, (long long)ra->paged.num_indices, pp->fixed_split_size,
              pp->disable_split_kv, a->graph, (double)ra->k_scale, (double)ra->v_scale, (long long)qs0, (long long)os0,
-             ra->alibi_slopes != NULL);
+             ra->alibi_slopes != NULL, a->bt, a->bts);
 
     reg(&a->q, "q");
     reg(&a->o, "o");
@@ -919,12 +965,14 @@ static void att_build(int fam) {
     a->named = pct(30);
     a->cp = a->pp;
     memcpy(a->cqo, a->qo_ip, sizeof a->qo_ip);
-    memcpy(a->ckv, a->kv_ip, sizeof a->kv_ip);
-    memcpy(a->clast, a->last, sizeof a->last);
+    memcpy(a->ckv, a->bt ? a->jip : a->kv_ip, sizeof a->kv_ip);
+    memcpy(a->clast, a->bt ? a->jlast : a->last, sizeof a->last);
+    memcpy(a->csl, a->kv, sizeof a->kv);
     if (a->pp.qo_indptr) a->cp.qo_indptr = a->cqo;
-    a->cp.kv_indptr = a->ckv;
+    if (a->pp.kv_indptr) a->cp.kv_indptr = a->ckv;
     if (a->paged) {
-        a->cp.kv_last_page_len = a->clast;
+        if (a->pp.kv_last_page_len) a->cp.kv_last_page_len = a->clast;
+        if (a->bt) a->cp.kv_seq_lens = a->csl;
         a->chidx = (int32_t*)xcalloc((size_t)a->nidx, sizeof(int32_t));
         memcpy(a->chidx, a->hidx, sizeof(int32_t) * (size_t)a->nidx);
         if (a->pp.kv_indices) a->cp.kv_indices = a->chidx;
@@ -1291,7 +1339,132 @@ static int am_qo(void) {
     }
 }
 
+/* the page table's entries in use: request b's page j is entry b * bts + j (block-table form) or kv_indptr[b] + j */
+static int32_t req_pages(int32_t b) { return A.kv_ip[b + 1] - A.kv_ip[b]; }
+static int64_t entry_of(int32_t b, int64_t j) { return A.bt ? (int64_t)b * A.bts + j : A.kv_ip[b] + j; }
+static int64_t pick_used_entry(void) { /* -1: none */
+    if (A.kv_ip[A.B] == 0) return -1;
+    const int32_t u = (int32_t)rr(0, A.kv_ip[A.B] - 1);
+    int32_t b = 0;
+    while (A.kv_ip[b + 1] <= u) ++b;
+    return entry_of(b, u - A.kv_ip[b]);
+}
+static int64_t pick_tail_entry(void) { /* block-table form: an entry of a row past its request's pages; -1: none */
+    if (!A.bt) return -1;
+    int32_t c[MAXB], n = 0;
+    for (int32_t b = 0; b < A.B; ++b)
+        if (req_pages(b) < A.bts) c[n++] = b;
+    if (!n) return -1;
+    const int32_t b = c[rr(0, n - 1)];
+    return (int64_t)b * A.bts + rr(req_pages(b), A.bts - 1);
+}
+static int32_t max_used_page(void) {
+    int32_t mx = 0;
+    for (int32_t b = 0; b < A.B; ++b)
+        for (int32_t j = 0; j < req_pages(b); ++j) mx = A.hidx[entry_of(b, j)] > mx ? A.hidx[entry_of(b, j)] : mx;
+    return mx;
+}
+
+/* kv_indptr / kv_last_page_len given with a block table: not read, anything goes */
+static int am_bt_unread(int last) {
+    if (pct(30)) {
+        if (last) A.cp.kv_last_page_len = NULL;
+        else A.cp.kv_indptr = NULL;
+    } else {
+        int32_t* x = last ? A.clast : A.ckv;
+        for (int32_t b = 0; b <= A.B; ++b) x[b] = pct(20) ? INT32_MIN : (int32_t)rr(-3, 60);
+        if (!last && x[0] == 0) x[0] = 1; /* (kv_seq_lens NULL then falls back to a malformed CSR table) */
+        if (last) A.cp.kv_last_page_len = x;
+        else A.cp.kv_indptr = x;
+    }
+    add(last ? "kv_last_page_len with a block table (not read)" : "kv_indptr with a block table (not read)", S_OK, S_OK,
+        0, "%s = %s", last ? "kv_last_page_len" : "kv_indptr", (last ? A.cp.kv_last_page_len : A.cp.kv_indptr) ? "junk" : "NULL");
+    return 1;
+}
+
+/* the block-table form: stride and lengths */
+static int am_bt(void) {
+    if (!A.bt) return 0;
+    int32_t mx = 0;
+    for (int32_t b = 0; b < A.B; ++b) mx = req_pages(b) > mx ? req_pages(b) : mx;
+    const int custom_inv = A.custom ? S_INV : 0;
+    /* a device skips pages a mask or window hides, so a junk page read there need not fault: junk only where every
+       page is read (see am_devidx) */
+    const int junk_ok = !g_dev || (A.d.mask_mode == KVA_MASK_NONE && A.d.window_left < 0);
+    switch (rr(0, 8)) {
+    case 0: {
+        static const int32_t v[] = {0, -1, INT32_MIN};
+        A.cp.block_table_stride = PICK(v);
+        addst(0, "block_table_stride < 1", S_INV, A.B > 0, "block_table_stride = %d (batch %d)", A.cp.block_table_stride, A.B);
+        return 1;
+    }
+    case 1: {
+        if (A.B < 2) return 0;
+        A.cp.block_table_stride = pct(50) ? INT32_MAX : (int32_t)(INT32_MAX / A.B + rr(1, 100));
+        addst(0, "block table of 2^31 entries", S_UNS, 1, "block_table_stride = %d (batch %d)", A.cp.block_table_stride, A.B);
+        return 1;
+    }
+    case 2: {
+        if (mx < 2) return 0;
+        A.cp.block_table_stride = (int32_t)rr(1, mx - 1);
+        addst(0, "block_table_stride below a request's pages", S_MAL, 1, "block_table_stride = %d (a request has %d pages)",
+              A.cp.block_table_stride, mx);
+        return 1;
+    }
+    case 3: {
+        /* another stride that holds every request: rows start elsewhere, requests may read other rows' pages or junk.
+           Larger only where the run's table length bounds the reads and no host copy is read past its end. */
+        if (!junk_ok) return 0;
+        const int larger = A.ca.paged.num_indices > 0 && !A.cp.kv_indices && pct(50);
+        const int32_t lo = mx > 1 ? mx : 1, ns = larger ? A.bts + (int32_t)rr(1, 4) : (int32_t)rr(lo, A.bts);
+        if (ns == A.bts) return 0;
+        A.cp.block_table_stride = ns;
+        add("block_table_stride changed", S_OK | S_PIR, S_OK | S_PIR | S_MAL, 0,
+            "block_table_stride = %d (rows of %d entries)", ns, A.bts);
+        return 1;
+    }
+    case 4: {
+        if (A.B == 0) return 0;
+        const int32_t b = (int32_t)rr(0, A.B - 1);
+        static const int32_t v[] = {-1, -100, INT32_MIN};
+        A.csl[b] = PICK(v);
+        addst(0, "kv_seq_lens negative", S_MAL, 1, "kv_seq_lens[%d] = %d", b, A.csl[b]);
+        return 1;
+    }
+    case 5: {
+        if (A.B == 0) return 0;
+        const int32_t b = (int32_t)rr(0, A.B - 1);
+        const int64_t cap = (int64_t)A.bts * A.ps;
+        A.csl[b] = pct(20) || cap >= INT32_MAX - 40 ? INT32_MAX : (int32_t)(cap + rr(1, A.ps + 20));
+        addst(0, "kv_seq_lens past a block-table row", S_MAL, 1, "kv_seq_lens[%d] = %d (rows of %d pages of %d)", b,
+              A.csl[b], A.bts, A.ps);
+        return 1;
+    }
+    case 6: {
+        /* another length the row holds: shorter, or into the row's tail (junk pages there are faults) */
+        if (A.B == 0) return 0;
+        const int32_t b = (int32_t)rr(0, A.B - 1), old = A.csl[b];
+        A.csl[b] = (int32_t)rr(0, (int64_t)(junk_ok ? A.bts : req_pages(b)) * A.ps);
+        if (A.csl[b] == old) return 0;
+        add("kv_seq_lens changed", S_OK | S_WSS | S_PIR, S_OK | S_PIR | custom_inv, 0, "kv_seq_lens[%d] = %d (was %d)", b,
+            A.csl[b], old);
+        return 1;
+    }
+    case 7:
+        A.cp.kv_seq_lens = NULL;
+        addst(0, "kv_seq_lens NULL (the CSR form, without its arrays)", S_INV | S_MAL, A.B > 0 || !A.cp.kv_indptr,
+              "kv_seq_lens = NULL (kv_indptr %s)", A.cp.kv_indptr ? "junk" : "NULL");
+        return 1;
+    default:
+        A.cop = KVA_OP_BATCH_PREFILL_RAGGED;
+        A.named = pct(50);
+        addst(0, "block table for ragged KV", S_INV, 1, "op = ragged prefill with kv_seq_lens");
+        return 1;
+    }
+}
+
 static int am_kv(void) {
+    if (A.bt) return am_bt_unread(0);
     int32_t* k = A.ckv;
     switch (rr(0, 3)) {
     case 0:
@@ -1346,6 +1519,7 @@ static int nonempty_req(void) {
 }
 
 static int am_last(void) {
+    if (A.bt) return am_bt_unread(1);
     const int b = nonempty_req();
     switch (rr(0, 3)) {
     case 0: {
@@ -1394,7 +1568,8 @@ static int am_ps(void) {
     int32_t np = (int32_t)rr(1, 17);
     if (np == A.ps) np = A.ps + 1;
     A.cp.page_size = np;
-    add("page_size differs from the pool", S_OK | S_MAL | S_WSS | S_UNS, S_PMM, 2, "page_size = %d (pool %d)", np, A.ps);
+    add("page_size differs from the pool", S_OK | S_MAL | S_WSS | S_UNS | (A.bt ? S_PIR : 0), S_PMM, 2,
+        "page_size = %d (pool %d)", np, A.ps);
     return 1;
 }
 
@@ -1416,8 +1591,7 @@ static int am_npages(void) {
     }
     case 2: {
         if (A.entries == 0) return 0;
-        int32_t mx = 0;
-        for (int64_t i = 0; i < A.entries; ++i) mx = A.hidx[i] > mx ? A.hidx[i] : mx;
+        const int32_t mx = max_used_page();
         if (mx < 1) return 0;
         A.cp.num_pages = mx;
         addst(0, "num_pages below a page index", S_PIR, hc, "num_pages = %d (page %d is used; host page table %s)", mx, mx,
@@ -1433,11 +1607,17 @@ static int am_npages(void) {
 }
 
 static int am_hidx(void) {
-    if (A.entries == 0) return 0;
+    const int64_t t = pct(25) ? pick_tail_entry() : -1;
+    const int64_t e = t >= 0 ? t : pick_used_entry();
+    if (e < 0) return 0;
     A.cp.kv_indices = A.chidx;
     if (A.cp.num_pages == 0) A.cp.num_pages = A.num_pages;
-    const int64_t e = rr(0, A.entries - 1);
-    if (pct(70)) {
+    if (t >= 0) {
+        const int64_t v[] = {-1, A.num_pages, INT32_MAX, INT32_MIN};
+        A.chidx[e] = (int32_t)PICK(v);
+        add("host block-table entry past a request's pages (not read)", S_OK, S_OK, 0, "kv_indices[%lld] = %d",
+            (long long)e, A.chidx[e]);
+    } else if (pct(70)) {
         const int64_t v[] = {-1, A.num_pages, A.num_pages + rr(1, 5), INT32_MAX, INT32_MIN};
         A.chidx[e] = (int32_t)PICK(v);
         addst(0, "host page index out of range", S_PIR, 1, "kv_indices[%lld] = %d (pool of %lld)", (long long)e,
@@ -1777,8 +1957,7 @@ static int am_paged(void) {
             else addst(1, "paged num_pages 0", S_INV, A.entries > 0, "paged.num_pages = 0 (%lld entries)", (long long)A.entries);
         } else if (k == 2) {
             if (A.entries == 0) return 0;
-            int32_t mx = 0;
-            for (int64_t i = 0; i < A.entries; ++i) mx = A.hidx[i] > mx ? A.hidx[i] : mx;
+            const int32_t mx = max_used_page();
             if (mx < 1) return 0;
             pk->num_pages = mx;
             if (plan_np > 0) {
@@ -1880,13 +2059,19 @@ static int am_paged(void) {
 }
 
 static int am_devidx(void) {
-    if (A.entries == 0) return 0;
     int32_t* ix = (int32_t*)h_buf_hp(&A.idx_d);
-    const int64_t e = rr(0, A.entries - 1);
+    const int64_t t = pct(25) ? pick_tail_entry() : -1;
+    const int64_t e = t >= 0 ? t : pick_used_entry();
+    if (e < 0) return 0;
     const int32_t old = ix[e];
     /* a device reads the pages it needs: with a mask or a window some may be skipped (no fault) */
     const int all_read = A.d.mask_mode == KVA_MASK_NONE && A.d.window_left < 0;
-    if (pct(70) && (!g_dev || all_read)) {
+    if (t >= 0) {
+        const int64_t v[] = {-1, A.num_pages, A.alloc_pages - 1, INT32_MAX, INT32_MIN};
+        ix[e] = (int32_t)PICK(v);
+        add("device block-table entry past a request's pages (not read)", S_OK, S_OK, 0, "indices[%lld] = %d (was %d)",
+            (long long)e, ix[e], old);
+    } else if (pct(70) && (!g_dev || all_read)) {
         const int64_t v[] = {-1, A.num_pages, A.alloc_pages - 1, INT32_MAX, INT32_MIN};
         ix[e] = (int32_t)PICK(v);
         if (g_dev) {
@@ -1999,6 +2184,8 @@ static const mdef att_defs[] = {
     {"page size", FB_PAGED, G_KV, G_PAGED | G_DEV | G_KVT | G_MASK | G_QO, am_ps},
     {"num_pages", FB_PAGED, G_KV, G_PAGED | G_DEV | G_KVT | G_MASK | G_QO, am_npages},
     {"host page table", FB_PAGED, G_KV, G_PAGED | G_DEV | G_KVT | G_MASK | G_QO, am_hidx},
+    {"block table", FB_PAGED, G_KV, G_PAGED | G_DEV | G_KVT | G_MASK | G_QO, am_bt},
+    {"block table", FB_PAGED, G_KV, G_PAGED | G_DEV | G_KVT | G_MASK | G_QO, am_bt},
     {"split", FB_BATCH, G_SPLIT, G_GRAPH, am_split},
     {"graph", FB_BATCH, G_GRAPH, G_SPLIT | G_WS | G_PLAN | G_QO, am_graph},
     {"plan workspace", FB_ATT, G_WS, G_GRAPH | G_RWS, am_pws},
@@ -2089,23 +2276,36 @@ static const char* att_plan_model(aeff* e, char* why, size_t n) {
     } else if (!p->qo_indptr) {
         BAD("plan: qo_indptr NULL");
     }
-    if (!p->kv_indptr) BAD("plan: kv_indptr NULL");
+    const int bt = p->kv_seq_lens != NULL; /* the block-table form */
+    if (bt && !paged) BAD("plan: kv_seq_lens for ragged KV");
+    if (!bt && !p->kv_indptr) BAD("plan: kv_indptr NULL");
     if (paged) {
         if (p->page_size < 1) BAD("plan: page_size %d", p->page_size);
-        if (B > 0 && !p->kv_last_page_len) BAD("plan: kv_last_page_len NULL");
+        if (!bt && B > 0 && !p->kv_last_page_len) BAD("plan: kv_last_page_len NULL");
+        if (bt && B > 0 && p->block_table_stride < 1) BAD("plan: block_table_stride %d", p->block_table_stride);
+        if (bt && (int64_t)B * p->block_table_stride > INT32_MAX) BAD("plan: block table of 2^31 entries");
         if (p->num_pages < 0) BAD("plan: num_pages negative");
     }
     if (p->fixed_split_size < 0) BAD("plan: fixed_split_size negative");
     if (p->qo_indptr && p->qo_indptr[0] != 0) BAD("plan: qo_indptr[0] = %d", p->qo_indptr[0]);
-    if (p->kv_indptr[0] != 0) BAD("plan: kv_indptr[0] = %d", p->kv_indptr[0]);
+    if (!bt && p->kv_indptr[0] != 0) BAD("plan: kv_indptr[0] = %d", p->kv_indptr[0]);
+    int64_t bt_entries = 0;
     for (int32_t b = 0; b < B; ++b) {
         int64_t qo = 1;
         if (p->qo_indptr) qo = (int64_t)p->qo_indptr[b + 1] - p->qo_indptr[b];
         if (qo < 0) BAD("plan: qo_indptr decreasing at %d", b + 1);
-        const int64_t ne = (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
+        int64_t kv;
+        if (bt) {
+            kv = p->kv_seq_lens[b];
+            if (kv < 0) BAD("plan: kv_seq_lens[%d] = %lld", b, (long long)kv);
+            const int64_t np = (kv + p->page_size - 1) / p->page_size;
+            if (np > p->block_table_stride) BAD("plan: request %d's %lld pages past a block-table row", b, (long long)np);
+            if (np > 0) bt_entries = (int64_t)b * p->block_table_stride + np;
+        }
+        const int64_t ne = bt ? 0 : (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
         if (ne < 0) BAD("plan: kv_indptr decreasing at %d", b + 1);
-        int64_t kv = ne;
-        if (paged && ne > 0) {
+        if (!bt) kv = ne;
+        if (!bt && paged && ne > 0) {
             const int32_t l = p->kv_last_page_len[b];
             if (l < 1 || l > p->page_size) BAD("plan: last_page_len[%d] = %d (page size %d)", b, l, p->page_size);
             kv = (ne - 1) * p->page_size + l;
@@ -2114,7 +2314,7 @@ static const char* att_plan_model(aeff* e, char* why, size_t n) {
         e->qo[b] = (int32_t)qo;
         e->kv[b] = (int32_t)kv;
         e->qs[b] = p->qo_indptr ? p->qo_indptr[b] : b;
-        e->ks[b] = p->kv_indptr[b];
+        e->ks[b] = bt ? (int32_t)((int64_t)b * p->block_table_stride) : p->kv_indptr[b];
         e->moff[b] = e->mask_bytes;
         if (e->d.mask_mode == KVA_MASK_CUSTOM) e->mask_bytes += (qo * kv + 7) / 8;
         e->rows += qo;
@@ -2122,14 +2322,19 @@ static const char* att_plan_model(aeff* e, char* why, size_t n) {
     }
     if (e->rows > INT32_MAX / 2 || e->rows * e->d.num_qo_heads > INT32_MAX) BAD("plan: %lld rows", (long long)e->rows);
     if (paged) {
-        e->entries = p->kv_indptr[B];
+        e->entries = bt ? bt_entries : p->kv_indptr[B];
         if (e->entries > 0 && p->kv_indices && p->num_pages < 1) BAD("plan: host page table with num_pages 0");
         if (p->kv_indices)
-            for (int64_t i = 0; i < e->entries; ++i) {
-                if (i >= a->nidx) BAD("test: the host page table is read past its %lld entries", (long long)a->nidx);
-                if (p->kv_indices[i] < 0 || p->kv_indices[i] >= p->num_pages)
-                    BAD("plan: host page index %d at %lld (num_pages %lld)", p->kv_indices[i], (long long)i,
-                        (long long)p->num_pages);
+            for (int32_t b = 0; b < B; ++b) { /* the entries in use (block-table rows' tails are not read) */
+                const int64_t np = bt ? (e->kv[b] + p->page_size - 1) / p->page_size
+                                      : (int64_t)p->kv_indptr[b + 1] - p->kv_indptr[b];
+                for (int64_t j = 0; j < np; ++j) {
+                    const int64_t i = e->ks[b] + j;
+                    if (i >= a->nidx) BAD("test: the host page table is read past its %lld entries", (long long)a->nidx);
+                    if (p->kv_indices[i] < 0 || p->kv_indices[i] >= p->num_pages)
+                        BAD("plan: host page index %d at %lld (num_pages %lld)", p->kv_indices[i], (long long)i,
+                            (long long)p->num_pages);
+                }
             }
         e->num_pages = p->num_pages;
         e->ps = p->page_size;
