@@ -60,6 +60,8 @@ if [[ " $STEPS " == *" quick "* ]]; then # the essentials in little device time:
     step "racecheck: $Q1" 60 compute-sanitizer --tool racecheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$Q1"
     step "memcheck: $Q2" 40 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$Q2"
     step "test_mutate append (both forms)" 40 "$BUILD/tests/test_mutate" --backend cuda --suite append --seed 43 --count 600
+    step "test_mutate decode (with block tables)" 60 "$BUILD/tests/test_mutate" --backend cuda --suite decode --seed 44 --count 600
+    step "test_mutate prefill (with block tables)" 60 "$BUILD/tests/test_mutate" --backend cuda --suite prefill --seed 45 --count 600
     step "test_ops decode" 120 "$T" --backend cuda --suite decode
 fi
 if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of large merge tasks: the row merge)
