@@ -113,6 +113,13 @@ def _register() -> None:
                     kv_last_page_len, layout):
         return None
 
+    def append_slot_impl(append_key: Tensor, append_value: Tensor, slots: Tensor, cache: Tensor,
+                         v_cache: Optional[Tensor], layout: int) -> None:
+        page._append_slot_impl(append_key, append_value, slots, cache, v_cache, layout)
+
+    def append_slot_fake(append_key, append_value, slots, cache, v_cache, layout):
+        return None
+
     specs = [
         ("run", run_impl, run_fake, ("out", "lse"),
          "(int handle, Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!)? lse, float k_scale, "
@@ -129,6 +136,9 @@ def _register() -> None:
         ("append_paged_kv_cache", append_impl, append_fake, ("cache", "v_cache"),
          "(Tensor append_key, Tensor append_value, Tensor batch_indices, Tensor positions, Tensor(a!) cache, "
          "Tensor(b!)? v_cache, Tensor kv_indices, Tensor kv_indptr, Tensor kv_last_page_len, int layout) -> ()"),
+        ("append_paged_kv_cache_by_slot", append_slot_impl, append_slot_fake, ("cache", "v_cache"),
+         "(Tensor append_key, Tensor append_value, Tensor slots, Tensor(a!) cache, Tensor(b!)? v_cache, "
+         "int layout) -> ()"),
     ]
 
     custom_op = getattr(torch.library, "custom_op", None)

@@ -153,8 +153,9 @@ def append_paged_kv_cache_by_slot(append_key: Any, append_value: Any, slot_mappi
     to slot ``slot_mapping[i]`` of the pool, page ``slot // page_size`` at offset ``slot % page_size`` (the slot
     mapping of block-table engines; int64, any integer dtype is converted). A negative slot skips its token
     (padding). A slot past the pool is not written and raises (PageIndexOutOfRangeError; on CUDA the fault is
-    recorded for ``kvattn.read_faults`` instead, as for the page-table form). Eager only (no torch.compile op)."""
-    layout_name = _core.parse_layout(kv_layout)
+    recorded for ``kvattn.read_faults`` instead, as for the page-table form). Traced by torch.compile as the
+    custom op ``kvattn::append_paged_kv_cache_by_slot``, which mutates the cache."""
+    layout = _core.parse_layout(kv_layout)
     if isinstance(paged_kv_cache, (tuple, list)):
         cache, v_cache = paged_kv_cache
     else:
@@ -173,6 +174,17 @@ def append_paged_kv_cache_by_slot(append_key: Any, append_value: Any, slot_mappi
     nnz = int(append_key.shape[0])
     if int(slots.shape[0]) < nnz:
         raise ValueError("kvattn: slot_mapping has %d elements, append_key %d rows" % (int(slots.shape[0]), nnz))
+    if T.is_torch(append_key):
+        if _torch_ops.is_compiling():
+            _torch_ops.ops().append_paged_kv_cache_by_slot(append_key, append_value, slots, cache, v_cache,
+                                                           _LAYOUT_CODE[layout])
+            return
+        _torch_ops.ensure_registered()
+    _append_slot_impl(append_key, append_value, slots, cache, v_cache, _LAYOUT_CODE[layout])
+
+
+def _append_slot_impl(append_key: Any, append_value: Any, slots: Any, cache: Any, v_cache: Any, layout: int) -> None:
+    layout_name = _LAYOUT_NAME[int(layout)]
     k, v = _core.split_paged_kv(cache if v_cache is None else (cache, v_cache), layout_name)
     T.check_writable(k, "k_cache")
     T.check_writable(v, "v_cache")
@@ -183,9 +195,11 @@ def append_paged_kv_cache_by_slot(append_key: Any, append_value: Any, slot_mappi
     _core.fill_paged(p, k, v, layout_name, kd, int(k.shape[0]), 0)
     tk = T.make_tensor(append_key, "append_key")
     tv = T.make_tensor(append_value, "append_value")
+    dev = T.device_of(cache)
     F.check(F.lib().kva_append_paged_kv_cache_by_slot(C.get_context(dev), ctypes.byref(tk), ctypes.byref(tv),
-                                                      T.data_ptr(slots) or None, nnz, ctypes.byref(p),
-                                                      C.current_stream(dev)), "append_paged_kv_cache_by_slot")
+                                                      T.data_ptr(slots) or None, int(append_key.shape[0]),
+                                                      ctypes.byref(p), C.current_stream(dev)),
+            "append_paged_kv_cache_by_slot")
 
 
 def _check_batch_lens(indptr: Any, indptr_name: str, per_req: Any, per_req_name: str, exact: bool) -> None:

@@ -271,6 +271,31 @@ def test_append_by_slot(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_compiled_append_by_slot(device):
+    """torch.compile (fullgraph) traces the slot append as the custom op that mutates the cache: the same cache as the
+    eager call, K and V given apart (HND) and a computed slot mapping inside the traced function."""
+    ps, hkv, d = 8, 2, 32
+    kc = torch.randn(5, hkv, ps, d, device=device).half()
+    vc = torch.randn(5, hkv, ps, d, device=device).half()
+    page = torch.tensor([3, 0, 4, 1], device=device)
+    off = torch.tensor([7, 2, 0, 5], device=device)
+    ak = torch.randn(4, hkv, d, device=device).half()
+
+    def step(ak, kc, vc, page, off):
+        slots = torch.where(off == 0, torch.full_like(page, -1), page * ps + off)  # token 2: padding
+        kvattn.append_paged_kv_cache_by_slot(ak, ak * 2, slots, (kc, vc), kv_layout="HND")
+        return kc.sum()
+
+    wk, wv = kc.clone(), vc.clone()
+    want = step(ak, wk, wv, page, off)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+    got = torch.compile(step, fullgraph=True, backend=backend)(ak, kc, vc, page, off)
+    assert torch.equal(kc, wk) and torch.equal(vc, wv)
+    assert torch.equal(got, want)
+    assert torch.equal(kc[3, :, 7], ak[0]) and torch.equal(vc[1, :, 5], ak[3] * 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_append_kv_indptr_past_kv_indices(device):
     """kv_indptr reaching past kv_indices: CPU raises before writing; CUDA (the table cannot be read without a
     sync) writes the valid request's tokens and none of the request whose pages lie past the table."""
