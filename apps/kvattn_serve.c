@@ -15,7 +15,13 @@
  *     retire  requests that produced all their output tokens; their pages go back to the free list
  *
  * Every `--check-every` steps a few (request, head) rows of one layer are recomputed in float64 from the
- * pool contents through the page table and compared with kvattn's o and lse (base 2).
+ * pool contents through the page table and compared with kvattn's o and lse (base 2), and as many appended K/V
+ * rows are looked up in the pages their request owns (byte-equal to the appended row).
+ *
+ * --page-table csr (default) describes the batch in FlashInfer's CSR form (kv_indptr, kv_indices,
+ * kv_last_page_len) and appends by (request, position); --page-table block in vLLM's form: a block table
+ * [batch, max pages per request] with per-request lengths (kv_seq_lens, block_table_stride; the rows' unused
+ * entries hold -1) and an append by slot (page * page_size + offset of each new token).
  *
  * The pool is one allocation per run: [layer][page][K|V][page_size][heads][dim] (NHD) or
  * [layer][page][K|V][heads][page_size][dim] (HND); each layer is described to kvattn by a kva_paged_kv
@@ -407,6 +413,7 @@ typedef struct config {
     double arrival_interval;
     double tolerance;
     int pdl; /* kva_run_args.enable_pdl */
+    int block_table; /* --page-table block: block tables + sequence lengths, append by slot */
 } config;
 
 static void config_defaults(config* c) {
@@ -459,6 +466,10 @@ static void usage(FILE* f) {
             "  --page-size N         tokens per page (default %d)\n"
             "  --pool-pages N        pages in the pool, per layer (default %d)\n"
             "  --layout L            nhd | hnd (default nhd)\n"
+            "  --page-table F        csr: kv_indptr / kv_indices / kv_last_page_len, append by (request, position);\n"
+            "                        block: a block table [batch, max pages per request] and sequence lengths\n"
+            "                        (kv_seq_lens, block_table_stride), append by slot (vLLM's slot mapping)\n"
+            "                        (default csr)\n"
             "\nScheduler and trace:\n"
             "  --max-batch N         running requests at most (default %d)\n"
             "  --max-prefill-tokens N  prompt tokens admitted per step at most (default %d)\n"
@@ -520,7 +531,7 @@ static void parse_args(int argc, char** argv, config* c) {
         O_HEADS_Q = 256, O_HEADS_KV, O_HEAD_DIM, O_LAYERS, O_PAGE_SIZE, O_DTYPE, O_KV_DTYPE, O_LAYOUT, O_MAX_BATCH,
         O_REQUESTS, O_STEPS, O_POOL_PAGES, O_SEED, O_BACKEND, O_THREADS, O_CHECK_EVERY, O_CHECK_SAMPLES,
         O_PROGRESS, O_MAX_PREFILL, O_PROMPT_MEDIAN, O_PROMPT_SIGMA, O_OUTPUT_MEDIAN, O_OUTPUT_SIGMA, O_MAX_PROMPT,
-        O_MAX_OUTPUT, O_ARRIVAL, O_TOLERANCE, O_PDL
+        O_MAX_OUTPUT, O_ARRIVAL, O_TOLERANCE, O_PDL, O_PAGE_TABLE
     };
     static const struct option opts[] = {
         {"heads-q", required_argument, 0, O_HEADS_Q},
@@ -551,6 +562,7 @@ static void parse_args(int argc, char** argv, config* c) {
         {"arrival-interval", required_argument, 0, O_ARRIVAL},
         {"tolerance", required_argument, 0, O_TOLERANCE},
         {"pdl", required_argument, 0, O_PDL},
+        {"page-table", required_argument, 0, O_PAGE_TABLE},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -597,6 +609,11 @@ static void parse_args(int argc, char** argv, config* c) {
             case O_ARRIVAL: c->arrival_interval = parse_double(name, optarg, 0, 1e6); break;
             case O_TOLERANCE: c->tolerance = parse_double(name, optarg, 0, 1e6); break;
             case O_PDL: c->pdl = (int)parse_long(name, optarg, 0, 1); break;
+            case O_PAGE_TABLE:
+                if (!strcmp(optarg, "csr")) c->block_table = 0;
+                else if (!strcmp(optarg, "block")) c->block_table = 1;
+                else fatal("--page-table: expected csr or block, got '%s'", optarg);
+                break;
             case 'h': usage(stdout); exit(0);
             default: usage(stderr); exit(1);
         }
@@ -665,6 +682,9 @@ typedef struct batch {
     request** reqs;
     int32_t* qo_indptr; /* host only (plan input) */
     buf kv_indptr, kv_indices, last_page_len, batch_indices, positions;
+    int32_t bt_stride; /* --page-table block: entries per block-table row (kv_indices holds the table) */
+    int32_t* seq_lens; /* ... host [cap_batch] */
+    buf slots;         /* ... int64 [cap_rows]: page * page_size + offset of each appended token */
     buf append_k, append_v, q, o, lse;
     kva_workspace ws;
     kva_plan plan;
@@ -714,6 +734,17 @@ static void batch_init(app* a, batch* b, kva_op op, int cap_batch, int64_t cap_r
     b->last_page_len = buf_alloc((size_t)cap_batch * sizeof(int32_t));
     b->batch_indices = buf_alloc((size_t)cap_rows * sizeof(int32_t));
     b->positions = buf_alloc((size_t)cap_rows * sizeof(int32_t));
+    if (c->block_table) {
+        /* a row holds the longest possible request */
+        const int64_t max_tokens = (int64_t)c->max_prompt + c->max_output - 1;
+        b->bt_stride = (int32_t)((max_tokens + c->page_size - 1) / c->page_size);
+        if ((int64_t)cap_batch * b->bt_stride > INT32_MAX) fatal("--page-table block: the block table is too large");
+        b->cap_pages = (int64_t)cap_batch * b->bt_stride;
+        buf_free(&b->kv_indices);
+        b->kv_indices = buf_alloc((size_t)b->cap_pages * sizeof(int32_t));
+        b->seq_lens = (int32_t*)xcalloc((size_t)cap_batch, sizeof(int32_t));
+        b->slots = buf_alloc((size_t)cap_rows * sizeof(int64_t));
+    }
     size_t kv_row = (size_t)c->heads_kv * (size_t)c->head_dim * a->kv_bytes;
     size_t q_row = (size_t)c->heads_q * (size_t)c->head_dim * a->q_bytes;
     b->append_k = buf_alloc((size_t)cap_rows * kv_row);
@@ -738,6 +769,8 @@ static void batch_free(batch* b) {
     buf_free(&b->last_page_len);
     buf_free(&b->batch_indices);
     buf_free(&b->positions);
+    free(b->seq_lens);
+    if (b->slots.h) buf_free(&b->slots);
     buf_free(&b->append_k);
     buf_free(&b->append_v);
     buf_free(&b->q);
@@ -759,14 +792,24 @@ static void batch_build(app* a, batch* b, const int* new_tokens) {
     int64_t e = 0, rows = 0;
     indptr[0] = 0;
     b->qo_indptr[0] = 0;
+    int64_t* slots = (int64_t*)b->slots.h;
     for (int i = 0; i < b->size; i++) {
         const request* r = b->reqs[i];
-        for (int p = 0; p < r->num_pages; p++) indices[e++] = r->pages[p];
-        indptr[i + 1] = (int32_t)e;
-        last[i] = r->kv_len == 0 ? 0 : (r->kv_len - 1) % ps + 1;
+        if (b->bt_stride) { /* block-table row i: the request's pages, then -1 (never read) */
+            if (r->num_pages > b->bt_stride) fatal("internal: request %d outgrows its block-table row", r->id);
+            int32_t* row = indices + (int64_t)i * b->bt_stride;
+            for (int p = 0; p < b->bt_stride; p++) row[p] = p < r->num_pages ? r->pages[p] : -1;
+            b->seq_lens[i] = r->kv_len;
+            e = (int64_t)(i + 1) * b->bt_stride;
+        } else {
+            for (int p = 0; p < r->num_pages; p++) indices[e++] = r->pages[p];
+            indptr[i + 1] = (int32_t)e;
+            last[i] = r->kv_len == 0 ? 0 : (r->kv_len - 1) % ps + 1;
+        }
         for (int t = r->kv_len - new_tokens[i]; t < r->kv_len; t++) {
             bidx[rows] = i;
             pos[rows] = t;
+            if (slots) slots[rows] = (int64_t)r->pages[t / ps] * ps + t % ps;
             rows++;
         }
         b->qo_indptr[i + 1] = (int32_t)rows;
@@ -774,6 +817,11 @@ static void batch_build(app* a, batch* b, const int* new_tokens) {
     if (e > b->cap_pages || rows > b->cap_rows) fatal("internal: batch capacity exceeded");
     b->num_entries = e;
     b->rows = rows;
+    if (b->bt_stride) {
+        h2d(b->kv_indices.d, indices, (size_t)e * sizeof(int32_t));
+        h2d(b->slots.d, slots, (size_t)rows * sizeof(int64_t));
+        return;
+    }
     h2d(b->kv_indptr.d, indptr, ((size_t)b->size + 1) * sizeof(int32_t));
     h2d(b->kv_indices.d, indices, (size_t)e * sizeof(int32_t));
     h2d(b->last_page_len.d, last, (size_t)b->size * sizeof(int32_t));
@@ -791,6 +839,12 @@ static void batch_plan(app* a, batch* b) {
     pp.page_size = a->cfg.page_size;
     pp.num_pages = a->cfg.pool_pages;
     pp.kv_indices = (const int32_t*)b->kv_indices.h;
+    if (b->bt_stride) {
+        pp.kv_indptr = NULL;
+        pp.kv_last_page_len = NULL;
+        pp.kv_seq_lens = b->seq_lens;
+        pp.block_table_stride = b->bt_stride;
+    }
     if (b->op == KVA_OP_BATCH_DECODE)
         KVA_CHECK(kva_batch_decode_plan(a->ctx, &b->desc, &pp, &b->ws, &b->plan, NULL));
     else
@@ -820,8 +874,10 @@ static kva_paged_kv layer_paged(const app* a, const batch* b, int layer) {
         p.k_stride_head = p.v_stride_head = (int64_t)c->page_size * c->head_dim;
     }
     p.indices = (const int32_t*)b->kv_indices.d;
-    p.indptr = (const int32_t*)b->kv_indptr.d;
-    p.last_page_len = (const int32_t*)b->last_page_len.d;
+    if (!b->bt_stride) { /* (the block-table form has neither: the plan holds the lengths) */
+        p.indptr = (const int32_t*)b->kv_indptr.d;
+        p.last_page_len = (const int32_t*)b->last_page_len.d;
+    }
     p.num_indices = b->cap_pages; /* the table buffer's length: bounds every indptr range */
     return p;
 }
@@ -844,8 +900,11 @@ static void batch_append(app* a, batch* b, const kva_paged_kv* paged) {
     const config* c = &a->cfg;
     kva_tensor ak = kva_tensor_make(b->append_k.d, c->kv_dtype, 3, b->rows, c->heads_kv, c->head_dim, 0);
     kva_tensor av = kva_tensor_make(b->append_v.d, c->kv_dtype, 3, b->rows, c->heads_kv, c->head_dim, 0);
-    KVA_CHECK(kva_append_paged_kv_cache(a->ctx, &ak, &av, (const int32_t*)b->batch_indices.d,
-                                        (const int32_t*)b->positions.d, b->rows, paged, b->size, NULL));
+    if (b->bt_stride)
+        KVA_CHECK(kva_append_paged_kv_cache_by_slot(a->ctx, &ak, &av, (const int64_t*)b->slots.d, b->rows, paged, NULL));
+    else
+        KVA_CHECK(kva_append_paged_kv_cache(a->ctx, &ak, &av, (const int32_t*)b->batch_indices.d,
+                                            (const int32_t*)b->positions.d, b->rows, paged, b->size, NULL));
 }
 
 static void batch_run(app* a, batch* b, const kva_paged_kv* paged) {
@@ -952,8 +1011,40 @@ static void check_row(app* a, batch* b, int layer, int bi, int64_t qrow, int qh)
     }
 }
 
+/* The appended K/V row `row` of the batch where the request's pages say it belongs (bytes equal to the source) */
+static void check_appended(app* a, batch* b, int layer, int64_t row) {
+    const config* c = &a->cfg;
+    const int bi = ((const int32_t*)b->batch_indices.h)[row], t = ((const int32_t*)b->positions.h)[row];
+    const request* r = b->reqs[bi];
+    const int ps = c->page_size;
+    const char* layer_base = (const char*)a->pool + (size_t)((int64_t)layer * a->layer_elems) * a->kv_bytes;
+    d2h(a->page_scratch, layer_base + (size_t)((int64_t)r->pages[t / ps] * a->page_elems) * a->kv_bytes,
+        (size_t)a->page_elems * a->kv_bytes);
+    const int64_t half = (int64_t)ps * c->heads_kv * c->head_dim;
+    const int64_t tok_stride = c->layout == KVA_LAYOUT_NHD ? (int64_t)c->heads_kv * c->head_dim : c->head_dim;
+    const int64_t head_stride = c->layout == KVA_LAYOUT_NHD ? c->head_dim : (int64_t)ps * c->head_dim;
+    const size_t hb = (size_t)c->head_dim * a->kv_bytes;
+    for (int h = 0; h < c->heads_kv; h++)
+        for (int kv = 0; kv < 2; kv++) {
+            const char* got = (const char*)a->page_scratch +
+                              (size_t)((kv ? half : 0) + (int64_t)(t % ps) * tok_stride + h * head_stride) * a->kv_bytes;
+            const char* src = (const char*)(kv ? b->append_v.h : b->append_k.h) + ((size_t)row * c->heads_kv + h) * hb;
+            if (memcmp(got, src, hb) != 0) {
+                if (!a->check_failed)
+                    fprintf(stderr,
+                            "kvattn_serve: CHECK FAILED: %s layer %d request %d: the appended %s row of position %d "
+                            "(head %d) is not in page %d at offset %d\n",
+                            b->op == KVA_OP_BATCH_DECODE ? "decode" : "prefill", layer, r->id, kv ? "V" : "K", t, h,
+                            r->pages[t / ps], t % ps);
+                a->check_failed = 1;
+                return;
+            }
+        }
+}
+
 static void check_batch(app* a, batch* b, int layer, rng* r) {
     if (b->size == 0) return;
+    for (int s = 0; s < a->cfg.check_samples; s++) check_appended(a, b, layer, rng_below(r, b->rows));
     for (int s = 0; s < a->cfg.check_samples; s++) {
         int64_t qrow = rng_below(r, b->rows);
         int bi = 0;
@@ -1316,9 +1407,10 @@ int main(int argc, char** argv) {
     printf("| model | %d q heads / %d kv heads, head dim %d, %d layers, q/o %s, kv %s%s |\n", c->heads_q,
            c->heads_kv, c->head_dim, c->layers, kva_dtype_name(c->dtype), kva_dtype_name(c->kv_dtype),
            fp8 ? " (k_scale 0.5, v_scale 0.25)" : "");
-    printf("| KV pool | %d pages x %d tokens per layer, %s, %.1f MB, peak %lld pages used |\n", c->pool_pages,
-           c->page_size, c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", (double)pool_bytes / 1e6,
-           (long long)max_pages_used);
+    printf("| KV pool | %d pages x %d tokens per layer, %s, %.1f MB, peak %lld pages used; page table %s |\n",
+           c->pool_pages, c->page_size, c->layout == KVA_LAYOUT_NHD ? "NHD" : "HND", (double)pool_bytes / 1e6,
+           (long long)max_pages_used,
+           c->block_table ? "block table + sequence lengths, append by slot" : "CSR, append by (request, position)");
     printf("| trace | seed %llu, %d requests, max batch %d (peak %lld running) |\n", (unsigned long long)c->seed,
            c->requests, c->max_batch, (long long)max_running);
     printf("| steps | %d (an arrived request waited: %lld steps for pages, %lld for a batch slot) |\n", steps,
@@ -1340,7 +1432,8 @@ int main(int argc, char** argv) {
     printf("| prefill FLOP rate | %.2f GFLOP/s (causal FLOPs / prefill attention time) |\n",
            T.t_prefill_run > 0 ? T.prefill_flops / T.t_prefill_run / 1e9 : 0.0);
     if (c->check_every > 0)
-        printf("| sampled check vs float64 | %lld rows, max error o %.3g (tol %.3g), lse %.3g (tol 1e-3) %s |\n",
+        printf("| sampled check vs float64 | %lld rows, max error o %.3g (tol %.3g), lse %.3g (tol 1e-3); as many "
+               "appended K/V rows found in their pages %s |\n",
                (long long)a->checks, a->max_err_o, c->tolerance, a->max_err_lse, a->check_failed ? "FAILED" : "ok");
     else
         printf("| sampled check vs float64 | off |\n");
