@@ -63,6 +63,8 @@ if [[ " $STEPS " == *" quick "* ]]; then # the essentials in little device time:
     step "test_mutate decode (with block tables)" 60 "$BUILD/tests/test_mutate" --backend cuda --suite decode --seed 44 --count 600
     step "test_mutate prefill (with block tables)" 60 "$BUILD/tests/test_mutate" --backend cuda --suite prefill --seed 45 --count 600
     step "test_ops decode" 120 "$T" --backend cuda --suite decode
+    step "kvattn_serve --page-table block (CUDA)" 60 "$BUILD/apps/kvattn_serve" --backend cuda --requests 48 \
+        --layers 2 --check-every 1 --progress-every 0 --page-table block
 fi
 if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of large merge tasks: the row merge)
     step "test_ops split" 200 "$T" --backend cuda --suite split
