@@ -262,7 +262,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_append_paged(co
          w += nwarps_total) {
         const long long tok = w / p.heads;
         const int h = (int)(w % p.heads);
-        int page = -1;
+        int page = -1;    /* the fault report's page (clamped to 2^31 - 1) */
+        long long pidx;   /* the page written */
         long long slot;
         bool ok;
         if (p.slots) { /* the slot form: a negative slot is padding */
@@ -270,7 +271,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_append_paged(co
             if (sl < 0) continue;
             const long long pg = sl / p.page_size;
             ok = pg < p.num_pages;
-            page = pg > 0x7fffffffLL ? 0x7fffffff : (int)pg; /* (the fault report's page, clamped) */
+            page = pg > 0x7fffffffLL ? 0x7fffffff : (int)pg;
+            pidx = pg;
             slot = sl % p.page_size;
         } else {
             const int b = p.batch_indices[tok];
@@ -294,6 +296,7 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_append_paged(co
                 }
             }
             slot = pos % p.page_size;
+            pidx = page;
         }
         if (!ok) {
             if (lane == 0 && h == 0) {
@@ -303,8 +306,8 @@ extern "C" __global__ void __launch_bounds__(KVK_THREADS, 1) kva_append_paged(co
             }
             continue;
         }
-        char* kd = p.k + (long long)page * p.k_stride_page + slot * p.k_stride_token + h * p.k_stride_head;
-        char* vd = p.v + (long long)page * p.v_stride_page + slot * p.v_stride_token + h * p.v_stride_head;
+        char* kd = p.k + pidx * p.k_stride_page + slot * p.k_stride_token + h * p.k_stride_head;
+        char* vd = p.v + pidx * p.v_stride_page + slot * p.v_stride_token + h * p.v_stride_head;
         const char* ks = p.ak + tok * p.ak_stride_tok + h * p.ak_stride_head;
         const char* vs = p.av + tok * p.av_stride_tok + h * p.av_stride_head;
         if (p.src_dtype == p.dst_dtype) {
