@@ -124,8 +124,10 @@ if [[ " $STEPS " == *" bench "* ]] && { [ -z "${STEP_DEADLINE:-}" ] || [ "$SECON
             echo "kva_bench_decode rc=$?"
         grep "^A/B" "$OUT/bench_$i.log" | sed 's/(medians.*//'
     done
-    timeout 240 python3 bench/peers_decode.py --csv "$OUT/shapes.csv" --out "$OUT/shapes.md" > "$OUT/peers.log" 2>&1 ||
-        { echo "peers_decode.py failed rc=$?"; tail -20 "$OUT/peers.log"; }
+    # PEERS=0: the A/B arms only (no cuDNN / flash SDPA on the shapes)
+    [ "${PEERS:-1}" = 1 ] &&
+        { timeout 240 python3 bench/peers_decode.py --csv "$OUT/shapes.csv" --out "$OUT/shapes.md" > "$OUT/peers.log" 2>&1 ||
+            { echo "peers_decode.py failed rc=$?"; tail -20 "$OUT/peers.log"; }; }
 fi
 echo "==== summary ===="
 printf '%s\n' "${SUM[@]}"
