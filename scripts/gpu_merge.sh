@@ -49,6 +49,17 @@ if [[ " $STEPS " == *" tests "* ]]; then
     step "fuzz seed ${SEED:-4102} [HG=1 no fused, PDL]" 300 env $NFE KVATTN_CUDA_DECODE_HG=1 KVA_TEST_PDL=1 "$T" \
         --backend cuda --suite fuzz --seed "${SEED:-4102}" --count "${COUNT:-300}"
 fi
+if [[ " $STEPS " == *" mini "* ]]; then # the least device time: the append kernel's slot form, the error suite, split
+    M1="op=append B=5 qo=20 kv=100 empty=20 hkv=2 dqk=64 dvo=64 kvt=f16 ps=3 layout=HND pool=1 bt=1 seed=1028"
+    M2="op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
+    step "test_ops append (with the slot form, bt=1)" 40 "$T" --backend cuda --suite append
+    step "test_errors" 40 "$BUILD/tests/test_errors" --backend cuda
+    step "test_mutate append (both forms)" 30 "$BUILD/tests/test_mutate" --backend cuda --suite append --seed 43 --count 300
+    step "memcheck: $M1" 30 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$M1"
+    step "test_ops split" 60 "$T" --backend cuda --suite split
+    step "memcheck: $M2" 60 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$M2"
+    step "test_mutate decode (with block tables)" 40 "$BUILD/tests/test_mutate" --backend cuda --suite decode --seed 44 --count 300
+fi
 if [[ " $STEPS " == *" quick "* ]]; then # the essentials in little device time: append by slot, the error suite, split,
     # the sanitizers on a row-merge decode (MQA 1 unit x 64 partials of 32 rows) and on an append by slot, decode
     Q1="op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
