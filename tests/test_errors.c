@@ -1518,6 +1518,12 @@ static void test_append(void) {
     pg2 = pg;
     pg2.num_indices = -1;
     ERR(KVA_ERR_INVALID_ARGUMENT, "append: paged num_indices -1", app_call(tk, tv, bip, pop, NNZ, &pg2));
+    pg2 = pg;
+    pg2.dtype = KVA_DTYPE_U8; /* a mask dtype: the pool must hold KV (f32, f16, bf16, e4m3, e5m2) */
+    ERR(KVA_ERR_UNSUPPORTED, "append: paged dtype u8 (not a KV dtype)", app_call(tk, tv, bip, pop, NNZ, &pg2));
+    pg2 = pg;
+    pg2.dtype = KVA_DTYPE_I32;
+    ERR(KVA_ERR_UNSUPPORTED, "append: paged dtype i32 (not a KV dtype)", app_call(tk, tv, bip, pop, NNZ, &pg2));
     if (h_backend_device()) {
         /* CUDA: pointers must be aligned to their element size (2 bytes for f16 rows) */
         x = *tk;

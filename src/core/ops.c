@@ -400,6 +400,9 @@ static kva_status kva__append_common(const char* fn, const kva_tensor* append_k,
     KVA_FORWARD(kva__check_paged_fields(fn, paged));
     KVA_RETURN_IF(!append_k || !append_v || !append_k->data || !append_v->data, KVA_ERR_INVALID_ARGUMENT,
                   "%s: append_k or append_v is NULL", fn);
+    KVA_RETURN_IF(!kva__is_float(paged->dtype) && paged->dtype != KVA_DTYPE_E4M3 && paged->dtype != KVA_DTYPE_E5M2,
+                  KVA_ERR_UNSUPPORTED, "%s: paged->dtype %s is not a KV dtype (f32, f16, bf16, e4m3 or e5m2)", fn,
+                  kva_dtype_name(paged->dtype));
     KVA_RETURN_IF(!kva__is_float(append_k->dtype) && append_k->dtype != paged->dtype, KVA_ERR_UNSUPPORTED,
                   "%s: append_k dtype %s", fn, kva_dtype_name(append_k->dtype));
     int64_t ks[3] = {nnz, paged->num_heads, paged->head_dim_qk};
