@@ -58,7 +58,7 @@ if [[ " $STEPS " == *" mini "* ]]; then # the least device time: the append kern
     step "memcheck: $M1" 30 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$M1"
     step "test_ops split" 60 "$T" --backend cuda --suite split
     step "memcheck: $M2" 60 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$M2"
-    step "test_mutate decode (with block tables)" 40 "$BUILD/tests/test_mutate" --backend cuda --suite decode --seed 44 --count 300
+    step "test_mutate decode (with block tables)" 60 "$BUILD/tests/test_mutate" --backend cuda --suite decode --seed 44 --count 150
 fi
 if [[ " $STEPS " == *" quick "* ]]; then # the essentials in little device time: append by slot, the error suite, split,
     # the sanitizers on a row-merge decode (MQA 1 unit x 64 partials of 32 rows) and on an append by slot, decode
@@ -71,8 +71,8 @@ if [[ " $STEPS " == *" quick "* ]]; then # the essentials in little device time:
     step "racecheck: $Q1" 60 compute-sanitizer --tool racecheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$Q1"
     step "memcheck: $Q2" 40 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$Q2"
     step "test_mutate append (both forms)" 40 "$BUILD/tests/test_mutate" --backend cuda --suite append --seed 43 --count 600
-    step "test_mutate decode (with block tables)" 60 "$BUILD/tests/test_mutate" --backend cuda --suite decode --seed 44 --count 600
-    step "test_mutate prefill (with block tables)" 60 "$BUILD/tests/test_mutate" --backend cuda --suite prefill --seed 45 --count 600
+    step "test_mutate decode (with block tables)" 90 "$BUILD/tests/test_mutate" --backend cuda --suite decode --seed 44 --count 250
+    step "test_mutate prefill (with block tables)" 90 "$BUILD/tests/test_mutate" --backend cuda --suite prefill --seed 45 --count 250
     step "test_ops decode" 120 "$T" --backend cuda --suite decode
     step "kvattn_serve --page-table block (CUDA)" 60 "$BUILD/apps/kvattn_serve" --backend cuda --requests 48 \
         --layers 2 --check-every 1 --progress-every 0 --page-table block
