@@ -467,7 +467,7 @@ static int kva__cuda_merge_rows_pick(const kva__cuda_state* st, const kva__plan_
     int32_t most = 0;
     for (int32_t t = 0; t < plan->num_merge; ++t)
         if (mt[t].num_partials > most) most = mt[t].num_partials;
-    return (int64_t)plan->group_size * most > KVA__RS_ROW_MERGE_PAIRS ? 1 : 0;
+    return (int64_t)plan->group_size * most > st->rs_row_merge_pairs ? 1 : 0;
 }
 
 static kva_status kva__cuda_finish_plan(kva_context* ctx, kva__plan_data* plan, const kva_workspace* ws, void* stream) {
@@ -1291,6 +1291,10 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         st->merge_rows = mr && (mr[0] == '1' || mr[0] == '2') && mr[1] == '\0' ? mr[0] - '0' : 0;
         const char* rrm = getenv("KVATTN_BENCH_RS_ROW_MERGE"); /* A/B: =0 row-slot plans keep the fused merge */
         st->rs_row_merge = !(rrm && rrm[0] == '0' && rrm[1] == '\0');
+        const char* rmp = getenv("KVATTN_BENCH_RS_ROW_MERGE_PAIRS"); /* A/B: the row merge's pair threshold */
+        char* rmp_end = NULL;
+        const long long rmp_v = rmp ? strtoll(rmp, &rmp_end, 10) : -1;
+        st->rs_row_merge_pairs = rmp && rmp_end != rmp && *rmp_end == '\0' && rmp_v >= 0 ? rmp_v : KVA__RS_ROW_MERGE_PAIRS;
         const char* nw = getenv("KVATTN_BENCH_NO_WGMMA"); /* A/B: the mma.sync prefill mainloop on sm_90 too */
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
         const char* nt = getenv("KVATTN_BENCH_NO_TMA"); /* A/B: the Hopper prefill kernel copies K/V without TMA */

@@ -206,6 +206,8 @@ typedef struct kva__cuda_state {
     int no_fused_merge;     /* KVATTN_BENCH_NO_FUSED_MERGE=1: split-KV merge by the merge kernel (benchmark A/B) */
     int rs_row_merge;       /* row-slot plans of large merge tasks merge a warp per (task, row) (kva__cuda_merge_rows_pick;
                                KVATTN_BENCH_RS_ROW_MERGE=0: off, A/B) */
+    int64_t rs_row_merge_pairs; /* ... when the largest merge task holds more (row, partial) pairs (default
+                                   KVA__RS_ROW_MERGE_PAIRS; benchmark A/B: $KVATTN_BENCH_RS_ROW_MERGE_PAIRS) */
     int decode_hg;          /* KVATTN_CUDA_DECODE_HG: -1 (default) head-group decode plans where they pay
                                (kva__cuda_kv_head_group), 0 never, 1 wherever supported */
     int hg_heads;           /* KVATTN_BENCH_HG_HEADS=2|4: heads per head-group item (A/B; 0 = the default choice) */
