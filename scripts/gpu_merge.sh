@@ -78,8 +78,10 @@ if [[ " $STEPS " == *" quick "* ]]; then # the essentials in little device time:
         --layers 2 --check-every 1 --progress-every 0 --page-table block
 fi
 if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of large merge tasks: the row merge)
-    step "test_ops split" 200 "$T" --backend cuda --suite split
-    step "test_ops decode" 240 "$T" --backend cuda --suite decode
+    if [ "${DTESTS_SUITES:-1}" = 1 ]; then # DTESTS_SUITES=0: without split / decode (already run on these kernels)
+        step "test_ops split" 200 "$T" --backend cuda --suite split
+        step "test_ops decode" 240 "$T" --backend cuda --suite decode
+    fi
     step "test_ops append (with the slot form, bt=1)" 120 "$T" --backend cuda --suite append
     step "test_errors" 200 "$BUILD/tests/test_errors" --backend cuda
     step "test_mutate append (both forms)" 120 "$BUILD/tests/test_mutate" --backend cuda --suite append --seed 43 \
