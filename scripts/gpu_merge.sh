@@ -29,6 +29,9 @@ STEP_PREFIX=merge # step(): scripts/gpu_env.sh
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader
 NF=KVATTN_BENCH_NO_FUSED_MERGE=1,KVATTN_BENCH_MERGE_ROWS=1
 NFE="KVATTN_BENCH_NO_FUSED_MERGE=1 KVATTN_BENCH_MERGE_ROWS=1"
+# sanitizer cases: a row-merge decode (MQA, 1 unit x 64 partials of 32 rows) and an append by slot
+CASE_RM="op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
+CASE_AP="op=append B=5 qo=20 kv=100 empty=20 hkv=2 dqk=64 dvo=64 kvt=f16 ps=3 layout=HND pool=1 bt=1 seed=1028"
 if [[ " $STEPS " == *" tests "* ]]; then
     step "test_ops split" 200 "$T" --backend cuda --suite split
     step "test_ops decode" 240 "$T" --backend cuda --suite decode # (with the block-table cases, bt=1)
@@ -50,26 +53,22 @@ if [[ " $STEPS " == *" tests "* ]]; then
         --backend cuda --suite fuzz --seed "${SEED:-4102}" --count "${COUNT:-300}"
 fi
 if [[ " $STEPS " == *" mini "* ]]; then # the least device time: the append kernel's slot form, the error suite, split
-    M1="op=append B=5 qo=20 kv=100 empty=20 hkv=2 dqk=64 dvo=64 kvt=f16 ps=3 layout=HND pool=1 bt=1 seed=1028"
-    M2="op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
     step "test_ops append (with the slot form, bt=1)" 40 "$T" --backend cuda --suite append
     step "test_errors" 40 "$BUILD/tests/test_errors" --backend cuda
     step "test_mutate append (both forms)" 30 "$BUILD/tests/test_mutate" --backend cuda --suite append --seed 43 --count 300
-    step "memcheck: $M1" 30 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$M1"
+    step "memcheck: $CASE_AP" 30 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$CASE_AP"
     step "test_ops split" 60 "$T" --backend cuda --suite split
-    step "memcheck: $M2" 60 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$M2"
+    step "memcheck: $CASE_RM" 60 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$CASE_RM"
     step "test_mutate decode (with block tables)" 60 "$BUILD/tests/test_mutate" --backend cuda --suite decode --seed 44 --count 150
 fi
 if [[ " $STEPS " == *" quick "* ]]; then # the essentials in little device time: append by slot, the error suite, split,
     # the sanitizers on a row-merge decode (MQA 1 unit x 64 partials of 32 rows) and on an append by slot, decode
-    Q1="op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
-    Q2="op=append B=5 qo=20 kv=100 empty=20 hkv=2 dqk=64 dvo=64 kvt=f16 ps=3 layout=HND pool=1 bt=1 seed=1028"
     step "test_ops append (with the slot form, bt=1)" 60 "$T" --backend cuda --suite append
     step "test_errors" 60 "$BUILD/tests/test_errors" --backend cuda
     step "test_ops split" 60 "$T" --backend cuda --suite split
-    step "memcheck: $Q1" 60 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$Q1"
-    step "racecheck: $Q1" 60 compute-sanitizer --tool racecheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$Q1"
-    step "memcheck: $Q2" 40 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$Q2"
+    step "memcheck: $CASE_RM" 60 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$CASE_RM"
+    step "racecheck: $CASE_RM" 60 compute-sanitizer --tool racecheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$CASE_RM"
+    step "memcheck: $CASE_AP" 40 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$CASE_AP"
     step "test_mutate append (both forms)" 40 "$BUILD/tests/test_mutate" --backend cuda --suite append --seed 43 --count 600
     step "test_mutate decode (with block tables)" 90 "$BUILD/tests/test_mutate" --backend cuda --suite decode --seed 44 --count 250
     step "test_mutate prefill (with block tables)" 90 "$BUILD/tests/test_mutate" --backend cuda --suite prefill --seed 45 --count 250
@@ -90,9 +89,9 @@ if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of
         python3 -m pytest -q python/tests/test_torch.py -k "slot or append"
 fi
 if [[ " $STEPS " == *" dsan "* ]]; then
-    DCASES=("op=decode B=2 kv=40000 hq=32 hkv=1 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
+    DCASES=("$CASE_RM"
         "op=decode B=1 kv=30000 hq=24 hkv=2 dqk=128 dvo=128 qt=f16 kvt=f16 ot=f16 ps=16 lse=1"
-        "op=append B=5 qo=20 kv=100 empty=20 hkv=2 dqk=64 dvo=64 kvt=f16 ps=3 layout=HND pool=1 bt=1 seed=1028")
+        "$CASE_AP")
     for tool in memcheck racecheck; do
         for cs in "${DCASES[@]}"; do
             step "$tool: $cs" 90 compute-sanitizer --tool $tool --error-exitcode 99 --print-limit 20 "$T" --backend cuda \

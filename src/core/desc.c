@@ -27,12 +27,6 @@ KVA_API void kva_attention_desc_init(kva_attention_desc* desc, int32_t num_qo_he
     desc->variant = NULL;
 }
 
-static bool kva__is_float_dtype(kva_dtype t) {
-    return t == KVA_DTYPE_F32 || t == KVA_DTYPE_F16 || t == KVA_DTYPE_BF16;
-}
-static bool kva__is_kv_dtype(kva_dtype t) {
-    return kva__is_float_dtype(t) || t == KVA_DTYPE_E4M3 || t == KVA_DTYPE_E5M2;
-}
 
 kva_status kva__desc_normalize(const kva_attention_desc* in, kva_attention_desc* out) {
     KVA_RETURN_IF(!in, KVA_ERR_INVALID_ARGUMENT, "desc is NULL");

@@ -302,8 +302,6 @@ KVA_API kva_status kva_single_prefill(kva_context* context, const kva_attention_
 /* ---------------------------------------------------------------------------------------------- */
 /* Merges                                                                                          */
 
-static bool kva__is_float(kva_dtype t) { return t == KVA_DTYPE_F32 || t == KVA_DTYPE_F16 || t == KVA_DTYPE_BF16; }
-
 static kva_status kva__check_state(const char* name, const kva_tensor* v, const kva_tensor* s, int64_t rows,
                                    int64_t heads, int64_t dim, bool s_optional) {
     KVA_RETURN_IF(rows < 0 || heads < 0 || dim < 0, KVA_ERR_INVALID_ARGUMENT,
@@ -312,7 +310,7 @@ static kva_status kva__check_state(const char* name, const kva_tensor* v, const 
     /* a state with no elements may have a NULL pointer (PyTorch's empty tensors): nothing is read or written */
     const bool empty = rows == 0 || heads == 0;
     KVA_RETURN_IF(!v || (!v->data && !empty && dim > 0), KVA_ERR_INVALID_ARGUMENT, "%s: v is NULL", name);
-    KVA_RETURN_IF(!kva__is_float(v->dtype), KVA_ERR_UNSUPPORTED, "%s: v dtype %s (f32, f16 or bf16 expected)", name,
+    KVA_RETURN_IF(!kva__is_float_dtype(v->dtype), KVA_ERR_UNSUPPORTED, "%s: v dtype %s (f32, f16 or bf16 expected)", name,
                   kva_dtype_name(v->dtype));
     int64_t vs[3] = {rows, heads, dim};
     kva_status st = kva__check_tensor(name, v, v->dtype, 3, vs);
@@ -400,10 +398,9 @@ static kva_status kva__append_common(const char* fn, const kva_tensor* append_k,
     KVA_FORWARD(kva__check_paged_fields(fn, paged));
     KVA_RETURN_IF(!append_k || !append_v || !append_k->data || !append_v->data, KVA_ERR_INVALID_ARGUMENT,
                   "%s: append_k or append_v is NULL", fn);
-    KVA_RETURN_IF(!kva__is_float(paged->dtype) && paged->dtype != KVA_DTYPE_E4M3 && paged->dtype != KVA_DTYPE_E5M2,
-                  KVA_ERR_UNSUPPORTED, "%s: paged->dtype %s is not a KV dtype (f32, f16, bf16, e4m3 or e5m2)", fn,
-                  kva_dtype_name(paged->dtype));
-    KVA_RETURN_IF(!kva__is_float(append_k->dtype) && append_k->dtype != paged->dtype, KVA_ERR_UNSUPPORTED,
+    KVA_RETURN_IF(!kva__is_kv_dtype(paged->dtype), KVA_ERR_UNSUPPORTED,
+                  "%s: paged->dtype %s is not a KV dtype (f32, f16, bf16, e4m3 or e5m2)", fn, kva_dtype_name(paged->dtype));
+    KVA_RETURN_IF(!kva__is_float_dtype(append_k->dtype) && append_k->dtype != paged->dtype, KVA_ERR_UNSUPPORTED,
                   "%s: append_k dtype %s", fn, kva_dtype_name(append_k->dtype));
     int64_t ks[3] = {nnz, paged->num_heads, paged->head_dim_qk};
     int64_t vs[3] = {nnz, paged->num_heads, paged->head_dim_vo};

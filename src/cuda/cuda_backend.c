@@ -1292,9 +1292,7 @@ static kva_status kva__cuda_init_device(kva_context* ctx, kva__cuda_state* st) {
         const char* rrm = getenv("KVATTN_BENCH_RS_ROW_MERGE"); /* A/B: =0 row-slot plans keep the fused merge */
         st->rs_row_merge = !(rrm && rrm[0] == '0' && rrm[1] == '\0');
         const char* rmp = getenv("KVATTN_BENCH_RS_ROW_MERGE_PAIRS"); /* A/B: the row merge's pair threshold */
-        char* rmp_end = NULL;
-        const long long rmp_v = rmp ? strtoll(rmp, &rmp_end, 10) : -1;
-        st->rs_row_merge_pairs = rmp && rmp_end != rmp && *rmp_end == '\0' && rmp_v >= 0 ? rmp_v : KVA__RS_ROW_MERGE_PAIRS;
+        st->rs_row_merge_pairs = rmp && *rmp ? strtoll(rmp, NULL, 10) : KVA__RS_ROW_MERGE_PAIRS;
         const char* nw = getenv("KVATTN_BENCH_NO_WGMMA"); /* A/B: the mma.sync prefill mainloop on sm_90 too */
         st->no_wgmma = nw && nw[0] == '1' && nw[1] == '\0';
         const char* nt = getenv("KVATTN_BENCH_NO_TMA"); /* A/B: the Hopper prefill kernel copies K/V without TMA */
