@@ -258,7 +258,8 @@ def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int, bat
 
 def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
     """KV length of each request: ``(num_pages - 1) * page_size + last_page_len``, 0 for a request without
-    pages (int32; same library/device as the inputs)."""
+    pages (int32; same library/device as the inputs). A length past INT32_MAX raises ValueError on host inputs
+    (NumPy, CPU tensors); a CUDA tensor is not checked (that would synchronise)."""
     ps = _core.size_arg(page_size, "page_size")
     _check_batch_lens(kv_indptr, "kv_indptr", kv_last_page_len, "kv_last_page_len", exact=True)
     if T.is_torch(kv_indptr) or T.is_torch(kv_last_page_len):
@@ -268,8 +269,20 @@ def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
         lpl = torch.as_tensor(kv_last_page_len, device=dev).to(torch.int64)
         pages = ip[1:] - ip[:-1]
         lens = torch.where(pages > 0, (pages - 1) * ps + lpl, torch.zeros_like(pages))
+        if lens.device.type == "cpu" and lens.numel():
+            _check_int32_lens(int(lens.max()), int(torch.argmax(lens)))
         return lens.to(torch.int32)
     ip = np.asarray(kv_indptr).astype(np.int64)
     lpl = np.asarray(kv_last_page_len).astype(np.int64)
     pages = np.diff(ip)
-    return np.where(pages > 0, (pages - 1) * ps + lpl, 0).astype(np.int32)
+    lens = np.where(pages > 0, (pages - 1) * ps + lpl, 0)
+    if lens.size:
+        _check_int32_lens(int(lens.max()), int(np.argmax(lens)))
+    return lens.astype(np.int32)
+
+
+def _check_int32_lens(top: int, at: int) -> None:
+    """get_seq_lens returns int32 (FlashInfer's dtype): a length past INT32_MAX is an error, not a wrapped value.
+    Checked on host inputs (NumPy, CPU tensors); on a CUDA tensor the check would synchronise, so it is left out."""
+    if top > 2147483647:
+        raise ValueError("kvattn: get_seq_lens: request %d has %d KV tokens, more than int32 holds" % (at, top))

@@ -645,6 +645,16 @@ def test_get_seq_lens_matches_flashinfer_formula():
     assert lens.dtype == np.int32 and lens.tolist() == [45, 8, 25, 22, 16]
 
 
+def test_get_seq_lens_refuses_a_length_past_int32():
+    """A length that would wrap in int32 is a ValueError naming the request; INT32_MAX itself is returned."""
+    ps = 1 << 20
+    indptr = np.array([0, 1, 2049], np.int32)  # request 1: 2048 pages of 2^20 tokens
+    lens = kvattn.get_seq_lens(indptr, np.array([5, ps - 1], np.int32), ps)
+    assert lens.dtype == np.int32 and lens.tolist() == [5, 2147483647]
+    with pytest.raises(ValueError, match="request 1 has 2147483648 KV tokens"):
+        kvattn.get_seq_lens(indptr, np.array([5, ps], np.int32), ps)
+
+
 def test_documented_difference_get_seq_lens_of_a_request_without_pages():
     """FlashInfer computes clamp(num_pages - 1, min=0) * page_size + last_page_len, so a request without pages gets
     its last_page_len (often 1 by convention) as length; kvattn returns 0, the length the attention wrappers use
