@@ -887,6 +887,87 @@ static void test_locality(kva_context** ctxs) {
     batch_free(&b);
 }
 
+/* Row-slot plans: the CUDA backend's kv_head_group hook (GQA groups of 9 to 32 on sm_90: one KV head per unit, one
+ * worker per SM) stood in for on a CPU context of 264 workers with 132 SMs. The merge of a unit loads 16 partials a
+ * round trip, so the planner takes 32 chunks where the split would give 33 (kva__rs_round_chunk), and keeps the
+ * count where it is a multiple of 16 or the rule is off ($KVATTN_BENCH_RS_ROUND=0: rs_merge_batch 0). */
+static int32_t rs_hook(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, const kva_plan_params* params,
+                       int64_t total_kv, int64_t max_kv, int32_t* workers, int32_t* row_slots) {
+    (void)ctx, (void)params, (void)total_kv, (void)max_kv;
+    const int32_t g = desc->num_qo_heads / desc->num_kv_heads;
+    if (op == KVA_OP_BATCH_DECODE && g >= 9 && g <= 32) {
+        *row_slots = 16;
+        *workers = 132;
+    }
+    return 1;
+}
+
+static void test_row_slots(void) {
+    kva_context* ctx = make_ctx(2);
+    const kva__backend_ops* saved_ops = ctx->ops;
+    const int32_t saved_w = ctx->num_workers, saved_b = ctx->rs_merge_batch;
+    kva__backend_ops ops = *ctx->ops;
+    ops.kv_head_group = rs_hook;
+    ctx->ops = &ops;
+    ctx->num_workers = 264;
+    static const struct {
+        int32_t hq, hkv, B, kv, batch, want;
+    } cases[] = {
+        {48, 4, 1, 32768, 16, 32},  {48, 4, 1, 32768, 0, 33},  {40, 4, 1, 65536, 16, 32}, {40, 4, 1, 65536, 0, 33},
+        {64, 4, 1, 131072, 16, 32}, {64, 4, 1, 131072, 0, 33}, {24, 2, 1, 32768, 16, 64}, {12, 1, 1, 32768, 16, 64},
+        {48, 4, 2, 20000, 16, 16},  {16, 1, 1, 1000, 16, 8},
+        {48, 4, 1, 4224, 16, 33}, /* 32 chunks of a multiple of 16 tokens do not cover 4224 evenly: kept */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        char what[160];
+        snprintf(what, sizeof what, "row slots %d/%d %d x %d, merge batch %d", cases[c].hq, cases[c].hkv, cases[c].B,
+                 cases[c].kv, cases[c].batch);
+        ctx->rs_merge_batch = cases[c].batch;
+        kva_attention_desc d;
+        kva_attention_desc_init(&d, cases[c].hq, cases[c].hkv, 128, KVA_DTYPE_F16);
+        batch b;
+        memset(&b, 0, sizeof b);
+        b.op = KVA_OP_BATCH_DECODE;
+        b.B = cases[c].B;
+        b.page_size = 16;
+        for (int32_t i = 0; i < b.B; ++i) {
+            b.qo[i] = 1;
+            b.kv[i] = cases[c].kv;
+        }
+        h_rng r;
+        h_rng_seed(&r, h_opt.seed + c);
+        batch_finish(&b, &r);
+        kva_plan_params pp;
+        params_of(&b, &pp);
+        size_t dev = 0, host = 0;
+        kva_status st = kva_plan_workspace_size(ctx, &d, b.op, &pp, &dev, &host);
+        if (!H_CHECK(st == KVA_OK, "%s: workspace_size: %s", what, kva_last_error_message())) {
+            batch_free(&b);
+            continue;
+        }
+        ws_t w;
+        ws_make(&w, 0, dev, 0x5a);
+        kva_plan plan;
+        st = kva_plan_make(ctx, &d, b.op, &pp, &w.ws, &plan, NULL);
+        if (H_CHECK(st == KVA_OK, "%s: plan: %s", what, kva_last_error_message())) {
+            const kva__plan_data* pd = kva__plan_data_ofc(&plan);
+            const kva__merge_task* mt = (const kva__merge_task*)((const char*)w.mem + pd->off_merge);
+            int32_t most = 1;
+            for (int32_t t = 0; t < pd->num_merge; ++t)
+                if (mt[t].num_partials > most) most = mt[t].num_partials;
+            H_CHECK(pd->row_slots == 16 && most == cases[c].want, "%s: row slots %d, %d chunks per unit, expected %d",
+                    what, pd->row_slots, most, cases[c].want);
+            check_plan(&d, &b, &pp, &plan, w.mem, 132, what);
+        }
+        ws_free(&w);
+        batch_free(&b);
+    }
+    ctx->ops = saved_ops;
+    ctx->num_workers = saved_w;
+    ctx->rs_merge_batch = saved_b;
+    kva_context_destroy(ctx);
+}
+
 int main(int argc, char** argv) {
     h_init(argc, argv, "test_planner");
     kva_context* ctxs[NW];
@@ -903,6 +984,7 @@ int main(int argc, char** argv) {
     test_bound(ctxs);
     test_fixed_split(ctxs);
     test_locality(ctxs);
+    test_row_slots();
     printf("planner: %lld plans checked (%lld items, %lld partial slots; %lld with chunks below %d)\n"
            "  worst max_worker_cost / max(total/W, largest item)                 = %.4f (checked: <= 4/3 + largest/bound)\n"
            "  worst max_worker_cost / max(total/W, largest, c[W-1] + c[W]) (LB*) = %.4f (decode LPT <= 4/3 OPT; prefill: list scheduling in locality order)\n",

@@ -79,6 +79,9 @@ struct kva_context {
                                  min_kv_chunk (-1) */
     int32_t rs_max_split;     /* row-slot plans (kva__plan_data.row_slots): at most this many chunks per unit
                                  (KVA__RS_MAX_SPLIT; benchmark A/B: $KVATTN_BENCH_RS_SPLIT at context creation) */
+    int32_t rs_merge_batch;   /* row-slot plans: the merge's partials per round trip (KVA__RS_MERGE_BATCH); the planner
+                                 avoids b * k + 1 chunks per unit (kva__rs_round_chunk). 0 = off (benchmark A/B:
+                                 $KVATTN_BENCH_RS_ROUND=0) */
     int32_t worker_head_bytes; /* > 0: plans reserve this many bytes per worker at off_worker_head for the backend's
                                   per-worker header (the CUDA backend: kvk_worker_head, 64 bytes); 0 = none */
     int32_t cluster_size;     /* > 1: batch-decode plans may combine split KV inside thread-block clusters of this many
@@ -128,6 +131,8 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
                                       partials merged, by one CTA (the fused merge) or a warp per row where that is more
                                       than 512 pairs (CUDA backend, kva__cuda_merge_rows_pick; planner.c,
                                       kva__choose_chunk) */
+#define KVA__RS_MERGE_BATCH 16     /* see rs_merge_batch: kva_decode_hg.cuh's row-slot fused merge and the row merge
+                                      (kva_merge_partials_rows) load 16 partials per round trip */
 #define KVA__MAX_TILE_Q 128
 
 /* Per-request table in the workspace (written by plan). */

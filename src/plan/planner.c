@@ -402,6 +402,29 @@ static int64_t kva__refine_chunk(const kva__plan_data* pd, const kva__plan_scrat
     return L1 > INT32_MAX / 2 ? L0 : L1;
 }
 
+/* Chunks of a tile of len tokens at chunk size L, balanced as kva__split_tiles makes them. */
+static int64_t kva__chunks_of(int64_t len, int64_t L) {
+    if (len <= L) return 1;
+    int64_t n = kva__ceil_div64(len, L);
+    const int64_t cl = kva__ceil_div64(kva__ceil_div64(len, n), KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
+    return kva__ceil_div64(len, cl);
+}
+
+/* Row-slot plans: the merge of a split unit loads its partials in batches of ctx->rs_merge_batch per L2 round trip
+ * (the fused merge and the row merge alike), so n = b * k + 1 chunks cost one more round trip per row for one
+ * partial. Then take n - 1 slightly longer chunks: 4 KV heads on 132 SMs gave 33 chunks per unit (H100, 48/4 1 x 32k
+ * and 40/4 1 x 64k: 32 chunks 3.9 % / 3.4 % faster, bench/results/rs_split_h100_2026-12-07_session46.md). */
+static int64_t kva__rs_round_chunk(const kva_context* ctx, const kva__plan_data* pd, const kva__plan_scratch* s,
+                                   int64_t L) {
+    const int64_t b = ctx->rs_merge_batch;
+    if (pd->row_slots <= 1 || b <= 1 || L <= 0) return L;
+    const int64_t maxlen = kva__max_tile_len(s);
+    const int64_t n = kva__chunks_of(maxlen, L);
+    if (n <= b || n % b != 1) return L;
+    const int64_t L1 = kva__ceil_div64(kva__ceil_div64(maxlen, n - 1), KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
+    return L1 <= INT32_MAX / 2 && kva__chunks_of(maxlen, L1) == n - 1 ? L1 : L;
+}
+
 /* Chunk size L for this batch (0 = no split). */
 static int32_t kva__choose_chunk(const kva_context* ctx, const kva__plan_data* pd, const kva_plan_params* p,
                                  const kva__plan_scratch* s) {
@@ -431,7 +454,7 @@ static int32_t kva__choose_chunk(const kva_context* ctx, const kva__plan_data* p
     }
     L = kva__ceil_div64(L, KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
     if (L > INT32_MAX / 2) L = INT32_MAX / 2;
-    return (int32_t)kva__refine_chunk(pd, s, L);
+    return (int32_t)kva__rs_round_chunk(ctx, pd, s, kva__refine_chunk(pd, s, L));
 }
 
 /* Split every tile: n = ceil(len / L) chunks. Fixed-split mode uses boundaries lo + k*L (they depend only on
