@@ -9,7 +9,7 @@
 # in scope, the selftest, fuzz runs with PDL; the default split and decode suites (the decode suite, prefill and the
 # fuzz draws include page tables in block-table form, bt=1, which have not run on a GPU before). san: memcheck and racecheck on split cases
 # through the merge kernel. dtests / dsan: the default plans' suites, fuzz, and sanitizers on row-merge cases.
-# Steps: STEPS="bench tests san" (default; also dtests dsan). The logs end in $OUT/logs.tgz (PACK=0: loose).
+# Steps: STEPS="bench tests san" (default; also dtests dsan, rtests: split / decode and a 4-unit row-slot case). The logs end in $OUT/logs.tgz (PACK=0: loose).
 set -u
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh merge
@@ -87,6 +87,13 @@ if [[ " $STEPS " == *" dtests "* ]]; then # the default plans (row-slot plans of
         --count 1500
     step "python append by slot (torch CUDA)" 200 env PYTHONPATH=python KVATTN_LIBRARY="$PWD/$BUILD/libkvattn.so" \
         python3 -m pytest -q python/tests/test_torch.py -k "slot or append"
+fi
+if [[ " $STEPS " == *" rtests "* ]]; then # the planner's row-slot chunk rounding (33 -> 32 chunks per unit)
+    CASE_R4="op=decode B=1 kv=32768 hq=48 hkv=4 dqk=128 dvo=128 qt=bf16 kvt=bf16 ot=bf16 ps=16 lse=1"
+    step "test_ops split" 200 "$T" --backend cuda --suite split
+    step "test_ops decode" 240 "$T" --backend cuda --suite decode
+    step "test_ops: $CASE_R4" 30 "$T" --backend cuda --case "$CASE_R4"
+    step "memcheck: $CASE_R4" 60 compute-sanitizer --tool memcheck --error-exitcode 99 --print-limit 20 "$T" --backend cuda --case "$CASE_R4"
 fi
 if [[ " $STEPS " == *" dsan "* ]]; then
     DCASES=("$CASE_RM"
