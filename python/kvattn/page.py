@@ -269,20 +269,20 @@ def get_seq_lens(kv_indptr: Any, kv_last_page_len: Any, page_size: int) -> Any:
         lpl = torch.as_tensor(kv_last_page_len, device=dev).to(torch.int64)
         pages = ip[1:] - ip[:-1]
         lens = torch.where(pages > 0, (pages - 1) * ps + lpl, torch.zeros_like(pages))
-        if lens.device.type == "cpu" and lens.numel():
-            _check_int32_lens(int(lens.max()), int(torch.argmax(lens)))
+        if lens.device.type == "cpu":
+            _check_int32_lens(lens)
         return lens.to(torch.int32)
     ip = np.asarray(kv_indptr).astype(np.int64)
     lpl = np.asarray(kv_last_page_len).astype(np.int64)
     pages = np.diff(ip)
     lens = np.where(pages > 0, (pages - 1) * ps + lpl, 0)
-    if lens.size:
-        _check_int32_lens(int(lens.max()), int(np.argmax(lens)))
+    _check_int32_lens(lens)
     return lens.astype(np.int32)
 
 
-def _check_int32_lens(top: int, at: int) -> None:
+def _check_int32_lens(lens: Any) -> None:
     """get_seq_lens returns int32 (FlashInfer's dtype): a length past INT32_MAX is an error, not a wrapped value.
-    Checked on host inputs (NumPy, CPU tensors); on a CUDA tensor the check would synchronise, so it is left out."""
-    if top > 2147483647:
-        raise ValueError("kvattn: get_seq_lens: request %d has %d KV tokens, more than int32 holds" % (at, top))
+    Host lengths only (NumPy, CPU tensors: 1-D int64); on a CUDA tensor the check would synchronise."""
+    if len(lens) and int(lens.max()) > 2147483647:
+        at = int(lens.argmax())
+        raise ValueError("kvattn: get_seq_lens: request %d has %d KV tokens, more than int32 holds" % (at, int(lens[at])))

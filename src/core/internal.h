@@ -261,7 +261,6 @@ typedef struct kva__plan_data {
 
 _Static_assert(sizeof(kva__plan_data) <= sizeof(kva_plan), "kva__plan_data must fit in kva_plan");
 
-/* Word-wise hash of the plan's bytes before `seal` (about 70 multiply-xor steps: cheap enough for every run). */
 /* The dtype classes the core validates against: float (q, o, merge states) and KV (float or fp8). */
 static inline bool kva__is_float_dtype(kva_dtype t) {
     return t == KVA_DTYPE_F32 || t == KVA_DTYPE_F16 || t == KVA_DTYPE_BF16;
@@ -270,6 +269,7 @@ static inline bool kva__is_kv_dtype(kva_dtype t) {
     return kva__is_float_dtype(t) || t == KVA_DTYPE_E4M3 || t == KVA_DTYPE_E5M2;
 }
 
+/* Word-wise hash of the plan's bytes before `seal` (about 70 multiply-xor steps: cheap enough for every run). */
 static inline uint64_t kva__plan_hash(const kva__plan_data* pd) {
     const unsigned char* b = (const unsigned char*)(const void*)pd;
     uint64_t h = 0x9e3779b97f4a7c15ull;

@@ -342,6 +342,18 @@ static kva_status kva__make_tiles(const kva__plan_data* pd, int32_t B, kva__plan
     return KVA_OK;
 }
 
+/* Balanced chunks of a tile of len tokens at chunk size L: n = ceil(len / L) chunks of ceil(len / n) rounded up to
+ * KVA__CHUNK_ALIGN (which may need fewer chunks). Returns the count and sets *chunk_len (len for one chunk). */
+static int64_t kva__chunks_of(int64_t len, int64_t L, int64_t* chunk_len) {
+    if (len <= L) {
+        *chunk_len = len;
+        return 1;
+    }
+    const int64_t n = kva__ceil_div64(len, L);
+    *chunk_len = kva__ceil_div64(kva__ceil_div64(len, n), KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
+    return kva__ceil_div64(len, *chunk_len);
+}
+
 /* Chunking facts at chunk size L: work items (all KV heads), the longest and the shortest chunk (balanced chunks
  * as kva__split_tiles makes them). */
 static void kva__chunk_stats(const kva__plan_scratch* s, int64_t H, int64_t L, int64_t* items, int64_t* longest,
@@ -349,12 +361,8 @@ static void kva__chunk_stats(const kva__plan_scratch* s, int64_t H, int64_t L, i
     int64_t n_all = 0, mx = 0, mn = INT64_MAX;
     for (int64_t i = 0; i < s->ntiles; ++i) {
         const int64_t len = s->tiles[i].hi - s->tiles[i].lo;
-        int64_t n = 1, cl = len;
-        if (len > L) {
-            n = kva__ceil_div64(len, L);
-            cl = kva__ceil_div64(kva__ceil_div64(len, n), KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
-            n = kva__ceil_div64(len, cl);
-        }
+        int64_t cl;
+        const int64_t n = kva__chunks_of(len, L, &cl);
         n_all += n;
         if (cl > mx) mx = cl;
         const int64_t last = len - (n - 1) * cl;
@@ -402,14 +410,6 @@ static int64_t kva__refine_chunk(const kva__plan_data* pd, const kva__plan_scrat
     return L1 > INT32_MAX / 2 ? L0 : L1;
 }
 
-/* Chunks of a tile of len tokens at chunk size L, balanced as kva__split_tiles makes them. */
-static int64_t kva__chunks_of(int64_t len, int64_t L) {
-    if (len <= L) return 1;
-    int64_t n = kva__ceil_div64(len, L);
-    const int64_t cl = kva__ceil_div64(kva__ceil_div64(len, n), KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
-    return kva__ceil_div64(len, cl);
-}
-
 /* Row-slot plans: the merge of a split unit loads its partials in batches of ctx->rs_merge_batch per L2 round trip
  * (the fused merge and the row merge alike), so n = b * k + 1 chunks cost one more round trip per row for one
  * partial. Then take n - 1 slightly longer chunks: 4 KV heads on 132 SMs gave 33 chunks per unit (H100, 48/4 1 x 32k
@@ -419,10 +419,11 @@ static int64_t kva__rs_round_chunk(const kva_context* ctx, const kva__plan_data*
     const int64_t b = ctx->rs_merge_batch;
     if (pd->row_slots <= 1 || b <= 1 || L <= 0) return L;
     const int64_t maxlen = kva__max_tile_len(s);
-    const int64_t n = kva__chunks_of(maxlen, L);
+    int64_t cl;
+    const int64_t n = kva__chunks_of(maxlen, L, &cl);
     if (n <= b || n % b != 1) return L;
     const int64_t L1 = kva__ceil_div64(kva__ceil_div64(maxlen, n - 1), KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
-    return L1 <= INT32_MAX / 2 && kva__chunks_of(maxlen, L1) == n - 1 ? L1 : L;
+    return L1 <= INT32_MAX / 2 && kva__chunks_of(maxlen, L1, &cl) == n - 1 ? L1 : L;
 }
 
 /* Chunk size L for this batch (0 = no split). */
@@ -466,13 +467,8 @@ static void kva__split_tiles(kva__plan_scratch* s, int32_t L, bool fixed, int64_
         kva__tile* t = &s->tiles[i];
         int64_t len = t->hi - t->lo;
         if (L > 0 && len > L) {
-            int64_t n = kva__ceil_div64(len, L);
             int64_t cl = L;
-            if (!fixed) {
-                cl = kva__ceil_div64(len, n);
-                cl = kva__ceil_div64(cl, KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
-                n = kva__ceil_div64(len, cl);
-            }
+            const int64_t n = fixed ? kva__ceil_div64(len, L) : kva__chunks_of(len, L, &cl);
             t->nchunks = (int32_t)n;
             t->chunk_len = (int32_t)cl;
             if (n > 1) {
