@@ -61,6 +61,9 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
         const char* rsx = getenv("KVATTN_BENCH_RS_SPLIT"); /* benchmark A/B only */
         const long r = rsx ? strtol(rsx, NULL, 10) : 0;
         ctx->rs_max_split = r >= 1 && r <= 4096 ? (int32_t)r : KVA__RS_MAX_SPLIT;
+        const char* rsm = getenv("KVATTN_BENCH_RS_MULTI_SPLIT"); /* benchmark A/B only: 0 = rs_max_split alone */
+        const long rm = rsm && *rsm ? strtol(rsm, NULL, 10) : -1;
+        ctx->rs_multi_split = rm >= 0 && rm <= 4096 ? (int32_t)rm : KVA__RS_MULTI_SPLIT;
         const char* rsr = getenv("KVATTN_BENCH_RS_ROUND"); /* benchmark A/B only: 0 = chunk counts as computed */
         ctx->rs_merge_batch = rsr && rsr[0] == '0' && rsr[1] == '\0' ? 0 : KVA__RS_MERGE_BATCH;
         const char* lpt = getenv("KVATTN_BENCH_PLAN_LPT"); /* benchmark A/B only */

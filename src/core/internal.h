@@ -79,6 +79,9 @@ struct kva_context {
                                  min_kv_chunk (-1) */
     int32_t rs_max_split;     /* row-slot plans (kva__plan_data.row_slots): at most this many chunks per unit
                                  (KVA__RS_MAX_SPLIT; benchmark A/B: $KVATTN_BENCH_RS_SPLIT at context creation) */
+    int32_t rs_multi_split;   /* row-slot plans of groups of at most 16 with two or more split units: at most this many
+                                 chunks per unit (KVA__RS_MULTI_SPLIT, below rs_max_split; 0 = rs_max_split alone;
+                                 benchmark A/B: $KVATTN_BENCH_RS_MULTI_SPLIT) */
     int32_t rs_merge_batch;   /* row-slot plans: the merge's partials per round trip (KVA__RS_MERGE_BATCH); the planner
                                  avoids b * k + 1 chunks per unit (kva__rs_round_chunk). 0 = off (benchmark A/B:
                                  $KVATTN_BENCH_RS_ROUND=0) */
@@ -131,6 +134,10 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
                                       partials merged, by one CTA (the fused merge) or a warp per row where that is more
                                       than 512 pairs (CUDA backend, kva__cuda_merge_rows_pick; planner.c,
                                       kva__choose_chunk) */
+#define KVA__RS_MULTI_SPLIT 32     /* see rs_multi_split: H100, 1 x 32k, 2 units (24/2, 32/2): 32 chunks of 1k (64
+                                      CTAs, fused merge) 6.4 % / 4.5 % faster than 64 of 512 (128 CTAs, row merge),
+                                      24/2 1 x 128k even; one unit keeps 64 (16/1 1 x 32k: 8.7 % faster than 32), as
+                                      do groups over 16 (64/2 1 x 64k: 5.1 % faster than 32); session 47 */
 #define KVA__RS_MERGE_BATCH 16     /* see rs_merge_batch: kva_decode_hg.cuh's row-slot fused merge and the row merge
                                       (kva_merge_partials_rows) load 16 partials per round trip */
 #define KVA__MAX_TILE_Q 128

@@ -410,6 +410,14 @@ static int64_t kva__refine_chunk(const kva__plan_data* pd, const kva__plan_scrat
     return L1 > INT32_MAX / 2 ? L0 : L1;
 }
 
+/* Units (tile x unit heads) that chunks of L tokens split. */
+static int64_t kva__split_units(const kva__plan_scratch* s, int64_t H, int64_t L) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < s->ntiles; ++i)
+        if (s->tiles[i].hi - s->tiles[i].lo > L) n += H;
+    return n;
+}
+
 /* Row-slot plans: the merge of a split unit loads its partials in batches of ctx->rs_merge_batch per L2 round trip
  * (the fused merge and the row merge alike), so n = b * k + 1 chunks cost one more round trip per row for one
  * partial. Then take n - 1 slightly longer chunks: 4 KV heads on 132 SMs gave 33 chunks per unit (H100, 48/4 1 x 32k
@@ -450,7 +458,12 @@ static int32_t kva__choose_chunk(const kva_context* ctx, const kva__plan_data* p
         /* a split unit's g > 8 rows are merged by one CTA or a warp per row: fewer, longer chunks (H200, 1 x 32k MQA
            32/1, fused merge: 32 chunks of 1k 42 us, 128 of 256 57 us, 16 of 2k 62 us, 8 of 4k 109 us; H100, a warp
            per row: 64 chunks of 512 26.3 us, 32 of 1k 31.9 us, 128 of 256 29.1 us; KVA__RS_MAX_SPLIT) */
-        const int64_t lo = kva__ceil_div64(kva__max_tile_len(s), ctx->rs_max_split);
+        const int64_t maxlen = kva__max_tile_len(s);
+        int64_t cap = ctx->rs_max_split;
+        if (ctx->rs_multi_split > 0 && ctx->rs_multi_split < cap && pd->group_size <= 16 &&
+            kva__split_units(s, kva__unit_heads(pd), L) >= 2)
+            cap = ctx->rs_multi_split;
+        const int64_t lo = kva__ceil_div64(maxlen, cap);
         if (L < lo) L = lo;
     }
     L = kva__ceil_div64(L, KVA__CHUNK_ALIGN) * KVA__CHUNK_ALIGN;
