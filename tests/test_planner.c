@@ -935,6 +935,8 @@ static void test_row_slots(void) {
         {64, 2, 1, 65536, 16, 32, 64},  /* a group of 32 */
         {40, 2, 1, 32768, 16, 32, 64},  /* a group of 20 */
         {24, 2, 1, 131072, 16, 32, 32},
+        {16, 1, 3, 32768, 16, 32, 32},  /* three requests of one KV head: 44 chunks without the rule */
+        {32, 1, 2, 16384, 16, 32, 64},  /* a group of 32 */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
         char what[160];
