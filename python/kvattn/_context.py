@@ -284,6 +284,13 @@ class Workspace:
         ws.host_bytes = self.host.nbytes if self.dev[0] != "cpu" else 0
         return ws
 
+    def struct_current(self) -> Optional["F.kva_workspace"]:
+        """struct_split's workspace over the memory as it is (None before the first batch plan allocated its plan
+        memory): for a plan that may fit what an earlier plan allocated."""
+        if self.plan_region.nbytes == 0:
+            return None
+        return self._split_struct()
+
     def struct_split(self, plan_needed: int, scratch_needed: int, host_needed: int, fixed: bool,
                      what: str) -> "F.kva_workspace":
         """A batch plan in the wrapper's plan memory, its split-KV partials in the float workspace buffer (the C
@@ -291,6 +298,9 @@ class Workspace:
         self._check_fits(scratch_needed, what)
         self.plan_region.ensure(max(int(plan_needed), 1), fixed, what)
         self.host.ensure(host_needed)
+        return self._split_struct()
+
+    def _split_struct(self) -> "F.kva_workspace":
         ws = F.kva_workspace()
         ws.device = self.plan_region.ptr or None
         ws.device_bytes = self.plan_region.nbytes

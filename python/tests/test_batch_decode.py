@@ -207,6 +207,39 @@ def test_decode_workspace_size_and_too_small(rng):
                             disable_split_kv=True)[0] == 256
 
 
+def test_decode_replan_grows_plan_memory_and_refuses_small_workspace(rng):
+    """Re-plans go straight into the plan memory of the wrapper's earlier plan when they fit, and size it again when
+    they do not: a much larger batch after a small one (the plan memory grows), then a split that does not fit the
+    float workspace (WorkspaceTooSmallError with the size; as after any failed plan, run() then refuses until the
+    next plan)."""
+    ps, hq, hkv, d = 4, 4, 2, 16
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(workspace(1 << 20))
+    small = [5, 9]
+    cache, indptr, indices, last, _ = make_paged(rng, small, ps, hkv, d)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    q = rng.standard_normal((len(small), hq, d)).astype(np.float32)
+    o, lse = w.run(q, cache, return_lse=True)
+    _check(q, cache, indptr, indices, o, lse, small, "NHD", np.float32)
+    first_bytes = w.plan_info()["device_bytes"]
+    big = [int(x) for x in rng.integers(0, 12, 3000)]
+    cache, indptr, indices, last, _ = make_paged(rng, big, ps, hkv, d)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    assert w.plan_info()["device_bytes"] > max(first_bytes, 64 << 10)  # past the first plan memory's 64 KB
+    q = rng.standard_normal((len(big), hq, d)).astype(np.float32)
+    o, lse = w.run(q, cache, return_lse=True)
+    _check(q, cache, indptr, indices, o, lse, big, "NHD", np.float32)
+    # a split whose partials do not fit the 1 MB float workspace
+    long_ = [200000, 200000]
+    cache2, indptr2, indices2, last2, _ = make_paged(rng, long_, 64, hkv, d)
+    with pytest.raises(kvattn.WorkspaceTooSmallError) as ei:
+        w.plan(indptr2, indices2, last2, hq, hkv, d, 64, q_data_type="float32", fixed_split_size=1)
+    assert ei.value.needed_bytes > (1 << 20)
+    with pytest.raises(RuntimeError, match="failed plan drops"):  # the documented contract
+        w.run(q, cache)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type="float32")
+    np.testing.assert_array_equal(w.run(q, cache), o)
+
+
 def test_decode_graph_mode_buffers_numpy(rng):
     """use_cuda_graph=True semantics on the CPU backend: fixed batch, buffers filled by plan, re-plan works."""
     ps, hq, hkv, d, B = 4, 4, 2, 16, 3
