@@ -286,8 +286,9 @@ class Workspace:
 
     def struct_current(self) -> Optional["F.kva_workspace"]:
         """struct_split's workspace over the memory as it is (None before the first batch plan allocated its plan
-        memory): for a plan that may fit what an earlier plan allocated."""
-        if self.plan_region.nbytes == 0:
+        memory, or with no float workspace bytes to point the scratch at): for a plan that may fit what an earlier
+        plan allocated."""
+        if self.plan_region.nbytes == 0 or not self.ptr:
             return None
         return self._split_struct()
 
