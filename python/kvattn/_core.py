@@ -426,23 +426,23 @@ def commit_plan(st: PlanState, ws: C.Workspace, what: str) -> None:
     # int workspace), and a run only needs its partials there while it runs.
     plan = F.kva_plan()
     stream = C.current_stream(st.dev)
+
+    def make(w: "F.kva_workspace") -> int:
+        return lib.kva_plan_make(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(w),
+                                 ctypes.byref(plan), stream)
+
+    # The plan memory and host staging of an earlier plan usually fit this one: plan straight into them (the C planner
+    # checks every size before it writes anything, so a plan that does not fit leaves them as they were) and size the
+    # parts only when it does not fit. That saves the planner's sizing pass on most steps.
     wss = ws.struct_current()
-    rc = F.KVA_ERR_WORKSPACE_TOO_SMALL
-    if wss is not None:
-        # The plan memory and host staging of an earlier plan usually fit this one: plan straight into them (the C
-        # planner checks every size before it writes anything, so a plan that does not fit leaves them as they were)
-        # and size the parts only when it does not fit. That saves the planner's sizing pass on most steps.
-        rc = lib.kva_plan_make(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(wss),
-                               ctypes.byref(plan), stream)
-        if rc != F.KVA_ERR_WORKSPACE_TOO_SMALL:
-            F.check(rc, what)
-    if rc != F.KVA_OK:
+    rc = make(wss) if wss is not None else F.KVA_ERR_WORKSPACE_TOO_SMALL
+    if rc == F.KVA_ERR_WORKSPACE_TOO_SMALL:
         plan_b, scr_b, host_b = ctypes.c_size_t(0), ctypes.c_size_t(0), ctypes.c_size_t(0)
         F.check(lib.kva_plan_workspace_parts(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params),
                                              ctypes.byref(plan_b), ctypes.byref(scr_b), ctypes.byref(host_b)), what)
         wss = ws.struct_split(int(plan_b.value), int(scr_b.value), int(host_b.value), bool(st.graph), what)
-        F.check(lib.kva_plan_make(ctx, ctypes.byref(st.desc), st.op, ctypes.byref(params), ctypes.byref(wss),
-                                  ctypes.byref(plan), stream), what)
+        rc = make(wss)
+    F.check(rc, what)
     info = F.kva_plan_info()
     F.check(lib.kva_plan_get_info(ctypes.byref(plan), ctypes.byref(info)), what)
     st.plan, st.ws, st.ctx = plan, wss, ctx
