@@ -891,7 +891,7 @@ static void test_locality(kva_context** ctxs) {
  * worker per SM) stood in for on a CPU context of 264 workers with 132 SMs. The merge of a unit loads 16 partials a
  * round trip, so the planner takes 32 chunks where the split would give 33 (kva__rs_round_chunk), and keeps the
  * count where it is a multiple of 16 or the rule is off ($KVATTN_BENCH_RS_ROUND=0: rs_merge_batch 0). Where two or more
- * units of groups of at most 16 are split, at most rs_multi_split (32) chunks per unit. */
+ * units of groups of at most rs_multi_group (16) are split, at most rs_multi_split (32) chunks per unit. */
 static int32_t rs_hook(const kva_context* ctx, const kva_attention_desc* desc, kva_op op, const kva_plan_params* params,
                        int64_t total_kv, int64_t max_kv, int32_t* workers, int32_t* row_slots) {
     (void)ctx, (void)params, (void)total_kv, (void)max_kv;
@@ -907,43 +907,51 @@ static void test_row_slots(void) {
     kva_context* ctx = make_ctx(2);
     const kva__backend_ops* saved_ops = ctx->ops;
     const int32_t saved_w = ctx->num_workers, saved_b = ctx->rs_merge_batch, saved_m = ctx->rs_multi_split;
+    const int32_t saved_g = ctx->rs_multi_group;
     kva__backend_ops ops = *ctx->ops;
     ops.kv_head_group = rs_hook;
     ctx->ops = &ops;
     ctx->num_workers = 264;
     static const struct {
-        int32_t hq, hkv, B, kv, batch, multi, want;
+        int32_t hq, hkv, B, kv, batch, multi, want, group; /* group: rs_multi_group, 0 = the default (16) */
     } cases[] = {
         /* the rounding alone (rs_multi_split 0) */
-        {48, 4, 1, 32768, 16, 0, 32},
-        {48, 4, 1, 32768, 0, 0, 33},
-        {40, 4, 1, 65536, 16, 0, 32},
-        {40, 4, 1, 65536, 0, 0, 33},
-        {64, 4, 1, 131072, 16, 0, 32},
-        {64, 4, 1, 131072, 0, 0, 33},
-        {24, 2, 1, 32768, 16, 0, 64},
-        {12, 1, 1, 32768, 16, 0, 64},
-        {48, 4, 2, 20000, 16, 0, 16},
-        {16, 1, 1, 1000, 16, 0, 8},
-        {48, 4, 1, 4224, 16, 0, 33}, /* 32 chunks of a multiple of 16 tokens do not cover 4224 evenly: kept */
+        {48, 4, 1, 32768, 16, 0, 32, 0},
+        {48, 4, 1, 32768, 0, 0, 33, 0},
+        {40, 4, 1, 65536, 16, 0, 32, 0},
+        {40, 4, 1, 65536, 0, 0, 33, 0},
+        {64, 4, 1, 131072, 16, 0, 32, 0},
+        {64, 4, 1, 131072, 0, 0, 33, 0},
+        {24, 2, 1, 32768, 16, 0, 64, 0},
+        {12, 1, 1, 32768, 16, 0, 64, 0},
+        {48, 4, 2, 20000, 16, 0, 16, 0},
+        {16, 1, 1, 1000, 16, 0, 8, 0},
+        {48, 4, 1, 4224, 16, 0, 33, 0}, /* 32 chunks of a multiple of 16 tokens do not cover 4224 evenly: kept */
         /* at most 32 chunks where two or more units of groups <= 16 are split (rs_multi_split 32, the default) */
-        {24, 2, 1, 32768, 16, 32, 32},
-        {24, 2, 1, 32768, 0, 32, 32},
-        {16, 1, 2, 32768, 16, 32, 32},
-        {48, 4, 1, 32768, 0, 32, 32},
-        {12, 1, 1, 32768, 16, 32, 64},  /* one unit */
-        {64, 2, 1, 65536, 16, 32, 64},  /* a group of 32 */
-        {40, 2, 1, 32768, 16, 32, 64},  /* a group of 20 */
-        {24, 2, 1, 131072, 16, 32, 32},
-        {16, 1, 3, 32768, 16, 32, 32},  /* three requests of one KV head: 44 chunks without the rule */
-        {32, 1, 2, 16384, 16, 32, 64},  /* a group of 32 */
+        {24, 2, 1, 32768, 16, 32, 32, 0},
+        {24, 2, 1, 32768, 0, 32, 32, 0},
+        {16, 1, 2, 32768, 16, 32, 32, 0},
+        {48, 4, 1, 32768, 0, 32, 32, 0},
+        {12, 1, 1, 32768, 16, 32, 64, 0},  /* one unit */
+        {64, 2, 1, 65536, 16, 32, 64, 0},  /* a group of 32 */
+        {40, 2, 1, 32768, 16, 32, 64, 0},  /* a group of 20 */
+        {24, 2, 1, 131072, 16, 32, 32, 0},
+        {16, 1, 3, 32768, 16, 32, 32, 0},  /* three requests of one KV head: 44 chunks without the rule */
+        {32, 1, 2, 16384, 16, 32, 64, 0},  /* a group of 32 */
+        /* rs_multi_group moves the largest group the rule takes ($KVATTN_BENCH_RS_MULTI_GROUP) */
+        {40, 2, 1, 32768, 16, 32, 32, 32}, /* a group of 20 */
+        {64, 2, 1, 65536, 16, 32, 32, 32}, /* a group of 32 */
+        {64, 2, 1, 65536, 16, 32, 64, 24},
+        {24, 2, 1, 32768, 16, 32, 64, 8},  /* a group of 12 over a limit of 8 */
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
         char what[160];
-        snprintf(what, sizeof what, "row slots %d/%d %d x %d, merge batch %d, multi-unit split %d", cases[c].hq,
-                 cases[c].hkv, cases[c].B, cases[c].kv, cases[c].batch, cases[c].multi);
+        snprintf(what, sizeof what, "row slots %d/%d %d x %d, merge batch %d, multi-unit split %d (groups <= %d)",
+                 cases[c].hq, cases[c].hkv, cases[c].B, cases[c].kv, cases[c].batch, cases[c].multi,
+                 cases[c].group ? cases[c].group : KVA__RS_MULTI_GROUP);
         ctx->rs_merge_batch = cases[c].batch;
         ctx->rs_multi_split = cases[c].multi;
+        ctx->rs_multi_group = cases[c].group ? cases[c].group : KVA__RS_MULTI_GROUP;
         kva_attention_desc d;
         kva_attention_desc_init(&d, cases[c].hq, cases[c].hkv, 128, KVA_DTYPE_F16);
         batch b;
@@ -987,6 +995,7 @@ static void test_row_slots(void) {
     ctx->num_workers = saved_w;
     ctx->rs_merge_batch = saved_b;
     ctx->rs_multi_split = saved_m;
+    ctx->rs_multi_group = saved_g;
     kva_context_destroy(ctx);
 }
 

@@ -115,6 +115,31 @@ def test_batch_decode_zero_requests(rng, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_decode_replans_in_place_and_grow(rng, device):
+    """Re-plans of one wrapper go straight into the plan memory of its earlier plan when they fit and size it again
+    when they do not (a batch of 600 after one of 2, then back): every step matches the reference, and the outputs of
+    a step are not touched by the next plan."""
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    atol, rtol = TOL["bfloat16" if device == "cuda" else "float32"]
+    ps, hkv, hq, d = 16, 2, 8, 64
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(ws(device))
+    small = [300, 5]
+    big = [int(x) for x in rng.integers(0, 70, 600)]
+    steps, sizes = [], []
+    for lens in (small, big, small, big):
+        cache, indptr, indices, last, _ = paged_case(rng, lens, ps, hkv, d, dt, device)
+        q = torch.randn(len(lens), hq, d, device=device).to(dt)
+        w.plan(torch.from_numpy(indptr), torch.from_numpy(indices).to(device), torch.from_numpy(last), hq, hkv, d, ps,
+               q_data_type=dt)
+        o = w.run(q, cache)
+        steps.append((lens, q, cache, indptr, indices, o))
+        sizes.append(w.plan_info()["device_bytes"])
+    assert sizes[1] > sizes[0] and sizes[3] > sizes[2]  # the batch of 600 needed more plan memory
+    for i, (lens, q, cache, indptr, indices, o) in enumerate(steps):
+        assert_close(np64(o), _decode_ref(q, cache, indptr, indices, lens), atol, rtol, what="step %d" % i)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("feature", [dict(causal=True), dict(causal=True, pos_encoding_mode="ROPE_LLAMA"),
                                      dict(causal=True, logits_soft_cap=5.0, window_left=20),
                                      dict(causal=False, pos_encoding_mode="ALIBI")])

@@ -64,6 +64,9 @@ KVA_API kva_status kva_context_create(const kva_context_options* options, kva_co
         const char* rsm = getenv("KVATTN_BENCH_RS_MULTI_SPLIT"); /* benchmark A/B only: 0 = rs_max_split alone */
         const long rm = rsm && *rsm ? strtol(rsm, NULL, 10) : -1;
         ctx->rs_multi_split = rm >= 0 && rm <= 4096 ? (int32_t)rm : KVA__RS_MULTI_SPLIT;
+        const char* rsg = getenv("KVATTN_BENCH_RS_MULTI_GROUP"); /* benchmark A/B only: the largest group it takes */
+        const long rg = rsg && *rsg ? strtol(rsg, NULL, 10) : -1;
+        ctx->rs_multi_group = rg >= 0 && rg <= 4096 ? (int32_t)rg : KVA__RS_MULTI_GROUP;
         const char* rsr = getenv("KVATTN_BENCH_RS_ROUND"); /* benchmark A/B only: 0 = chunk counts as computed */
         ctx->rs_merge_batch = rsr && rsr[0] == '0' && rsr[1] == '\0' ? 0 : KVA__RS_MERGE_BATCH;
         const char* lpt = getenv("KVATTN_BENCH_PLAN_LPT"); /* benchmark A/B only */

@@ -82,6 +82,8 @@ struct kva_context {
     int32_t rs_multi_split;   /* row-slot plans of groups of at most 16 with two or more split units: at most this many
                                  chunks per unit (KVA__RS_MULTI_SPLIT, below rs_max_split; 0 = rs_max_split alone;
                                  benchmark A/B: $KVATTN_BENCH_RS_MULTI_SPLIT) */
+    int32_t rs_multi_group;   /* the largest GQA group rs_multi_split applies to (KVA__RS_MULTI_GROUP; benchmark A/B:
+                                 $KVATTN_BENCH_RS_MULTI_GROUP) */
     int32_t rs_merge_batch;   /* row-slot plans: the merge's partials per round trip (KVA__RS_MERGE_BATCH); the planner
                                  avoids b * k + 1 chunks per unit (kva__rs_round_chunk). 0 = off (benchmark A/B:
                                  $KVATTN_BENCH_RS_ROUND=0) */
@@ -138,6 +140,7 @@ void kva__log(const kva_context* ctx, kva_log_level level, const char* fmt, ...)
                                       CTAs, fused merge) 6.4 % / 4.5 % faster than 64 of 512 (128 CTAs, row merge),
                                       24/2 1 x 128k even; one unit keeps 64 (16/1 1 x 32k: 8.7 % faster than 32), as
                                       do groups over 16 (64/2 1 x 64k: 5.1 % faster than 32); session 47 */
+#define KVA__RS_MULTI_GROUP 16     /* see rs_multi_group */
 #define KVA__RS_MERGE_BATCH 16     /* see rs_merge_batch: kva_decode_hg.cuh's row-slot fused merge and the row merge
                                       (kva_merge_partials_rows) load 16 partials per round trip */
 #define KVA__MAX_TILE_Q 128

@@ -62,11 +62,6 @@ KVA_DEV unsigned kva_e4m3x2_to_f16x2(unsigned short v) {
     asm("{ cvt.rn.f16x2.e4m3x2 %0, %1; }" : "=r"(u) : "h"(v));
     return u;
 }
-KVA_DEV unsigned kva_e5m2x2_to_f16x2(unsigned short v) {
-    unsigned u;
-    asm("{ cvt.rn.f16x2.e5m2x2 %0, %1; }" : "=r"(u) : "h"(v));
-    return u;
-}
 #else
 #define KVA_E4M3_FIX 256.0f
 KVA_DEV unsigned kva_e4m3x2_to_f16x2(unsigned short v) {
@@ -75,11 +70,14 @@ KVA_DEV unsigned kva_e4m3x2_to_f16x2(unsigned short v) {
     unsigned hi = ((x & 0x8000u) << 16) | ((x & 0x7f00u) << 15);
     return lo | hi;
 }
-KVA_DEV unsigned kva_e5m2x2_to_f16x2(unsigned short v) {
-    unsigned x = (unsigned)v;
-    return ((x & 0xffu) << 8) | ((x & 0xff00u) << 16);
-}
 #endif
+/* e5m2 is the high byte of an f16 (same sign, exponent bias and special values), so one byte permute converts a pair
+   exactly on every architecture: the bits cvt.rn.f16x2.e5m2x2 gives, NaN and inf included */
+KVA_DEV unsigned kva_e5m2x2_to_f16x2(unsigned short v) {
+    unsigned r;
+    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"((unsigned)v), "r"(0u), "r"(0x1404u));
+    return r;
+}
 
 /* float -> fp8 (round to nearest even). e4m3 saturates to +-448 (no inf) and maps NaN to 0x7f; e5m2 overflows
    to inf and maps NaN to 0x7e (the conventions of the reference). Used by append only. */
@@ -462,27 +460,61 @@ KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
     asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
 }
-/* fp8 K/V as f16 MMA A fragments (m16n8k16), the tensor-core and head-group decode kernels' fp8 paths; e4m3 selects
-   the format (a compile-time constant at every call). */
-KVA_DEV unsigned kva_fp8x2_to_f16x2(unsigned short v, int e4m3) {
-    return e4m3 ? kva_e4m3x2_to_f16x2(v) : kva_e5m2x2_to_f16x2(v);
+/* fp8 K/V as f16 MMA A fragments (m16n8k16), the tensor-core and head-group decode kernels' fp8 paths. fmt (a
+   compile-time constant at every call): KVA_F8_E5M2, KVA_F8_E4M3 (cvt on sm_89+, the bit form with value / 256
+   before), KVA_F8_E4M3_BITS (the bit form on every architecture: value / 256, the caller folds 256 into its scales;
+   benchmark A/B only). e5m2 pairs and the e4m3 bit form take their bytes with one permute ([0, x, 0, y] is the pair
+   x, y as the high bytes of two f16), without extracting the pair first. */
+#define KVA_F8_E5M2 0
+#define KVA_F8_E4M3 1
+#define KVA_F8_E4M3_BITS 2
+#define KVA_F8_E5M2_CVT 3 /* e5m2 by cvt on sm_89+ (the form before the byte permute; benchmark A/B only) */
+KVA_DEV unsigned kva_fp8_cvt_pair(unsigned short v, int fmt) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    if (fmt == KVA_F8_E5M2_CVT) {
+        unsigned u;
+        asm("{ cvt.rn.f16x2.e5m2x2 %0, %1; }" : "=r"(u) : "h"(v));
+        return u;
+    }
+#endif
+    return fmt == KVA_F8_E4M3 ? kva_e4m3x2_to_f16x2(v) : kva_e5m2x2_to_f16x2(v);
+}
+/* the pair of bytes of w that the permute sel (of the form 0xY4X4) puts into the high bytes of two f16, as f16x2 */
+KVA_DEV unsigned kva_fp8_pair_bits(unsigned w, unsigned sel, int fmt) {
+    const unsigned h = kva_prmt(w, 0u, sel);
+    if (fmt == KVA_F8_E5M2) return h;
+    return (h & 0x80008000u) | ((h >> 1) & 0x3f803f80u); /* e4m3: sign, then exponent and mantissa one bit lower */
 }
 /* A = K[16 tokens x 16 k] of one k-step from 4 bytes of token r8 (lo) and 4 of token r8 + 8 (hi): bytes 0-1 are k
    indices 2 q4, 2 q4 + 1 and bytes 2-3 are 2 q4 + 8, + 9 (the caller permutes q's dims the same way) */
-KVA_DEV void kva_fp8_k_afrag(unsigned lo, unsigned hi, int e4m3, unsigned* a) {
-    a[0] = kva_fp8x2_to_f16x2((unsigned short)(lo & 0xffffu), e4m3);
-    a[2] = kva_fp8x2_to_f16x2((unsigned short)(lo >> 16), e4m3);
-    a[1] = kva_fp8x2_to_f16x2((unsigned short)(hi & 0xffffu), e4m3);
-    a[3] = kva_fp8x2_to_f16x2((unsigned short)(hi >> 16), e4m3);
+KVA_DEV void kva_fp8_k_afrag(unsigned lo, unsigned hi, int fmt, unsigned* a) {
+    if (fmt == KVA_F8_E4M3 || fmt == KVA_F8_E5M2_CVT) {
+        a[0] = kva_fp8_cvt_pair((unsigned short)(lo & 0xffffu), fmt);
+        a[2] = kva_fp8_cvt_pair((unsigned short)(lo >> 16), fmt);
+        a[1] = kva_fp8_cvt_pair((unsigned short)(hi & 0xffffu), fmt);
+        a[3] = kva_fp8_cvt_pair((unsigned short)(hi >> 16), fmt);
+    } else {
+        a[0] = kva_fp8_pair_bits(lo, 0x1404u, fmt);
+        a[2] = kva_fp8_pair_bits(lo, 0x3424u, fmt);
+        a[1] = kva_fp8_pair_bits(hi, 0x1404u, fmt);
+        a[3] = kva_fp8_pair_bits(hi, 0x3424u, fmt);
+    }
 }
 /* A = V^T[16 dims x 16 tokens] from two words of ldmatrix.trans on byte pairs, g0 holding dims 2 r8, 2 r8 + 1 of tokens
    2 q4, 2 q4 + 1 (bytes: d0 t0, d1 t0, d0 t1, d1 t1) and g1 the same of tokens + 8: A row r8 is dim 2 r8, row r8 + 8 is
    dim 2 r8 + 1 */
-KVA_DEV void kva_fp8_v_afrag(unsigned g0, unsigned g1, int e4m3, unsigned* a) {
-    a[0] = kva_fp8x2_to_f16x2((unsigned short)kva_prmt(g0, 0u, 0x0020u), e4m3);
-    a[1] = kva_fp8x2_to_f16x2((unsigned short)kva_prmt(g0, 0u, 0x0031u), e4m3);
-    a[2] = kva_fp8x2_to_f16x2((unsigned short)kva_prmt(g1, 0u, 0x0020u), e4m3);
-    a[3] = kva_fp8x2_to_f16x2((unsigned short)kva_prmt(g1, 0u, 0x0031u), e4m3);
+KVA_DEV void kva_fp8_v_afrag(unsigned g0, unsigned g1, int fmt, unsigned* a) {
+    if (fmt == KVA_F8_E4M3 || fmt == KVA_F8_E5M2_CVT) {
+        a[0] = kva_fp8_cvt_pair((unsigned short)kva_prmt(g0, 0u, 0x0020u), fmt);
+        a[1] = kva_fp8_cvt_pair((unsigned short)kva_prmt(g0, 0u, 0x0031u), fmt);
+        a[2] = kva_fp8_cvt_pair((unsigned short)kva_prmt(g1, 0u, 0x0020u), fmt);
+        a[3] = kva_fp8_cvt_pair((unsigned short)kva_prmt(g1, 0u, 0x0031u), fmt);
+    } else {
+        a[0] = kva_fp8_pair_bits(g0, 0x2404u, fmt);
+        a[1] = kva_fp8_pair_bits(g0, 0x3414u, fmt);
+        a[2] = kva_fp8_pair_bits(g1, 0x2404u, fmt);
+        a[3] = kva_fp8_pair_bits(g1, 0x3414u, fmt);
+    }
 }
 KVA_DEV void kva_prefetch_l2(const void* p) { asm volatile("{ prefetch.global.L2 [%0]; }" ::"l"(p)); }
 /* Programmatic dependent launch (kva_run_args.enable_pdl; sm_90+). kva_pdl_start lets the next kernel of the stream, if

@@ -113,6 +113,7 @@
 #undef HG_DLO
 #undef HG_DHI
 #undef HG_KFIX
+#undef HG_F8
 #define HG_G KVA_HG
 #define HG_SL KVK_HG_SLOTS(HG_G, KVA_HG_RS) /* heads of a stage, or 16-row slots */
 #define HG_P KVK_HG_PARTS(HG_G, KVA_HG_RS) /* consumer warps per head / row slot */
@@ -137,9 +138,17 @@
 #define HG_MMA kva_mma_f16
 #define HG_PACK kva_f32x2_to_f16x2
 #endif
-#if KVA_KT == KVK_E4M3
+#if KVA_KT == KVK_E4M3 && defined(KVA_HG_EXP) && (KVA_HG_EXP & 1) /* A/B: e4m3 by the bit form (value / 256) */
+#define HG_F8 KVA_F8_E4M3_BITS
+#define HG_KFIX 256.0f
+#elif KVA_KT == KVK_E4M3
+#define HG_F8 KVA_F8_E4M3
 #define HG_KFIX KVA_E4M3_FIX
+#elif defined(KVA_HG_EXP) && (KVA_HG_EXP & 2) /* A/B: e5m2 by cvt, the form before the byte permute */
+#define HG_F8 KVA_F8_E5M2_CVT
+#define HG_KFIX 1.0f
 #else
+#define HG_F8 KVA_F8_E5M2
 #define HG_KFIX 1.0f
 #endif
 #ifndef KVA_HG_TRACE
@@ -598,7 +607,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 for (int e = 0; e < 4; ++e) {
                     const int ks = 4 * hh + e;
                     unsigned a[4];
-                    kva_fp8_k_afrag(lo[e], hi[e], KVA_KT == KVK_E4M3, a);
+                    kva_fp8_k_afrag(lo[e], hi[e], HG_F8, a);
                     HG_MMA(sa[0], qa[ks], a[0], a[2]);
                     HG_MMA(sa[1], qa[ks], a[1], a[3]);
                 }
@@ -686,7 +695,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     unsigned b[4];
-                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], KVA_KT == KVK_E4M3, b);
+                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], HG_F8, b);
                     HG_MMA(acc[2 * (2 * m2 + hh)], pa, b[0], b[2]);
                     HG_MMA(acc[2 * (2 * m2 + hh) + 1], pa, b[1], b[3]);
                 }
@@ -877,7 +886,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
                 for (int e = 0; e < 4; ++e) {
                     const int ks = 4 * hh + e;
                     unsigned a[4];
-                    kva_fp8_k_afrag(lo[e], hi[e], KVA_KT == KVK_E4M3, a);
+                    kva_fp8_k_afrag(lo[e], hi[e], HG_F8, a);
                     HG_MMA(sa[ks & 1], a, qb[ks][0], qb[ks][1]);
                 }
             }
@@ -944,7 +953,7 @@ extern "C" __global__ void __launch_bounds__(HG_THREADS, 1)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     unsigned a[4];
-                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], KVA_KT == KVK_E4M3, a);
+                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], HG_F8, a);
                     HG_MMA(acc[2 * m2 + hh], a, pb0, pb1);
                 }
             }

@@ -759,7 +759,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                 for (int e = 0; e < 4; ++e) {
                     const int ks = 4 * h + e;
                     unsigned a[4];
-                    kva_fp8_k_afrag(lo[e], hi[e], KVA_KT == KVK_E4M3, a);
+                    kva_fp8_k_afrag(lo[e], hi[e], KVA_KT == KVK_E4M3 ? KVA_F8_E4M3 : KVA_F8_E5M2, a);
                     TC_MMA(sa[ks & (TC_KCH - 1)], a, qf[ks][0], qf[ks][1]);
                 }
             }
@@ -841,7 +841,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     unsigned a[4];
-                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], KVA_KT == KVK_E4M3, a);
+                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], KVA_KT == KVK_E4M3 ? KVA_F8_E4M3 : KVA_F8_E5M2, a);
                     TC_MMA(oacc[2 * m2 + hh], a, pb0, pb1);
                 }
             }

@@ -460,7 +460,7 @@ static int32_t kva__choose_chunk(const kva_context* ctx, const kva__plan_data* p
            per row: 64 chunks of 512 26.3 us, 32 of 1k 31.9 us, 128 of 256 29.1 us; KVA__RS_MAX_SPLIT) */
         const int64_t maxlen = kva__max_tile_len(s);
         int64_t cap = ctx->rs_max_split;
-        if (ctx->rs_multi_split > 0 && ctx->rs_multi_split < cap && pd->group_size <= 16 &&
+        if (ctx->rs_multi_split > 0 && ctx->rs_multi_split < cap && pd->group_size <= ctx->rs_multi_group &&
             kva__split_units(s, kva__unit_heads(pd), L) >= 2)
             cap = ctx->rs_multi_split;
         const int64_t lo = kva__ceil_div64(maxlen, cap);
