@@ -52,32 +52,37 @@ KVA_DEV unsigned short kva_f32_to_bf16(float a) {
     return (unsigned short)(kva_f32x2_to_bf16x2(a, 0.0f) & 0xffffu);
 }
 
-/* Two fp8 values (u16: element 0 in the low byte) -> f16x2 bits. On sm_89+ one cvt; before that a bit
-   rearrangement that is exact for e5m2 and, for e4m3, yields the value / 256 (the caller folds 256 into its
-   scales; e4m3 NaN then reads as a finite number). */
+/* Two fp8 values (u16: element 0 in the low byte) -> f16x2 bits. e4m3: on sm_89+ one cvt; before that a bit
+   rearrangement that yields the value / 256 (the caller folds 256 into its scales; e4m3 NaN then reads as a finite
+   number). e5m2 is the high byte of an f16 (same sign, exponent bias and special values): on sm_89+ one byte permute,
+   before that shifts, both exact (the bits cvt.rn.f16x2.e5m2x2 gives, NaN and inf included). */
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
 #define KVA_E4M3_FIX 1.0f
+#define KVA_F8_PERMUTE 1 /* the fragment loaders below take e5m2 pairs straight from the words by permutes */
 KVA_DEV unsigned kva_e4m3x2_to_f16x2(unsigned short v) {
     unsigned u;
     asm("{ cvt.rn.f16x2.e4m3x2 %0, %1; }" : "=r"(u) : "h"(v));
     return u;
 }
+KVA_DEV unsigned kva_e5m2x2_to_f16x2(unsigned short v) {
+    unsigned r;
+    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"((unsigned)v), "r"(0u), "r"(0x1404u));
+    return r;
+}
 #else
 #define KVA_E4M3_FIX 256.0f
+#define KVA_F8_PERMUTE 0 /* sm_80: with the permutes the d256 r8 tensor-core instances spill 4 bytes */
 KVA_DEV unsigned kva_e4m3x2_to_f16x2(unsigned short v) {
     unsigned x = (unsigned)v;
     unsigned lo = ((x & 0x80u) << 8) | ((x & 0x7fu) << 7);
     unsigned hi = ((x & 0x8000u) << 16) | ((x & 0x7f00u) << 15);
     return lo | hi;
 }
-#endif
-/* e5m2 is the high byte of an f16 (same sign, exponent bias and special values), so one byte permute converts a pair
-   exactly on every architecture: the bits cvt.rn.f16x2.e5m2x2 gives, NaN and inf included */
 KVA_DEV unsigned kva_e5m2x2_to_f16x2(unsigned short v) {
-    unsigned r;
-    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"((unsigned)v), "r"(0u), "r"(0x1404u));
-    return r;
+    unsigned x = (unsigned)v;
+    return ((x & 0xffu) << 8) | ((x & 0xff00u) << 16);
 }
+#endif
 
 /* float -> fp8 (round to nearest even). e4m3 saturates to +-448 (no inf) and maps NaN to 0x7f; e5m2 overflows
    to inf and maps NaN to 0x7e (the conventions of the reference). Used by append only. */
@@ -463,8 +468,8 @@ KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
 /* fp8 K/V as f16 MMA A fragments (m16n8k16), the tensor-core and head-group decode kernels' fp8 paths. fmt (a
    compile-time constant at every call): KVA_F8_E5M2, KVA_F8_E4M3 (cvt on sm_89+, the bit form with value / 256
    before), KVA_F8_E4M3_BITS (the bit form on every architecture: value / 256, the caller folds 256 into its scales;
-   benchmark A/B only). e5m2 pairs and the e4m3 bit form take their bytes with one permute ([0, x, 0, y] is the pair
-   x, y as the high bytes of two f16), without extracting the pair first. */
+   benchmark A/B only). On sm_89+ e5m2 pairs and the e4m3 bit form take their bytes with one permute ([0, x, 0, y] is
+   the pair x, y as the high bytes of two f16), without extracting the pair first. */
 #define KVA_F8_E5M2 0
 #define KVA_F8_E4M3 1
 #define KVA_F8_E4M3_BITS 2
@@ -477,7 +482,7 @@ KVA_DEV unsigned kva_fp8_cvt_pair(unsigned short v, int fmt) {
         return u;
     }
 #endif
-    return fmt == KVA_F8_E4M3 ? kva_e4m3x2_to_f16x2(v) : kva_e5m2x2_to_f16x2(v);
+    return fmt == KVA_F8_E4M3 || fmt == KVA_F8_E4M3_BITS ? kva_e4m3x2_to_f16x2(v) : kva_e5m2x2_to_f16x2(v);
 }
 /* the pair of bytes of w that the permute sel (of the form 0xY4X4) puts into the high bytes of two f16, as f16x2 */
 KVA_DEV unsigned kva_fp8_pair_bits(unsigned w, unsigned sel, int fmt) {
@@ -488,7 +493,7 @@ KVA_DEV unsigned kva_fp8_pair_bits(unsigned w, unsigned sel, int fmt) {
 /* A = K[16 tokens x 16 k] of one k-step from 4 bytes of token r8 (lo) and 4 of token r8 + 8 (hi): bytes 0-1 are k
    indices 2 q4, 2 q4 + 1 and bytes 2-3 are 2 q4 + 8, + 9 (the caller permutes q's dims the same way) */
 KVA_DEV void kva_fp8_k_afrag(unsigned lo, unsigned hi, int fmt, unsigned* a) {
-    if (fmt == KVA_F8_E4M3 || fmt == KVA_F8_E5M2_CVT) {
+    if (fmt == KVA_F8_E4M3 || fmt == KVA_F8_E5M2_CVT || !KVA_F8_PERMUTE) {
         a[0] = kva_fp8_cvt_pair((unsigned short)(lo & 0xffffu), fmt);
         a[2] = kva_fp8_cvt_pair((unsigned short)(lo >> 16), fmt);
         a[1] = kva_fp8_cvt_pair((unsigned short)(hi & 0xffffu), fmt);
@@ -504,7 +509,7 @@ KVA_DEV void kva_fp8_k_afrag(unsigned lo, unsigned hi, int fmt, unsigned* a) {
    2 q4, 2 q4 + 1 (bytes: d0 t0, d1 t0, d0 t1, d1 t1) and g1 the same of tokens + 8: A row r8 is dim 2 r8, row r8 + 8 is
    dim 2 r8 + 1 */
 KVA_DEV void kva_fp8_v_afrag(unsigned g0, unsigned g1, int fmt, unsigned* a) {
-    if (fmt == KVA_F8_E4M3 || fmt == KVA_F8_E5M2_CVT) {
+    if (fmt == KVA_F8_E4M3 || fmt == KVA_F8_E5M2_CVT || !KVA_F8_PERMUTE) {
         a[0] = kva_fp8_cvt_pair((unsigned short)kva_prmt(g0, 0u, 0x0020u), fmt);
         a[1] = kva_fp8_cvt_pair((unsigned short)kva_prmt(g0, 0u, 0x0031u), fmt);
         a[2] = kva_fp8_cvt_pair((unsigned short)kva_prmt(g1, 0u, 0x0020u), fmt);
