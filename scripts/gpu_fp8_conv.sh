@@ -25,10 +25,11 @@ trap 'echo "stopped: packing the logs"; pack_logs; exit 124' TERM INT
 ab() { # ab NAME SHAPES ARM...: one interleaved A/B per arm on SHAPES
     local name=$1 shapes=$2; shift 2
     for arm in "$@"; do
+        local log="$OUT/ab_${name}_$(echo "$arm" | tr -c 'A-Za-z0-9_' '_').log"
         echo "== $name: B = $arm"
         KVATTN_BENCH_SHAPES="$shapes" timeout 240 "$BUILD/kva_bench_decode" --only XS --ab-env "$arm" --ab-only XS \
-            > "$OUT/ab_${name}_$(echo "$arm" | tr -c 'A-Za-z0-9_' '_').log" 2>&1 || echo "kva_bench_decode rc=$?"
-        grep "^A/B" "$OUT/ab_${name}_$(echo "$arm" | tr -c 'A-Za-z0-9_' '_').log" | sed 's/(medians.*//'
+            > "$log" 2>&1 || echo "kva_bench_decode rc=$?"
+        grep "^A/B" "$log" | sed 's/(medians.*//'
     done
 }
 if [[ " $STEPS " == *" tests "* ]]; then

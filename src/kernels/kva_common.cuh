@@ -52,6 +52,11 @@ KVA_DEV unsigned short kva_f32_to_bf16(float a) {
     return (unsigned short)(kva_f32x2_to_bf16x2(a, 0.0f) & 0xffffu);
 }
 
+KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
+    unsigned r;
+    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
 /* Two fp8 values (u16: element 0 in the low byte) -> f16x2 bits. e4m3: on sm_89+ one cvt; before that a bit
    rearrangement that yields the value / 256 (the caller folds 256 into its scales; e4m3 NaN then reads as a finite
    number). e5m2 is the high byte of an f16 (same sign, exponent bias and special values): on sm_89+ one byte permute,
@@ -64,11 +69,7 @@ KVA_DEV unsigned kva_e4m3x2_to_f16x2(unsigned short v) {
     asm("{ cvt.rn.f16x2.e4m3x2 %0, %1; }" : "=r"(u) : "h"(v));
     return u;
 }
-KVA_DEV unsigned kva_e5m2x2_to_f16x2(unsigned short v) {
-    unsigned r;
-    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"((unsigned)v), "r"(0u), "r"(0x1404u));
-    return r;
-}
+KVA_DEV unsigned kva_e5m2x2_to_f16x2(unsigned short v) { return kva_prmt((unsigned)v, 0u, 0x1404u); }
 #else
 #define KVA_E4M3_FIX 256.0f
 #define KVA_F8_PERMUTE 0 /* sm_80: with the permutes the d256 r8 tensor-core instances spill 4 bytes */
@@ -459,11 +460,6 @@ KVA_DEV void kva_mma_f16(float* c, const unsigned* a, unsigned b0, unsigned b1) 
         "{%0, %1, %2, %3}; }"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-KVA_DEV unsigned kva_prmt(unsigned a, unsigned b, unsigned sel) {
-    unsigned r;
-    asm("{ prmt.b32 %0, %1, %2, %3; }" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-    return r;
 }
 /* fp8 K/V as f16 MMA A fragments (m16n8k16), the tensor-core and head-group decode kernels' fp8 paths. fmt (a
    compile-time constant at every call): KVA_F8_E5M2, KVA_F8_E4M3 (cvt on sm_89+, the bit form with value / 256

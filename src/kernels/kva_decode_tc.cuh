@@ -108,6 +108,7 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #undef TC_PIPE
 #undef TC_COMB
 #undef TC_KFIX
+#undef TC_F8
 #undef TC_MMA
 #undef TC_PACK
 #undef TC_QPAIR
@@ -161,8 +162,10 @@ KVA_DEV kvk_work_item kva_tc_load_item(const kvk_work_item* it) {
 #define TC_COMB (TC_NW * TC_D * TC_R * 4)
 #if KVA_KT == KVK_E4M3
 #define TC_KFIX KVA_E4M3_FIX
+#define TC_F8 KVA_F8_E4M3
 #else
 #define TC_KFIX 1.0f
+#define TC_F8 KVA_F8_E5M2
 #endif
 #if KVA_KT == KVK_BF16
 #define TC_MMA kva_mma_bf16
@@ -759,7 +762,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
                 for (int e = 0; e < 4; ++e) {
                     const int ks = 4 * h + e;
                     unsigned a[4];
-                    kva_fp8_k_afrag(lo[e], hi[e], KVA_KT == KVK_E4M3 ? KVA_F8_E4M3 : KVA_F8_E5M2, a);
+                    kva_fp8_k_afrag(lo[e], hi[e], TC_F8, a);
                     TC_MMA(sa[ks & (TC_KCH - 1)], a, qf[ks][0], qf[ks][1]);
                 }
             }
@@ -841,7 +844,7 @@ extern "C" __global__ void __launch_bounds__(TC_THREADS, 1) KVA_KERNEL_NAME(cons
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     unsigned a[4];
-                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], KVA_KT == KVK_E4M3 ? KVA_F8_E4M3 : KVA_F8_E5M2, a);
+                    kva_fp8_v_afrag(r[2 * hh], r[2 * hh + 1], TC_F8, a);
                     TC_MMA(oacc[2 * m2 + hh], a, pb0, pb1);
                 }
             }
